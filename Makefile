@@ -1,0 +1,57 @@
+# Nstance developer entry points. Every target creates and reuses .venv by itself,
+# so a fresh machine with python3 (>= 3.11) needs nothing else.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: run test check lint fmt typecheck imports proto proto-check bench clean help
+
+help:
+	@echo "make run    - initialise and validate a local cluster from examples/local (file:// storage)"
+	@echo "make test   - run the whole test suite"
+	@echo "make check  - ruff, ruff format --check, mypy --strict, import-linter, generated-code drift"
+	@echo "make proto  - regenerate nstance/rpc/ from protos/"
+	@echo "make bench  - run every benchmark in bench/ (JSON lines on stdout)"
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+run: $(STAMP)
+	@PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/run_local.sh
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+fmt: $(STAMP)
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+imports: $(STAMP)
+	$(VENV)/bin/lint-imports
+
+proto: $(STAMP)
+	$(PY) scripts/gen_proto.py
+
+proto-check: $(STAMP)
+	$(PY) scripts/gen_proto.py --check
+
+check: lint typecheck imports proto-check
+
+bench: $(STAMP)
+	@for b in bench/*.py; do $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) .local .pytest_cache .mypy_cache .ruff_cache

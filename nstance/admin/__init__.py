@@ -1,0 +1,1 @@
+"""nstance-admin: cluster bootstrap, config validation and group management from a laptop or CI."""

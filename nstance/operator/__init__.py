@@ -1,0 +1,1 @@
+"""nstance-operator: the Cluster API infrastructure provider that drives shard servers."""

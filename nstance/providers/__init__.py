@@ -1,0 +1,1 @@
+"""VM providers behind one protocol: local processes, a deterministic simulator, AWS, GCP, Proxmox."""

@@ -1,0 +1,1 @@
+"""nstance-server: the per-shard daemon (reconciler, registration, CA, agent and operator APIs)."""

@@ -1,0 +1,135 @@
+"""Identifier rules and puidv7 instance IDs as users and other implementations see them."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nstance.core import ids
+from nstance.core.errors import InvalidArgument
+
+KNOWN_ID = "knc06bgm7733st2576nx5jht4ecjw"
+KNOWN_UUID = uuid.UUID("01970a1c-e31e-7422-9cd5-e9651d11cc97")
+
+
+@pytest.mark.parametrize("value", ["a", "default", "us-east-1a", "a1-b2-c3", "x" * 32, "0"])
+def test_valid_identifiers(value: str) -> None:
+    assert ids.identifier_problem(value) is None
+    assert ids.validate_identifier(value) == value
+
+
+@pytest.mark.parametrize(
+    ("value", "rule"),
+    [
+        ("", "must not be empty"),
+        ("x" * 33, "at most 32 characters (got 33)"),
+        ("Upper", "lowercase letters"),
+        ("has_underscore", "lowercase letters"),
+        ("-lead", "must start and end"),
+        ("trail-", "must start and end"),
+        ("double--dash", "must not contain '--'"),
+    ],
+)
+def test_invalid_identifier_says_which_rule(value: str, rule: str) -> None:
+    problem = ids.identifier_problem(value)
+    assert problem is not None
+    assert rule in problem
+    with pytest.raises(InvalidArgument, match="group"):
+        ids.validate_identifier(value, "group")
+
+
+def test_known_pair_from_the_go_implementation() -> None:
+    parsed = ids.parse_puid(KNOWN_ID)
+    assert parsed.kind == "knc"
+    assert parsed.uuid == KNOWN_UUID
+    assert str(parsed) == KNOWN_ID
+    assert str(ids.puid_from_uuid("knc", KNOWN_UUID)) == KNOWN_ID
+    assert parsed.storage_key == "01970a1c-e31e-7422-9cd5-e9651d11cc97-knc"
+    assert ids.parse_storage_key(parsed.storage_key) == parsed
+
+
+def test_new_ids_have_the_documented_shape() -> None:
+    value = ids.new_instance_id("tst")
+    assert len(value) == 29
+    assert value.startswith("tst")
+    assert value == value.lower()
+    parsed = ids.parse_puid(value)
+    assert parsed.uuid.version == 7
+    assert parsed.uuid.variant == uuid.RFC_4122
+
+
+def test_ids_sort_by_creation_time_even_within_one_millisecond() -> None:
+    frozen_ms = 1_750_000_000_000
+    generator = ids.PuidGenerator(now_ms=lambda: frozen_ms)
+    made = [str(generator.new("abc")) for _ in range(5000)]
+    assert made == sorted(made)
+    assert len(set(made)) == len(made)
+    # counter overflow moves the embedded time forward instead of breaking order
+    assert ids.parse_puid(made[-1]).timestamp_ms >= frozen_ms
+
+
+def test_ids_are_unique_and_ordered_under_concurrency() -> None:
+    generator = ids.PuidGenerator()
+    results: list[list[str]] = [[] for _ in range(8)]
+    barrier = threading.Barrier(8)
+
+    def work(slot: int) -> None:
+        barrier.wait()
+        results[slot].extend(str(generator.new("con")) for _ in range(2000))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    everything = [value for chunk in results for value in chunk]
+    assert len(set(everything)) == len(everything) == 16000
+    for chunk in results:  # each thread sees strictly increasing ids
+        assert chunk == sorted(chunk)
+
+
+def test_storage_keys_sort_like_creation_order() -> None:
+    generator = ids.PuidGenerator()
+    made = [generator.new("knd") for _ in range(100)]
+    assert [p.storage_key for p in made] == sorted(p.storage_key for p in made)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("knc06bgm7733st2576nx5jht4ecj", "must be 29 characters"),
+        ("KN106bgm7733st2576nx5jht4ecjw", "prefix must be exactly 3 lowercase letters"),
+        ("knc06bgm7733st2576nx5jht4ecj!", "invalid base32 character"),
+        ("knc06bgm7733st2576nx5jht4ecjx", "trailing pad bits"),
+        ("knc" + "0" * 26, "not a UUIDv7"),
+    ],
+)
+def test_bad_instance_ids_are_refused_with_a_reason(text: str, message: str) -> None:
+    with pytest.raises(InvalidArgument, match=message):
+        ids.parse_puid(text)
+
+
+def test_bad_kind_refused() -> None:
+    with pytest.raises(InvalidArgument, match="exactly 3 lowercase letters"):
+        ids.new_puid("k1")
+
+
+@given(st.text(max_size=40))
+def test_parsing_any_text_fails_only_with_invalid_argument(text: str) -> None:
+    try:
+        parsed = ids.parse_puid(text)
+    except InvalidArgument:
+        return
+    assert ids.parse_puid(str(parsed)) == parsed
+
+
+@given(st.uuids(version=4), st.text(alphabet="abcdefghijklmnopqrstuvwxyz", min_size=3, max_size=3))
+def test_round_trip_any_v7_uuid(seed: uuid.UUID, kind: str) -> None:
+    as_v7 = uuid.UUID(int=(seed.int & ~(0xF << 76)) | (0x7 << 76))
+    puid = ids.puid_from_uuid(kind, as_v7)
+    assert ids.parse_puid(str(puid)) == puid
+    assert ids.parse_storage_key(puid.storage_key) == puid
