@@ -7,6 +7,8 @@ until then running it says so and exits with status 2.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 app = typer.Typer(
@@ -22,7 +24,9 @@ app = typer.Typer(
 
 @app.command()
 def main_command(
-    debug: bool = typer.Option(False, "--debug", "-v", envvar="NSTANCE_DEBUG", help="Verbose logs."),
+    debug: Annotated[
+        bool, typer.Option("--debug", "-v", envvar="NSTANCE_DEBUG", help="Verbose logs.")
+    ] = False,
 ) -> None:
     """Run the agent."""
     typer.echo("nstance-agent: the agent is not part of this release yet.", err=True)

@@ -28,7 +28,7 @@ _PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
 def parse_duration(text: str) -> timedelta:
     """Parse a Go duration string into a timedelta (microsecond resolution)."""
     if not isinstance(text, str):
-        raise InvalidArgument(f"duration must be a string like \"90s\" or \"5m\" (got {text!r})")
+        raise InvalidArgument(f'duration must be a string like "90s" or "5m" (got {text!r})')
     raw = text.strip()
     sign = 1
     if raw[:1] in "+-" and raw:
@@ -45,7 +45,7 @@ def parse_duration(text: str) -> timedelta:
         if match is None:
             hint = ""
             if re.search(r"\d+d", raw):
-                hint = " (days are not a unit; write hours, e.g. \"504h\" for 21 days)"
+                hint = ' (days are not a unit; write hours, e.g. "504h" for 21 days)'
             raise InvalidArgument(
                 f"invalid duration {text!r}{hint}: expected <number><unit> with unit ns, us, ms, s, m or h"
             )

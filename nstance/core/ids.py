@@ -19,8 +19,9 @@ import re
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, NewType
+from typing import NewType
 
 from nstance.core.errors import InvalidArgument
 

@@ -7,6 +7,7 @@ until then running it says so and exits with status 2.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -18,8 +19,8 @@ app = typer.Typer(
 
 @app.command()
 def main_command(
-    config: Path = typer.Option(
-        Path("/etc/nstance/operator/config.yaml"), help="Operator config (cluster_id, tenant, shards)."
+    config: Annotated[Path, typer.Option(help="Operator config (cluster_id, tenant, shards).")] = Path(
+        "/etc/nstance/operator/config.yaml"
     ),
 ) -> None:
     """Run the operator."""

@@ -12,37 +12,41 @@ from typing import Annotated
 
 import typer
 
-from nstance.config import loader
+from nstance.config import validate_config_file
 
 app = typer.Typer(add_completion=False, help="Per-shard Nstance server: keeps groups of VMs at their size.")
 
 EXIT_NOT_AVAILABLE = 2
 
+IdOpt = Annotated[str | None, typer.Option("--id", envvar="NSTANCE_SERVER_ID", help="This server's id.")]
+ShardOpt = Annotated[str | None, typer.Option(envvar="NSTANCE_SHARD", help="Shard (zone) this server runs.")]
+StorageOpt = Annotated[str, typer.Option(envvar="NSTANCE_STORAGE", help="Object storage kind: file or s3.")]
+BucketOpt = Annotated[
+    str | None, typer.Option(envvar="NSTANCE_BUCKET", help="Bucket name (s3) or directory (file).")
+]
+PrefixOpt = Annotated[str | None, typer.Option(envvar="NSTANCE_PREFIX", help="Key prefix of the cluster.")]
+CacheOpt = Annotated[
+    Path, typer.Option(envvar="NSTANCE_CACHEDIR", help="Local cache directory (SQLite, config copies).")
+]
+ValidateOpt = Annotated[
+    Path | None,
+    typer.Option("--validate", help="Validate a config.jsonc file, print every problem, and exit."),
+]
+
 
 @app.command()
 def main_command(
-    server_id: Annotated[str | None, typer.Option("--id", envvar="NSTANCE_SERVER_ID", help="This server's id.")] = None,
-    shard: Annotated[str | None, typer.Option(envvar="NSTANCE_SHARD", help="Shard (zone) this server runs.")] = None,
-    storage: Annotated[
-        str, typer.Option(envvar="NSTANCE_STORAGE", help="Object storage kind: file or s3.")
-    ] = "file",
-    bucket: Annotated[
-        str | None, typer.Option(envvar="NSTANCE_BUCKET", help="Bucket name (s3) or directory (file).")
-    ] = None,
-    prefix: Annotated[
-        str | None, typer.Option(envvar="NSTANCE_PREFIX", help="Key prefix; default shard/{shard}/.")
-    ] = None,
-    cachedir: Annotated[
-        Path, typer.Option(envvar="NSTANCE_CACHEDIR", help="Local cache directory (SQLite, config copies).")
-    ] = Path("./cache"),
-    validate: Annotated[
-        Path | None,
-        typer.Option("--validate", help="Validate a config.jsonc file, print every problem, and exit."),
-    ] = None,
+    server_id: IdOpt = None,
+    shard: ShardOpt = None,
+    storage: StorageOpt = "file",
+    bucket: BucketOpt = None,
+    prefix: PrefixOpt = None,
+    cachedir: CacheOpt = Path("./cache"),
+    validate: ValidateOpt = None,
 ) -> None:
     """Run the shard server, or validate a config file with --validate."""
     if validate is not None:
-        problems = loader.validate_config_file(validate)
+        problems = validate_config_file(validate)
         if problems:
             for problem in problems:
                 typer.echo(f"{validate}: {problem}", err=True)

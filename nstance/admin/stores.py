@@ -1,0 +1,82 @@
+"""Open the cluster's object storage and secret store from nstance-admin's storage/secrets flags.
+
+The flags mirror upstream's (``--storage-provider``, ``--storage-bucket``, ``--storage-prefix``,
+``--secrets-provider``, ``--secrets-prefix``, ``--key-provider``, ``--key-source``). The cluster scope
+is ``{bucket}/{storage-prefix}`` and object-storage secrets live under ``{storage-prefix}{secrets-prefix}``
+(``cluster/secret/ca.key``), shard scopes under ``shard/{shard}/``, as upstream lays them out.
+
+This module only validates the flag combination and constructs stores; it reads no secret.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from nstance.core.errors import InvalidArgument
+from nstance.core.ids import identifier_problem
+from nstance.objectstore.base import ObjectStore
+from nstance.objectstore.factory import open_scopes
+from nstance.objectstore.scoped import ScopedObjectStore
+from nstance.secrets.base import SecretStore
+from nstance.secrets.factory import open_secret_store
+from nstance.secrets.keys import load_encryption_key
+
+STORAGE_PROVIDERS = ("file", "s3")
+
+
+@dataclass(frozen=True, slots=True)
+class StorageOptions:
+    """Where the cluster's objects and secrets are, as given on the command line."""
+
+    storage_provider: str
+    storage_bucket: str
+    storage_prefix: str = "cluster/"
+    secrets_provider: str = "object-storage"
+    secrets_prefix: str = "secret/"
+    key_provider: str = "env"
+    key_source: str = "NSTANCE_ENCRYPTION_KEY"
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterStores:
+    """The bucket root, the cluster scope and the secret store."""
+
+    root: ObjectStore
+    cluster: ObjectStore
+    secrets: SecretStore
+
+    def shard(self, shard: str) -> ObjectStore:
+        """The ``shard/{shard}/`` scope of the same bucket."""
+        problem = identifier_problem(shard)
+        if problem:
+            raise InvalidArgument(f"--shard {shard!r}: {problem}")
+        return ScopedObjectStore(self.root, f"shard/{shard}/")
+
+
+def open_cluster_stores(opts: StorageOptions, environ: Mapping[str, str] | None = None) -> ClusterStores:
+    """Build the stores the options describe; raise InvalidArgument naming the flag that is wrong."""
+    if opts.storage_provider not in STORAGE_PROVIDERS:
+        raise InvalidArgument(
+            f"--storage-provider {opts.storage_provider!r} is not supported; use one of: "
+            f"{', '.join(STORAGE_PROVIDERS)}"
+        )
+    if not opts.storage_bucket:
+        what = "a directory" if opts.storage_provider == "file" else "a bucket name"
+        raise InvalidArgument(f"--storage-bucket is required ({what})")
+    scopes = open_scopes(
+        opts.storage_provider,
+        opts.storage_bucket,
+        shard="admin",
+        cluster_prefix=opts.storage_prefix,
+    )
+    keys: list[bytes] = []
+    if opts.secrets_provider == "object-storage":
+        keys.append(load_encryption_key(opts.key_provider, opts.key_source, environ))
+    secrets = open_secret_store(
+        opts.secrets_provider,
+        object_store=scopes.cluster,
+        prefix=opts.secrets_prefix,
+        keys=keys,
+    )
+    return ClusterStores(root=scopes.root, cluster=scopes.cluster, secrets=secrets)

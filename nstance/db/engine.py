@@ -1,0 +1,174 @@
+"""Opening the SQLite cache: engine, connection pragmas, transactions and schema migrations.
+
+The cache is a local SQLite file (``{cachedir}/db/nstance.db``). Object storage is the source of truth:
+instance records, operator records and group config live there, and a new leader rebuilds this cache
+from them (plus the provider's instance list) before acting. So the file may be deleted at any time;
+what is lost is only ephemeral state (health reports, drain progress), which is re-learned.
+
+Every pooled connection gets ``journal_mode=WAL`` (readers never block the writer), ``foreign_keys=ON``,
+``busy_timeout=5000`` and ``synchronous=NORMAL`` (durable at checkpoints; a power cut may lose the last
+transactions, which the rebuild from object storage restores).
+
+SQLAlchemy, not the ``sqlite3`` module, emits BEGIN. ``Database.session()`` starts with
+``BEGIN IMMEDIATE``: it takes the write lock up front, so two writers queue on ``busy_timeout`` instead of
+one failing with "database is locked" when it upgrades a read snapshot to a write.
+``Database.read_session()`` (and any plain ``engine.connect()``) uses a deferred BEGIN: a consistent
+snapshot that never blocks writers.
+
+The schema is created and upgraded only by alembic (``migrate``), never by ``metadata.create_all``.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Final
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import Connection
+from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import ConnectionPoolEntry
+
+log = logging.getLogger(__name__)
+
+BUSY_TIMEOUT_MS: Final = 5000
+_BEGIN_OPTION: Final = "nstance_sqlite_begin"
+_PRAGMAS: Final = (
+    "PRAGMA journal_mode=WAL",
+    "PRAGMA foreign_keys=ON",
+    f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}",
+    "PRAGMA synchronous=NORMAL",
+)
+
+
+def migrations_path() -> str:
+    """Filesystem path of the alembic scripts (the ``nstance._migrations`` package)."""
+    return str(importlib.resources.files("nstance._migrations"))
+
+
+def alembic_config(connection: Connection | None = None) -> Config:
+    """Build an alembic Config in code (there is no alembic.ini); ``env.py`` uses ``connection``."""
+    config = Config()
+    config.set_main_option("script_location", migrations_path())
+    if connection is not None:
+        config.attributes["connection"] = connection
+    return config
+
+
+def _on_connect(dbapi_connection: Any, _record: ConnectionPoolEntry) -> None:
+    # Take transaction control away from the sqlite3 module; the "begin" hook below emits BEGIN.
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    try:
+        for pragma in _PRAGMAS:
+            cursor.execute(pragma)
+    finally:
+        cursor.close()
+
+
+def _on_begin(conn: Connection) -> None:
+    immediate = conn.get_execution_options().get(_BEGIN_OPTION) == "IMMEDIATE"
+    conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+
+def create_sqlite_engine(path: Path) -> Engine:
+    """Create an engine for the SQLite file at ``path`` (parent directories are created)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(f"sqlite:///{path}")
+    event.listen(engine, "connect", _on_connect)
+    event.listen(engine, "begin", _on_begin)
+    return engine
+
+
+def migrate(engine: Engine) -> None:
+    """Upgrade the database behind ``engine`` to the newest alembic revision (idempotent).
+
+    The whole upgrade runs in one transaction with foreign key enforcement switched off: SQLite's
+    batch mode rebuilds a table by copy-and-drop, and dropping a parent table with enforcement on
+    would cascade-delete its children. Integrity is checked with ``foreign_key_check`` before commit.
+    """
+    with engine.connect() as conn:
+        driver = conn.connection.driver_connection
+        assert driver is not None
+        # PRAGMA foreign_keys is a no-op inside a transaction, so set it before BEGIN.
+        driver.execute("PRAGMA foreign_keys=OFF")
+        conn.execution_options(**{_BEGIN_OPTION: "IMMEDIATE"})
+        try:
+            with conn.begin():
+                before = current_revision(conn)
+                command.upgrade(alembic_config(conn), "head")
+                problems = conn.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
+                if problems:
+                    raise RuntimeError(f"migration left rows violating foreign keys: {problems[:5]}")
+                after = current_revision(conn)
+        finally:
+            driver.execute("PRAGMA foreign_keys=ON")
+    if before != after:
+        log.info("sqlite cache migrated", extra={"from_revision": before, "to_revision": after})
+
+
+def current_revision(conn: Connection) -> str | None:
+    """The alembic revision the database is at (None when it has never been migrated)."""
+    return MigrationContext.configure(conn).get_current_revision()
+
+
+class Database:
+    """The open cache: an engine plus session factories. Close it (or use ``with``) when done."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        # expire_on_commit=False: rows returned by repository functions stay readable after commit.
+        self._write_sessions = sessionmaker(
+            bind=engine.execution_options(**{_BEGIN_OPTION: "IMMEDIATE"}), expire_on_commit=False
+        )
+        self._read_sessions = sessionmaker(bind=engine, expire_on_commit=False)
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """A read-write transaction (``BEGIN IMMEDIATE``): committed on success, rolled back on error."""
+        with self._write_sessions.begin() as session:
+            yield session
+
+    @contextmanager
+    def read_session(self) -> Iterator[Session]:
+        """A consistent snapshot for reads (deferred ``BEGIN``; never blocks writers).
+
+        Always rolled back, so anything written in it is discarded.
+        """
+        # Closing (not rolling back) ends the transaction without expiring the rows already loaded,
+        # so they stay readable after the block.
+        with self._read_sessions() as session:
+            yield session
+
+    def migrate(self) -> None:
+        """Apply pending migrations (see ``migrate``)."""
+        migrate(self.engine)
+
+    def close(self) -> None:
+        """Close every pooled connection."""
+        self.engine.dispose()
+
+    def __enter__(self) -> Database:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def open_database(path: Path, *, migrate: bool = True) -> Database:
+    """Open (creating if needed) the SQLite cache at ``path``; with ``migrate`` bring its schema to head."""
+    database = Database(create_sqlite_engine(path))
+    if migrate:
+        try:
+            database.migrate()
+        except BaseException:
+            database.close()
+            raise
+    return database

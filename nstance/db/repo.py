@@ -1,0 +1,521 @@
+"""Repository functions over the SQLite cache: the only queries the rest of the server runs.
+
+Each function takes an open ``Session`` (from ``Database.session()`` for writes, ``read_session()`` for
+reads) and neither commits nor rolls back: the caller owns the transaction, so several calls can form
+one atomic step. Times are passed in (``now``) from the injected clock, never read here. Functions
+return ORM rows, which stay readable after the session ends (``expire_on_commit=False``).
+
+Single-use guarantees rest on one conditional statement whose affected-row count is checked, never on
+read-then-write: ``mark_registered_atomically`` and ``claim_operator_nonce`` are safe when any number
+of threads or processes race on the same nonce.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+from typing import Any, NamedTuple
+
+from sqlalchemy import Executable, case, delete, func, or_, select, update
+from sqlalchemy.dialects.sqlite import insert
+from sqlalchemy.engine import CursorResult
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from nstance.core.errors import AlreadyExists, InvalidArgument, NotFound
+from nstance.db.models import (
+    INACTIVE_PROVIDER_STATUSES,
+    RECORD_PENDING,
+    RECORD_PROVISIONED,
+    Group,
+    Instance,
+    Operator,
+    PublicKey,
+    RevokedCert,
+)
+
+
+def _rowcount(session: Session, statement: Executable) -> int:
+    result = session.execute(statement)
+    if not isinstance(result, CursorResult):  # pragma: no cover - DML always yields a CursorResult
+        raise TypeError(f"expected a CursorResult from DML, got {type(result).__name__}")
+    return result.rowcount
+
+
+def normalize_serial(serial: int | str) -> str:
+    """Canonical text form of a certificate serial: lowercase hex, no ``0x``, colons or leading zeros."""
+    if isinstance(serial, int):
+        if serial < 0:
+            raise InvalidArgument(f"certificate serial must not be negative (got {serial})")
+        return format(serial, "x")
+    text = serial.strip().lower().replace(":", "")
+    text = text.removeprefix("0x")
+    try:
+        value = int(text, 16)
+    except ValueError:
+        raise InvalidArgument(f"certificate serial {serial!r} is not hexadecimal") from None
+    return format(value, "x")
+
+
+# --- instances ---------------------------------------------------------------------------------
+
+
+def insert_instance(
+    session: Session,
+    *,
+    instance_id: str,
+    tenant: str,
+    group_key: str,
+    kind: str,
+    nonce: str,
+    now: datetime,
+    template: str | None = None,
+    on_demand: bool = False,
+    subnet_id: str | None = None,
+    instance_type: str | None = None,
+    infra_config_hash: str | None = None,
+    idempotency_token: str | None = None,
+    issued_at: datetime | None = None,
+) -> Instance:
+    """Record an instance in state ``pending`` before the provider is asked to create it.
+
+    Raises AlreadyExists when the id, nonce or idempotency token is already taken; the caller's
+    transaction stays usable (the insert runs in a savepoint).
+    """
+    row = Instance(
+        id=instance_id,
+        tenant=tenant,
+        group_key=group_key,
+        kind=kind,
+        template=template,
+        on_demand=on_demand,
+        record_state=RECORD_PENDING,
+        idempotency_token=idempotency_token,
+        subnet_id=subnet_id,
+        instance_type=instance_type,
+        infra_config_hash=infra_config_hash,
+        nonce=nonce,
+        issued_at=issued_at,
+        created_at=now,
+        updated_at=now,
+    )
+    try:
+        with session.begin_nested():
+            session.add(row)
+    except IntegrityError as exc:
+        raise AlreadyExists(
+            f"instance {instance_id!r}: the id, nonce or idempotency token is already recorded"
+        ) from exc
+    return row
+
+
+def set_provider_details(
+    session: Session,
+    instance_id: str,
+    *,
+    provider_id: str,
+    now: datetime,
+    provider_status: str | None = None,
+    hostname: str | None = None,
+    fqdn: str | None = None,
+    ip4: str | None = None,
+    ip6: str | None = None,
+) -> bool:
+    """Record what the provider returned for a create; marks the row ``provisioned``.
+
+    Optional fields left as None keep their stored value. Returns False if the instance is unknown.
+    """
+    values: dict[str, Any] = {
+        "provider_id": provider_id,
+        "provider_at": now,
+        "record_state": RECORD_PROVISIONED,
+        "updated_at": now,
+    }
+    optional = {
+        "provider_status": provider_status,
+        "hostname": hostname,
+        "fqdn": fqdn,
+        "ip4": ip4,
+        "ip6": ip6,
+    }
+    values.update({key: value for key, value in optional.items() if value is not None})
+    return _rowcount(session, update(Instance).where(Instance.id == instance_id).values(**values)) == 1
+
+
+def set_provider_status(session: Session, instance_id: str, status: str, *, now: datetime) -> bool:
+    """Store the normalised provider status seen at ``now``. Returns False if the instance is unknown."""
+    statement = (
+        update(Instance)
+        .where(Instance.id == instance_id)
+        .values(provider_status=status, provider_at=now, updated_at=now)
+    )
+    return _rowcount(session, statement) == 1
+
+
+def mark_registered_atomically(
+    session: Session,
+    *,
+    nonce: str,
+    public_key_pem: str,
+    cert_serial: int | str,
+    cert_expires_at: datetime,
+    now: datetime,
+    instance_id: str | None = None,
+) -> bool:
+    """Consume an agent's registration nonce: True for exactly one caller, False for every other.
+
+    One UPDATE guarded by ``registered_at IS NULL AND deleted_at IS NULL``; SQLite serialises writers,
+    so only the first statement to run matches the row. Unknown, deleted or already-registered nonces
+    (and a nonce that belongs to a different ``instance_id``, when one is given) yield False.
+    """
+    statement = (
+        update(Instance)
+        .where(
+            Instance.nonce == nonce,
+            Instance.registered_at.is_(None),
+            Instance.deleted_at.is_(None),
+        )
+        .values(
+            registered_at=now,
+            instance_pub=public_key_pem,
+            cert_serial=normalize_serial(cert_serial),
+            cert_expires_at=cert_expires_at,
+            updated_at=now,
+        )
+    )
+    if instance_id is not None:
+        statement = statement.where(Instance.id == instance_id)
+    return _rowcount(session, statement) == 1
+
+
+def get_instance(session: Session, instance_id: str) -> Instance | None:
+    """The instance row with this id (deleted rows included), or None."""
+    return session.get(Instance, instance_id)
+
+
+def get_instance_by_nonce(session: Session, nonce: str) -> Instance | None:
+    """The instance row created with this registration JWT, or None."""
+    return session.scalars(select(Instance).where(Instance.nonce == nonce)).one_or_none()
+
+
+def list_active_instances(
+    session: Session,
+    *,
+    tenant: str | None = None,
+    group_key: str | None = None,
+    managed_only: bool = False,
+) -> list[Instance]:
+    """Instances not deleted and not being deleted by the provider, oldest first.
+
+    ``managed_only`` leaves out on-demand instances (the reconciler counts only managed ones).
+    """
+    statement = select(Instance).where(
+        Instance.deleted_at.is_(None),
+        or_(
+            Instance.provider_status.is_(None),
+            Instance.provider_status.not_in(INACTIVE_PROVIDER_STATUSES),
+        ),
+    )
+    if tenant is not None:
+        statement = statement.where(Instance.tenant == tenant)
+    if group_key is not None:
+        statement = statement.where(Instance.group_key == group_key)
+    if managed_only:
+        statement = statement.where(Instance.on_demand.is_(False))
+    statement = statement.order_by(Instance.created_at.asc(), Instance.id.asc())
+    return list(session.scalars(statement))
+
+
+def soft_delete(session: Session, instance_id: str, *, now: datetime) -> bool:
+    """Mark an instance deleted at ``now``; True only if it existed and was not deleted already."""
+    statement = (
+        update(Instance)
+        .where(Instance.id == instance_id, Instance.deleted_at.is_(None))
+        .values(deleted_at=now, updated_at=now)
+    )
+    return _rowcount(session, statement) == 1
+
+
+class PurgedInstance(NamedTuple):
+    """An instance row removed by ``purge_deleted_before`` (enough to find its object-storage record)."""
+
+    tenant: str
+    instance_id: str
+
+
+def purge_deleted_before(session: Session, cutoff: datetime) -> list[PurgedInstance]:
+    """Remove rows soft-deleted before ``cutoff`` (their public keys and LB rows go with them)."""
+    statement = (
+        delete(Instance)
+        .where(Instance.deleted_at.is_not(None), Instance.deleted_at < cutoff)
+        .returning(Instance.tenant, Instance.id)
+    )
+    rows = session.execute(statement).all()
+    return sorted(PurgedInstance(tenant, instance_id) for tenant, instance_id in rows)
+
+
+# --- groups ------------------------------------------------------------------------------------
+
+
+def upsert_group_hashes(
+    session: Session,
+    *,
+    tenant: str,
+    group_key: str,
+    runtime_config_hash: str,
+    infra_config_hash: str,
+    now: datetime,
+) -> bool:
+    """Store a group's config hashes; True if the group is new or either hash changed.
+
+    ``hashes_updated_at`` moves only when a hash actually changes, so it says when drift began.
+    """
+    statement = insert(Group).values(
+        tenant=tenant,
+        group_key=group_key,
+        runtime_config_hash=runtime_config_hash,
+        infra_config_hash=infra_config_hash,
+        hashes_updated_at=now,
+        created_at=now,
+        updated_at=now,
+    )
+    statement = statement.on_conflict_do_update(
+        index_elements=[Group.tenant, Group.group_key],
+        set_={
+            "runtime_config_hash": statement.excluded.runtime_config_hash,
+            "infra_config_hash": statement.excluded.infra_config_hash,
+            "hashes_updated_at": statement.excluded.hashes_updated_at,
+            "updated_at": statement.excluded.updated_at,
+        },
+        where=or_(
+            Group.runtime_config_hash != statement.excluded.runtime_config_hash,
+            Group.infra_config_hash != statement.excluded.infra_config_hash,
+        ),
+    )
+    return _rowcount(session, statement) == 1
+
+
+def get_group_hashes(session: Session, tenant: str, group_key: str) -> Group | None:
+    """The stored hashes of one group, or None if none were stored."""
+    return session.get(Group, (tenant, group_key))
+
+
+def list_groups(session: Session, *, tenant: str | None = None) -> list[Group]:
+    """Every group with stored hashes (optionally of one tenant), ordered by tenant and key."""
+    statement = select(Group).order_by(Group.tenant, Group.group_key)
+    if tenant is not None:
+        statement = statement.where(Group.tenant == tenant)
+    return list(session.scalars(statement))
+
+
+def delete_group_hashes(session: Session, tenant: str, group_key: str) -> bool:
+    """Forget a removed group's hashes; True if there were any."""
+    statement = delete(Group).where(Group.tenant == tenant, Group.group_key == group_key)
+    return _rowcount(session, statement) == 1
+
+
+# --- workload public keys ----------------------------------------------------------------------
+
+
+def upsert_public_key(
+    session: Session,
+    *,
+    instance_id: str,
+    filename: str,
+    public_key_pem: str,
+    now: datetime,
+    certificate_name: str | None = None,
+) -> PublicKey:
+    """Store the public key an agent submitted for ``filename``.
+
+    A different key than the stored one clears the issued-certificate fields (that certificate
+    belongs to the old key); resubmitting the same key keeps them. Raises NotFound for an unknown
+    instance.
+    """
+    statement = insert(PublicKey).values(
+        instance_id=instance_id,
+        filename=filename,
+        public_key_pem=public_key_pem,
+        certificate_name=certificate_name,
+        submitted_at=now,
+        created_at=now,
+        updated_at=now,
+    )
+    same_key = PublicKey.public_key_pem == statement.excluded.public_key_pem
+    statement = statement.on_conflict_do_update(
+        index_elements=[PublicKey.instance_id, PublicKey.filename],
+        set_={
+            "public_key_pem": statement.excluded.public_key_pem,
+            "certificate_name": statement.excluded.certificate_name,
+            "certificate_serial": case((same_key, PublicKey.certificate_serial), else_=None),
+            "certificate_issued_at": case((same_key, PublicKey.certificate_issued_at), else_=None),
+            "submitted_at": statement.excluded.submitted_at,
+            "updated_at": statement.excluded.updated_at,
+        },
+    )
+    returning = statement.returning(PublicKey)
+    try:
+        with session.begin_nested():
+            return session.scalars(returning, execution_options={"populate_existing": True}).one()
+    except IntegrityError as exc:
+        raise NotFound(f"instance {instance_id!r} is not in the cache") from exc
+
+
+def list_public_keys(session: Session, instance_id: str) -> list[PublicKey]:
+    """The public keys an instance submitted, by filename."""
+    statement = select(PublicKey).where(PublicKey.instance_id == instance_id).order_by(PublicKey.filename)
+    return list(session.scalars(statement))
+
+
+# --- certificate deny list ---------------------------------------------------------------------
+
+
+def add_revoked_serial(
+    session: Session,
+    serial: int | str,
+    *,
+    now: datetime,
+    reason: str = "",
+    expires_at: datetime | None = None,
+) -> bool:
+    """Put a certificate serial on the deny list; True if it was not there yet."""
+    statement = (
+        insert(RevokedCert)
+        .values(serial=normalize_serial(serial), revoked_at=now, reason=reason, expires_at=expires_at)
+        .on_conflict_do_nothing(index_elements=[RevokedCert.serial])
+    )
+    return _rowcount(session, statement) == 1
+
+
+def is_serial_revoked(session: Session, serial: int | str) -> bool:
+    """True if the serial (any accepted spelling) is on the deny list."""
+    return session.get(RevokedCert, normalize_serial(serial)) is not None
+
+
+def revoked_serials(session: Session) -> set[str]:
+    """Every serial on the deny list, normalised (for an in-memory check in the auth path)."""
+    return set(session.scalars(select(RevokedCert.serial)))
+
+
+# --- operators ---------------------------------------------------------------------------------
+
+
+class NonceClaim(enum.Enum):
+    """Outcome of ``claim_operator_nonce``."""
+
+    CLAIMED = "claimed"  # this call bound the nonce to the key
+    SAME_KEY = "same_key"  # bound earlier to the same public key: a retry, allowed
+    TAKEN = "taken"  # bound earlier to a different key: refuse
+
+
+def claim_operator_nonce(
+    session: Session,
+    *,
+    nonce: str,
+    operator_id: str,
+    cluster_id: str,
+    tenant: str,
+    public_key: str,
+    now: datetime,
+    cert_serial: int | str | None = None,
+    cert_expires_at: datetime | None = None,
+) -> tuple[NonceClaim, Operator]:
+    """Bind an operator registration nonce to a public key, once.
+
+    ``INSERT ... ON CONFLICT(nonce) DO NOTHING`` decides the race: the one insert that lands gets
+    CLAIMED. Everyone else learns whether the stored key equals theirs (compare PEM text normalised
+    the same way by the caller). Returns the outcome and the row now holding the nonce.
+    """
+    statement = (
+        insert(Operator)
+        .values(
+            id=operator_id,
+            cluster_id=cluster_id,
+            tenant=tenant,
+            nonce=nonce,
+            public_key=public_key,
+            cert_serial=None if cert_serial is None else normalize_serial(cert_serial),
+            cert_expires_at=cert_expires_at,
+            registered_at=now,
+            created_at=now,
+            updated_at=now,
+        )
+        .on_conflict_do_nothing(index_elements=[Operator.nonce])
+    )
+    try:
+        with session.begin_nested():
+            inserted = _rowcount(session, statement) == 1
+    except IntegrityError as exc:
+        raise AlreadyExists(f"operator {operator_id!r} already exists") from exc
+    holder = session.scalars(
+        select(Operator).where(Operator.nonce == nonce), execution_options={"populate_existing": True}
+    ).one()
+    if inserted:
+        return NonceClaim.CLAIMED, holder
+    return (NonceClaim.SAME_KEY if holder.public_key == public_key else NonceClaim.TAKEN), holder
+
+
+def upsert_operator(
+    session: Session,
+    *,
+    operator_id: str,
+    cluster_id: str,
+    tenant: str,
+    public_key: str,
+    registered_at: datetime,
+    now: datetime,
+    cert_serial: int | str | None = None,
+    cert_expires_at: datetime | None = None,
+    renewed_at: datetime | None = None,
+    nonce: str | None = None,
+) -> None:
+    """Create or refresh an operator row (cache rebuild from object storage, certificate renewal).
+
+    A stored nonce is never cleared by an upsert without one (object-storage records carry none).
+    """
+    statement = insert(Operator).values(
+        id=operator_id,
+        cluster_id=cluster_id,
+        tenant=tenant,
+        nonce=nonce,
+        public_key=public_key,
+        cert_serial=None if cert_serial is None else normalize_serial(cert_serial),
+        cert_expires_at=cert_expires_at,
+        registered_at=registered_at,
+        renewed_at=renewed_at,
+        created_at=now,
+        updated_at=now,
+    )
+    excluded = statement.excluded
+    statement = statement.on_conflict_do_update(
+        index_elements=[Operator.id],
+        set_={
+            "cluster_id": excluded.cluster_id,
+            "tenant": excluded.tenant,
+            "nonce": func.coalesce(excluded.nonce, Operator.nonce),
+            "public_key": excluded.public_key,
+            "cert_serial": excluded.cert_serial,
+            "cert_expires_at": excluded.cert_expires_at,
+            "registered_at": excluded.registered_at,
+            "renewed_at": excluded.renewed_at,
+            "updated_at": excluded.updated_at,
+        },
+    )
+    try:
+        with session.begin_nested():
+            session.execute(statement)
+    except IntegrityError as exc:
+        raise AlreadyExists(f"operator {operator_id!r}: nonce already bound to another operator") from exc
+
+
+def get_operator(session: Session, operator_id: str) -> Operator | None:
+    """The operator row with this id, or None."""
+    return session.get(Operator, operator_id)
+
+
+def list_operators(session: Session, *, tenant: str | None = None) -> list[Operator]:
+    """Registered operators (optionally of one tenant), oldest registration first."""
+    statement = select(Operator).order_by(Operator.registered_at, Operator.id)
+    if tenant is not None:
+        statement = statement.where(Operator.tenant == tenant)
+    return list(session.scalars(statement))

@@ -1,0 +1,265 @@
+"""The ``file://DIR`` object store: the embedded default, with real conditional-write semantics.
+
+Each key is one file under the root directory (``shard/a/leader.json`` -> ``ROOT/shard/a/leader.json``).
+Writes are atomic and durable: the bytes go to a temporary file in the target's own directory, which
+is fsynced, renamed over the target with ``os.replace`` and followed by an fsync of the directory.
+Readers therefore see the old or the new content, never a mix, and a crash leaves at most an orphaned
+temporary file, which no read or listing ever shows.
+
+Conditional writes and deletes (``put_if_match``, ``delete(if_match=...)``) and plain puts run their
+read-compare-write under an exclusive ``fcntl.flock`` on a per-key lock file in ``ROOT/.nstance-locks/``
+(named by a hash of the key). flock locks belong to an open file description, so they exclude other
+threads of this process as well as other processes on the same host: two servers sharing one
+directory still get exactly one winner. Lock files are never deleted (deleting a lock file that
+someone else is waiting on would break mutual exclusion); there is one small file per key ever written.
+
+ETags are ``content_etag`` (quoted MD5 of the content), the same as the memory backend and as S3 for
+plain puts.
+
+Names that begin with ``.nstance-`` are reserved for the lock directory and temporary files; keys
+using them are refused, as are keys that could escape the root or alias another key (empty, absolute,
+``.``/``..`` or empty segments, backslashes, NUL). ``validate_key`` applies the same rules on every
+backend that wants keys to stay portable to this one.
+
+This module must not be used on network file systems without working flock, must not follow keys
+outside the root, and does no caching: every read goes to the file system. POSIX only.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import errno
+import fcntl
+import hashlib
+import os
+import secrets
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+from nstance.core.errors import InvalidArgument
+from nstance.objectstore.base import ObjectInfo, ObjectNotFound, PreconditionFailed
+from nstance.objectstore.memory import content_etag
+
+RESERVED_PREFIX = ".nstance-"
+"""File and key-segment names starting with this belong to the store itself."""
+
+MAX_KEY_BYTES = 1024
+"""S3's limit on key length (UTF-8 bytes); applied everywhere so keys stay portable."""
+
+_LOCK_DIR = RESERVED_PREFIX + "locks"
+_TMP_PREFIX = RESERVED_PREFIX + "tmp-"
+
+
+def validate_key(key: str) -> str:
+    """Return ``key`` if it is a portable object key, else raise InvalidArgument saying why."""
+    if not key:
+        raise InvalidArgument("object key must not be empty")
+    if "\x00" in key:
+        raise InvalidArgument(f"object key {key!r} must not contain NUL")
+    if "\\" in key:
+        raise InvalidArgument(f"object key {key!r} must not contain backslashes")
+    if key.startswith("/"):
+        raise InvalidArgument(f"object key {key!r} must be relative (no leading '/')")
+    if len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
+        raise InvalidArgument(f"object key is longer than {MAX_KEY_BYTES} bytes")
+    for segment in key.split("/"):
+        if segment == "":
+            raise InvalidArgument(f"object key {key!r} has an empty path segment")
+        if segment in (".", ".."):
+            raise InvalidArgument(f"object key {key!r} must not contain '.' or '..' segments")
+        if segment.startswith(RESERVED_PREFIX):
+            raise InvalidArgument(f"object key {key!r} uses the reserved name prefix {RESERVED_PREFIX!r}")
+    return key
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class FileObjectStore:
+    """Objects as files under ``root``; see the module docstring for the guarantees."""
+
+    def __init__(self, root: Path | str) -> None:
+        self._root = Path(root).expanduser().absolute()
+        self._root.mkdir(parents=True, exist_ok=True)
+        self._locks = self._root / _LOCK_DIR
+        self._locks.mkdir(exist_ok=True)
+
+    @property
+    def root(self) -> Path:
+        """The directory holding the objects."""
+        return self._root
+
+    def close(self) -> None:
+        """Nothing to release (no descriptors are held between calls); here for symmetry with S3."""
+
+    def __repr__(self) -> str:
+        return f"FileObjectStore({str(self._root)!r})"
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def get(self, key: str) -> tuple[bytes, str]:
+        data = self._read(self._path(key))
+        if data is None:
+            raise ObjectNotFound(f"object {key!r} not found")
+        return data, content_etag(data)
+
+    def head(self, key: str) -> ObjectInfo:
+        path = self._path(key)
+        try:
+            with open(path, "rb") as f:
+                st = os.fstat(f.fileno())
+                data = f.read()
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            raise ObjectNotFound(f"object {key!r} not found") from None
+        return ObjectInfo(
+            key=key,
+            etag=content_etag(data),
+            size=len(data),
+            last_modified=datetime.fromtimestamp(st.st_mtime, UTC),
+        )
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    # -- writes --------------------------------------------------------------------------------
+
+    def put(self, key: str, data: bytes) -> str:
+        path = self._path(key)
+        with self._locked(key):
+            self._write_atomic(key, path, data)
+        return content_etag(data)
+
+    def put_if_match(self, key: str, data: bytes, etag: str | None) -> str:
+        path = self._path(key)
+        with self._locked(key):
+            current = self._read(path)
+            if etag is None and current is not None:
+                raise PreconditionFailed(f"object {key!r} already exists")
+            if etag is not None and (current is None or content_etag(current) != etag):
+                raise PreconditionFailed(f"object {key!r} changed (etag mismatch)")
+            self._write_atomic(key, path, data)
+        return content_etag(data)
+
+    def delete(self, key: str, if_match: str | None = None) -> None:
+        path = self._path(key)
+        with self._locked(key):
+            if if_match is not None:
+                current = self._read(path)
+                if current is None:
+                    raise ObjectNotFound(f"object {key!r} not found")
+                if content_etag(current) != if_match:
+                    raise PreconditionFailed(f"object {key!r} changed (etag mismatch)")
+            try:
+                os.unlink(path)
+            except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+                return  # absent (or only a "directory" of other keys): nothing to delete
+            _fsync_dir(path.parent)
+
+    # -- listing -------------------------------------------------------------------------------
+
+    def list(self, prefix: str = "") -> list[str]:
+        found: list[str] = []
+        self._walk(str(self._root), "", prefix, found)
+        found.sort()
+        return found
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _walk(self, dirpath: str, key_prefix: str, prefix: str, found: builtins.list[str]) -> None:
+        try:
+            entries = os.scandir(dirpath)
+        except (FileNotFoundError, NotADirectoryError):
+            return  # removed while we walked
+        with entries:
+            for entry in entries:
+                if entry.name.startswith(RESERVED_PREFIX):
+                    continue  # lock directory, temporary files (including a crash's leftovers)
+                key = key_prefix + entry.name
+                if entry.is_dir(follow_symlinks=False):
+                    sub = key + "/"
+                    # Descend only where keys starting with ``prefix`` can live.
+                    if sub.startswith(prefix) or prefix.startswith(sub):
+                        self._walk(entry.path, sub, prefix, found)
+                elif entry.is_file(follow_symlinks=False) and key.startswith(prefix):
+                    found.append(key)
+
+    def _path(self, key: str) -> Path:
+        validate_key(key)
+        return self._root.joinpath(*key.split("/"))
+
+    @staticmethod
+    def _read(path: Path) -> bytes | None:
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            return None
+
+    @contextlib.contextmanager
+    def _locked(self, key: str) -> Iterator[None]:
+        name = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:40] + ".lock"
+        lock_path = self._locks / name
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except FileNotFoundError:  # someone removed the lock directory; recreate it
+            self._locks.mkdir(exist_ok=True)
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # blocks without holding the GIL
+            yield
+        finally:
+            os.close(fd)  # closing the descriptor releases the lock
+
+    def _ensure_dir(self, key: str, directory: Path) -> None:
+        if directory.is_dir():
+            return
+        missing: list[Path] = []
+        probe = directory
+        while not probe.exists():
+            missing.append(probe)
+            probe = probe.parent
+        if not probe.is_dir():
+            raise InvalidArgument(f"object key {key!r} lies under existing object {self._key_of(probe)!r}")
+        for new_dir in reversed(missing):
+            try:
+                new_dir.mkdir()
+            except FileExistsError:
+                if not new_dir.is_dir():
+                    raise InvalidArgument(
+                        f"object key {key!r} lies under existing object {self._key_of(new_dir)!r}"
+                    ) from None
+                continue  # created concurrently by another writer
+            _fsync_dir(new_dir.parent)
+
+    def _key_of(self, path: Path) -> str:
+        return path.relative_to(self._root).as_posix()
+
+    def _write_atomic(self, key: str, path: Path, data: bytes) -> None:
+        directory = path.parent
+        self._ensure_dir(key, directory)
+        if path.is_dir():
+            raise InvalidArgument(f"object key {key!r} is a prefix of other keys and cannot hold data")
+        tmp = directory / (_TMP_PREFIX + secrets.token_hex(8))
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            with open(fd, "wb", closefd=True) as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            if isinstance(exc, OSError) and exc.errno == errno.ENAMETOOLONG:
+                raise InvalidArgument(
+                    f"object key {key!r} has a segment too long for the file system"
+                ) from exc
+            raise
+        _fsync_dir(directory)

@@ -1,0 +1,116 @@
+"""Loading the 32-byte AES-256 key(s) that encrypt object-storage secrets.
+
+Sources (``provider``, ``source``):
+
+* ``env``: the environment variable named ``source`` (admin default ``NSTANCE_ENCRYPTION_KEY``);
+* ``file``: the file at path ``source``.
+
+Accepted encodings, tried in this order (none of them can be mistaken for another):
+
+1. exactly 32 raw bytes — a binary key file, or upstream Nstance's form (a 32-character value used
+   byte for byte); surrounding whitespace is trimmed first when the raw content is not 32 bytes;
+2. 64 hexadecimal characters;
+3. base64 (standard or URL-safe alphabet, padding optional) of 32 bytes, e.g. ``openssl rand -base64 32``
+   or ``generate_encryption_key()``.
+
+Errors are InvalidArgument naming the variable or file and the expected formats; the key itself is
+never echoed. Other upstream key sources (``aws-secrets-manager``, ``aws-parameter-store``,
+``google-secret-manager``) are refused as not supported yet. Reads only the named variable or file.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from nstance.core.errors import InvalidArgument
+
+KEY_SIZE = 32
+DEFAULT_KEY_ENV = "NSTANCE_ENCRYPTION_KEY"
+KEY_PROVIDERS = ("env", "file")
+_UNSUPPORTED = ("aws-secrets-manager", "aws-parameter-store", "google-secret-manager")
+_HEX = re.compile(rb"[0-9a-fA-F]{64}")
+_B64 = re.compile(rb"[A-Za-z0-9+/_-]+={0,2}")
+EXPECTED_FORMATS = (
+    "32 raw bytes, 64 hex characters, or base64 of 32 bytes (generate one with `openssl rand -base64 32`)"
+)
+
+
+def generate_encryption_key() -> str:
+    """A new random key as base64 text (32 bytes from the OS CSPRNG), for local examples and init."""
+    return base64.b64encode(os.urandom(KEY_SIZE)).decode("ascii")
+
+
+def decode_encryption_key(value: bytes | str, where: str) -> bytes:
+    """Turn the content of a key source into the 32 key bytes; ``where`` names the source in errors."""
+    raw = value.encode("utf-8") if isinstance(value, str) else bytes(value)
+    if len(raw) == KEY_SIZE:
+        return raw
+    text = raw.strip()
+    if not text:
+        raise InvalidArgument(f"encryption key from {where} is empty; expected {EXPECTED_FORMATS}")
+    if len(text) == KEY_SIZE:
+        return text
+    if _HEX.fullmatch(text):
+        return bytes.fromhex(text.decode("ascii"))
+    if _B64.fullmatch(text):
+        padded = text.rstrip(b"=") + b"=" * (-len(text.rstrip(b"=")) % 4)
+        try:
+            decoded = base64.urlsafe_b64decode(padded.replace(b"+", b"-").replace(b"/", b"_"))
+        except (binascii.Error, ValueError):
+            decoded = b""
+        if len(decoded) == KEY_SIZE:
+            return decoded
+        if decoded:
+            raise InvalidArgument(
+                f"encryption key from {where} decodes (base64) to {len(decoded)} bytes, not {KEY_SIZE}; "
+                f"expected {EXPECTED_FORMATS}"
+            )
+    raise InvalidArgument(
+        f"encryption key from {where} is not in a recognised format ({len(text)} characters); "
+        f"expected {EXPECTED_FORMATS}"
+    )
+
+
+def load_encryption_key(provider: str, source: str, environ: Mapping[str, str] | None = None) -> bytes:
+    """Load one 32-byte key from ``env`` (variable name) or ``file`` (path)."""
+    env = os.environ if environ is None else environ
+    if provider in _UNSUPPORTED:
+        raise InvalidArgument(
+            f"encryption key provider {provider!r} is not supported yet; "
+            f"use one of: {', '.join(KEY_PROVIDERS)}"
+        )
+    if provider not in KEY_PROVIDERS:
+        raise InvalidArgument(
+            f"unknown encryption key provider {provider!r}; use one of: {', '.join(KEY_PROVIDERS)}"
+        )
+    if not source:
+        what = "an environment variable name" if provider == "env" else "a file path"
+        raise InvalidArgument(f"encryption key provider {provider!r} needs a source ({what})")
+    if provider == "env":
+        value = env.get(source)
+        if not value:
+            raise InvalidArgument(
+                f"environment variable {source} is not set or empty; it must hold the secrets "
+                f"encryption key: {EXPECTED_FORMATS}"
+            )
+        return decode_encryption_key(value, f"environment variable {source}")
+    try:
+        data = Path(source).expanduser().read_bytes()
+    except OSError as exc:
+        raise InvalidArgument(
+            f"cannot read encryption key file {source}: {exc.strerror or exc}; "
+            f"it must hold {EXPECTED_FORMATS}"
+        ) from exc
+    return decode_encryption_key(data, f"file {source}")
+
+
+def load_encryption_keys(
+    sources: Iterable[tuple[str, str]], environ: Mapping[str, str] | None = None
+) -> list[bytes]:
+    """Load several keys; the first is the current key, the rest are old decrypt-only keys."""
+    return [load_encryption_key(provider, source, environ) for provider, source in sources]

@@ -1,0 +1,650 @@
+"""Contract suite for ObjectStore: the same behaviours on memory://, file:// and s3:// (moto_server).
+
+Leader election and every compare-and-swap in Nstance rely on these semantics, so each backend must
+show them identically, including under contention (16 threads racing one key, N processes racing one
+file). Backend-specific tests (crash leftovers, retries on 409/503) follow the shared ones.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from botocore.awsrequest import AWSResponse
+
+from nstance.core.errors import InvalidArgument, NotFound, Unavailable
+from nstance.objectstore.base import (
+    Conflict,
+    ObjectNotFound,
+    ObjectStore,
+    PreconditionFailed,
+    Throttled,
+)
+from nstance.objectstore.factory import open_scopes, open_store
+from nstance.objectstore.file import FileObjectStore
+from nstance.objectstore.memory import MemoryObjectStore, content_etag
+from nstance.objectstore.s3 import S3ObjectStore
+from nstance.objectstore.scoped import ScopedObjectStore
+from nstance.testing.motoserver import MotoServer
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+RACERS = 16
+ROUNDS = {"memory": 10, "file": 10, "s3": 5}
+MISSING_ETAG = '"00000000000000000000000000000000"'
+
+S3StoreFactory = Callable[..., S3ObjectStore]
+
+
+def _make_store(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> ObjectStore:
+    if kind == "memory":
+        return MemoryObjectStore()
+    if kind == "file":
+        return FileObjectStore(tmp_path / "store")
+    factory: S3StoreFactory = request.getfixturevalue("s3_store_factory")
+    return factory()
+
+
+@pytest.fixture(params=["memory", "file", "s3"])
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def store(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> ObjectStore:
+    return _make_store(backend, tmp_path, request)
+
+
+@pytest.fixture(params=["file", "s3"])
+def strict_store(request: pytest.FixtureRequest, tmp_path: Path) -> ObjectStore:
+    """Backends that police keys (memory accepts any string)."""
+    return _make_store(str(request.param), tmp_path, request)
+
+
+# --------------------------------------------------------------------------------------------------
+# Shared behaviours
+# --------------------------------------------------------------------------------------------------
+
+
+def test_missing_object_is_not_found(store: ObjectStore) -> None:
+    with pytest.raises(ObjectNotFound):
+        store.get("shard/a/leader.json")
+    with pytest.raises(ObjectNotFound):
+        store.head("shard/a/leader.json")
+    assert not store.exists("shard/a/leader.json")
+
+
+def test_put_get_round_trip_and_etag_follows_content(store: ObjectStore) -> None:
+    first = store.put("cluster/ca.crt", b"one")
+    assert store.get("cluster/ca.crt") == (b"one", first)
+    assert first.startswith('"')
+    assert first.endswith('"')
+
+    second = store.put("cluster/ca.crt", b"two")
+    assert second != first
+    assert store.get("cluster/ca.crt") == (b"two", second)
+
+
+@pytest.mark.parametrize("payload", [b"", bytes(range(256)) * 40], ids=["empty", "binary-10k"])
+def test_arbitrary_bytes_round_trip(store: ObjectStore, payload: bytes) -> None:
+    etag = store.put("blob", payload)
+    assert store.get("blob") == (payload, etag)
+    assert store.head("blob").size == len(payload)
+
+
+def test_create_only_once(store: ObjectStore) -> None:
+    etag = store.put_if_match("shard/a/leader.json", b"first", None)
+    with pytest.raises(PreconditionFailed):
+        store.put_if_match("shard/a/leader.json", b"second", None)
+    assert store.get("shard/a/leader.json") == (b"first", etag)
+
+
+def test_stale_etag_is_refused_and_data_unchanged(store: ObjectStore) -> None:
+    e1 = store.put("groups.jsonc", b"v1")
+    e2 = store.put_if_match("groups.jsonc", b"v2", e1)
+    with pytest.raises(PreconditionFailed):
+        store.put_if_match("groups.jsonc", b"v3", e1)
+    assert store.get("groups.jsonc") == (b"v2", e2)
+
+    e4 = store.put_if_match("groups.jsonc", b"v4", e2)
+    assert store.get("groups.jsonc") == (b"v4", e4)
+
+
+def test_if_match_on_missing_key_fails(store: ObjectStore) -> None:
+    with pytest.raises(PreconditionFailed):
+        store.put_if_match("nothing-here", b"x", MISSING_ETAG)
+    assert not store.exists("nothing-here")
+
+
+def test_unconditional_delete(store: ObjectStore) -> None:
+    store.delete("never-existed")  # not an error
+    store.put("k", b"v")
+    store.delete("k")
+    assert not store.exists("k")
+    store.delete("k")
+
+
+def test_conditional_delete(store: ObjectStore) -> None:
+    etag = store.put("lease", b"mine")
+    with pytest.raises(PreconditionFailed):
+        store.delete("lease", if_match=content_etag(b"someone else's"))
+    assert store.get("lease") == (b"mine", etag)
+
+    store.delete("lease", if_match=etag)
+    assert not store.exists("lease")
+    with pytest.raises(ObjectNotFound):
+        store.delete("lease", if_match=etag)
+
+
+def test_list_is_sorted_and_filtered_by_prefix(store: ObjectStore) -> None:
+    keys = [
+        "shard/b/leader.json",
+        "shard/a/instance/t1.02.json",
+        "cluster/ca.crt",
+        "shard/a/leader.json",
+        "shard/ab",
+        "shard/a/instance/t1.01.json",
+    ]
+    for key in keys:
+        store.put(key, key.encode())
+
+    assert store.list() == sorted(keys)
+    assert store.list("shard/a/") == [
+        "shard/a/instance/t1.01.json",
+        "shard/a/instance/t1.02.json",
+        "shard/a/leader.json",
+    ]
+    assert store.list("shard/a/instance/t1.0") == [
+        "shard/a/instance/t1.01.json",
+        "shard/a/instance/t1.02.json",
+    ]
+    assert store.list("shard/a") == [
+        "shard/a/instance/t1.01.json",
+        "shard/a/instance/t1.02.json",
+        "shard/a/leader.json",
+        "shard/ab",
+    ]
+    assert store.list("nope/") == []
+
+
+def test_head_reports_size_etag_and_time(store: ObjectStore) -> None:
+    etag = store.put("shard/a/config.jsonc", b"{ }\n")
+    info = store.head("shard/a/config.jsonc")
+    assert info.key == "shard/a/config.jsonc"
+    assert info.size == 4
+    assert info.etag == etag
+    assert info.last_modified.utcoffset() == timedelta(0)
+    assert abs(info.last_modified - datetime.now(UTC)) < timedelta(minutes=5)
+
+
+def test_exists(store: ObjectStore) -> None:
+    assert not store.exists("a/b")
+    store.put("a/b", b"")
+    assert store.exists("a/b")
+    assert not store.exists("a")  # a prefix is not an object
+
+
+def test_scoped_views_are_isolated(store: ObjectStore) -> None:
+    shard_a = ScopedObjectStore(store, "shard/a/")
+    shard_b = ScopedObjectStore(store, "shard/b")  # trailing slash added
+    assert shard_b.prefix == "shard/b/"
+
+    etag_a = shard_a.put_if_match("leader.json", b"A", None)
+    shard_b.put("leader.json", b"B")
+    shard_a.put("instance/t.1.json", b"i")
+
+    assert shard_a.get("leader.json") == (b"A", etag_a)
+    assert shard_b.get("leader.json")[0] == b"B"
+    assert store.get("shard/a/leader.json") == (b"A", etag_a)
+    assert shard_a.list() == ["instance/t.1.json", "leader.json"]
+    assert shard_a.list("inst") == ["instance/t.1.json"]
+    assert shard_b.list() == ["leader.json"]
+    assert store.list() == ["shard/a/instance/t.1.json", "shard/a/leader.json", "shard/b/leader.json"]
+    assert shard_a.head("leader.json").key == "leader.json"
+
+    with pytest.raises(PreconditionFailed):
+        shard_a.put_if_match("leader.json", b"again", None)
+    shard_b.delete("leader.json")
+    assert shard_a.exists("leader.json")
+    assert not shard_b.exists("leader.json")
+
+
+def _race(store: ObjectStore, key: str, etag: str | None) -> tuple[list[int], list[int], list[Exception]]:
+    """RACERS threads released together by a barrier; each tries put_if_match(key, own data, etag)."""
+    barrier = threading.Barrier(RACERS)
+    winners: list[int] = []
+    losers: list[int] = []
+    errors: list[Exception] = []
+    lock = threading.Lock()
+
+    def racer(i: int) -> None:
+        try:
+            barrier.wait(timeout=30)
+            store.put_if_match(key, f"writer-{i}".encode(), etag)
+        except PreconditionFailed:
+            with lock:
+                losers.append(i)
+        except Exception as exc:  # noqa: BLE001 (collected; the test asserts there are none)
+            with lock:
+                errors.append(exc)
+        else:
+            with lock:
+                winners.append(i)
+
+    threads = [threading.Thread(target=racer, args=(i,)) for i in range(RACERS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    return winners, losers, errors
+
+
+def test_race_on_if_match_has_exactly_one_winner(store: ObjectStore, backend: str) -> None:
+    for round_ in range(ROUNDS[backend]):
+        key = f"race/if-match-{round_}"
+        start = store.put(key, b"start")
+        winners, losers, errors = _race(store, key, start)
+        assert errors == []
+        assert len(winners) == 1, f"round {round_}: winners {winners}"
+        assert len(losers) == RACERS - 1
+        assert store.get(key)[0] == f"writer-{winners[0]}".encode()
+
+
+def test_race_on_create_has_exactly_one_winner(store: ObjectStore, backend: str) -> None:
+    for round_ in range(ROUNDS[backend]):
+        key = f"race/create-{round_}"
+        winners, losers, errors = _race(store, key, None)
+        assert errors == []
+        assert len(winners) == 1, f"round {round_}: winners {winners}"
+        assert len(losers) == RACERS - 1
+        assert store.get(key)[0] == f"writer-{winners[0]}".encode()
+
+
+BAD_KEYS = [
+    "",
+    "/etc/passwd",
+    "../outside",
+    "a/../../outside",
+    "a/./b",
+    "a//b",
+    "a/",
+    "a\\b",
+    "a\x00b",
+    ".nstance-locks/x",
+    "x" * 1025,
+]
+
+
+@pytest.mark.parametrize("key", BAD_KEYS, ids=lambda k: repr(k)[:24])
+def test_unportable_keys_are_refused(strict_store: ObjectStore, key: str) -> None:
+    calls: list[Callable[[], object]] = [
+        lambda: strict_store.get(key),
+        lambda: strict_store.head(key),
+        lambda: strict_store.put(key, b"x"),
+        lambda: strict_store.put_if_match(key, b"x", None),
+        lambda: strict_store.delete(key),
+        lambda: strict_store.exists(key),
+    ]
+    for call in calls:
+        with pytest.raises(InvalidArgument):
+            call()
+    assert strict_store.list() == []
+
+
+# --------------------------------------------------------------------------------------------------
+# file:// specifics
+# --------------------------------------------------------------------------------------------------
+
+_RACE_CHILD = textwrap.dedent(
+    """
+    import sys, time
+    from nstance.objectstore.base import PreconditionFailed
+    from nstance.objectstore.file import FileObjectStore
+
+    store = FileObjectStore(sys.argv[1])
+    me = sys.argv[2]
+    print("ready", flush=True)
+    for line in sys.stdin:
+        key, etag, start_at = line.split()
+        time.sleep(max(0.0, float(start_at) - time.time()))
+        try:
+            store.put_if_match(key, me.encode(), None if etag == "-" else etag)
+        except PreconditionFailed:
+            print("lost", flush=True)
+        else:
+            print("won", flush=True)
+    """
+)
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")]))
+    return env
+
+
+def test_file_conditional_writes_hold_across_processes(tmp_path: Path) -> None:
+    processes, rounds = 8, 6
+    root = tmp_path / "shared"
+    store = FileObjectStore(root)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _RACE_CHILD, str(root), f"proc-{i}"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=_child_env(),
+            cwd=REPO_ROOT,
+        )
+        for i in range(processes)
+    ]
+    try:
+        for p in procs:
+            assert p.stdout is not None
+            assert p.stdout.readline().strip() == "ready"
+        for round_ in range(rounds):
+            key = f"race/{round_}"
+            etag = "-" if round_ % 2 == 0 else store.put(key, b"start")
+            start_at = time.time() + 0.15
+            for p in procs:
+                assert p.stdin is not None
+                p.stdin.write(f"{key} {etag} {start_at}\n")
+                p.stdin.flush()
+            results = [p.stdout.readline().strip() for p in procs if p.stdout is not None]
+            assert sorted(results) == ["lost"] * (processes - 1) + ["won"], f"round {round_}: {results}"
+            assert store.get(key)[0] == f"proc-{results.index('won')}".encode()
+    finally:
+        for p in procs:
+            if p.stdin is not None:
+                p.stdin.close()
+        for p in procs:
+            p.wait(timeout=30)
+            if p.stdout is not None:
+                p.stdout.close()
+    assert [p.returncode for p in procs] == [0] * processes
+
+
+_CRASH_CHILD = textwrap.dedent(
+    """
+    import os, sys
+    from nstance.objectstore.file import FileObjectStore
+
+    store = FileObjectStore(sys.argv[1])
+
+    def crash(*args, **kwargs):
+        os._exit(17)  # die between writing the temporary file and renaming it
+
+    os.replace = crash
+    store.put_if_match(sys.argv[2], b"new content that never lands", sys.argv[3])
+    """
+)
+
+
+def test_file_crash_leftovers_are_invisible(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    store = FileObjectStore(root)
+    old_etag = store.put("shard/a/leader.json", b"old")
+
+    child = subprocess.run(
+        [sys.executable, "-c", _CRASH_CHILD, str(root), "shard/a/leader.json", old_etag],
+        env=_child_env(),
+        cwd=REPO_ROOT,
+        check=False,
+        timeout=30,
+    )
+    assert child.returncode == 17
+    on_disk = sorted(os.listdir(root / "shard" / "a"))
+    assert len(on_disk) == 2, on_disk  # the object and the crash's orphaned temporary file
+    assert "leader.json" in on_disk
+
+    assert store.list() == ["shard/a/leader.json"]
+    assert store.list("shard/a/") == ["shard/a/leader.json"]
+    assert store.get("shard/a/leader.json") == (b"old", old_etag)
+    # The dead writer's lock died with it.
+    store.put_if_match("shard/a/leader.json", b"new", old_etag)
+    assert store.get("shard/a/leader.json")[0] == b"new"
+
+
+def test_file_path_traversal_cannot_escape_root(tmp_path: Path) -> None:
+    store = FileObjectStore(tmp_path / "root")
+    for key in ("../escaped", "a/../../escaped", "/tmp/escaped"):
+        with pytest.raises(InvalidArgument):
+            store.put(key, b"x")
+    assert not (tmp_path / "escaped").exists()
+    assert store.list() == []
+
+
+def test_file_key_and_prefix_cannot_share_a_name(tmp_path: Path) -> None:
+    store = FileObjectStore(tmp_path / "root")
+    store.put("a", b"object")
+    with pytest.raises(InvalidArgument):
+        store.put("a/b", b"x")
+    store.put("x/y", b"object")
+    with pytest.raises(InvalidArgument):
+        store.put("x", b"x")
+    with pytest.raises(ObjectNotFound):
+        store.get("x")
+    store.delete("x")  # a directory of other keys is not an object: nothing to delete
+    assert store.list() == ["a", "x/y"]
+
+
+def test_file_store_persists_and_hides_internals(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    FileObjectStore(root).put_if_match("shard/a/leader.json", b"lease", None)
+    reopened = FileObjectStore(root)
+    assert reopened.get("shard/a/leader.json")[0] == b"lease"
+    assert (root / "shard" / "a" / "leader.json").read_bytes() == b"lease"
+    assert any(name.startswith(".nstance-") for name in os.listdir(root))  # the lock directory
+    assert reopened.list() == ["shard/a/leader.json"]
+
+
+# --------------------------------------------------------------------------------------------------
+# s3:// specifics (fault injection against the real moto_server)
+# --------------------------------------------------------------------------------------------------
+
+
+class _RawBody:
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+
+    def stream(self, **_: object) -> Iterator[bytes]:
+        yield self._data
+
+
+def _inject(store: S3ObjectStore, operation: str, failures: list[tuple[int, str]]) -> list[str]:
+    """Answer the next len(failures) ``operation`` requests with these errors; return a call log."""
+    calls: list[str] = []
+    pending = list(failures)
+
+    def before_send(request: Any, **_: object) -> AWSResponse | None:
+        if not pending:
+            calls.append("sent")
+            return None
+        status, code = pending.pop(0)
+        calls.append(f"{status} {code}")
+        body = (
+            '<?xml version="1.0" encoding="UTF-8"?>\n'
+            f"<Error><Code>{code}</Code><Message>injected by test</Message>"
+            "<RequestId>test</RequestId></Error>"
+        ).encode()
+        headers = {"Content-Type": "application/xml", "Content-Length": str(len(body))}
+        return AWSResponse(request.url, status, headers, _RawBody(body))
+
+    store.client.meta.events.register(f"before-send.s3.{operation}", before_send)
+    return calls
+
+
+def test_s3_conflict_is_retried_then_succeeds(s3_store_factory: S3StoreFactory) -> None:
+    sleeps: list[float] = []
+    store = s3_store_factory(sleep=sleeps.append, rand=lambda: 1.0)
+    etag = store.put("leader.json", b"old")
+    calls = _inject(store, "PutObject", [(409, "ConditionalRequestConflict")])
+
+    new_etag = store.put_if_match("leader.json", b"new", etag)
+
+    assert calls == ["409 ConditionalRequestConflict", "sent"]
+    assert sleeps == [pytest.approx(0.05)]
+    assert store.get("leader.json") == (b"new", new_etag)
+
+
+def test_s3_persistent_conflict_surfaces_as_conflict(s3_store_factory: S3StoreFactory) -> None:
+    sleeps: list[float] = []
+    store = s3_store_factory(sleep=sleeps.append, max_attempts=3)
+    calls = _inject(store, "PutObject", [(409, "ConditionalRequestConflict")] * 10)
+    with pytest.raises(Conflict):
+        store.put_if_match("leader.json", b"new", None)
+    assert len(calls) == 3
+    assert len(sleeps) == 2
+    assert not store.exists("leader.json")
+
+
+def test_s3_persistent_slowdown_backs_off_then_throttled(s3_store_factory: S3StoreFactory) -> None:
+    sleeps: list[float] = []
+    store = s3_store_factory(sleep=sleeps.append, rand=lambda: 1.0, max_attempts=6, max_delay=0.5)
+    calls = _inject(store, "PutObject", [(503, "SlowDown")] * 10)
+    with pytest.raises(Throttled):
+        store.put("k", b"v")
+    assert len(calls) == 6  # botocore added no retries of its own
+    assert sleeps == pytest.approx([0.05, 0.1, 0.2, 0.4, 0.5])  # exponential, capped
+
+
+def test_s3_backoff_is_jittered(s3_store_factory: S3StoreFactory) -> None:
+    sleeps: list[float] = []
+    store = s3_store_factory(sleep=sleeps.append, rand=iter([0.5, 0.25]).__next__, max_attempts=3)
+    _inject(store, "GetObject", [(503, "SlowDown")] * 2)
+    store.put("k", b"v")
+    assert store.get("k")[0] == b"v"
+    assert sleeps == pytest.approx([0.025, 0.025])
+
+
+def test_s3_ambiguous_error_on_conditional_write_is_not_retried(s3_store_factory: S3StoreFactory) -> None:
+    sleeps: list[float] = []
+    store = s3_store_factory(sleep=sleeps.append)
+    calls = _inject(store, "PutObject", [(500, "InternalError")])
+    with pytest.raises(Unavailable) as raised:
+        store.put_if_match("k", b"v", None)
+    assert not isinstance(raised.value, (Conflict, Throttled))
+    assert "re-read" in str(raised.value)
+    assert calls == ["500 InternalError"]
+    assert sleeps == []
+
+    _inject(store, "GetObject", [(500, "InternalError")])
+    store.put("k", b"v")
+    assert store.get("k")[0] == b"v"  # idempotent reads are retried
+    assert len(sleeps) == 1
+
+
+def test_s3_missing_bucket_is_not_a_missing_object(s3_store_factory: S3StoreFactory) -> None:
+    store = s3_store_factory(bucket="nstance-no-such-bucket")
+    with pytest.raises(NotFound) as raised:
+        store.get("k")
+    assert not isinstance(raised.value, ObjectNotFound)
+
+
+def test_s3_prefix_is_applied_and_stripped(s3_store_factory: S3StoreFactory) -> None:
+    base = s3_store_factory()
+    scoped = s3_store_factory("tenant-x/", bucket=base.bucket)
+    scoped.put("shard/a/leader.json", b"l")
+    assert scoped.list() == ["shard/a/leader.json"]
+    assert scoped.list("shard/") == ["shard/a/leader.json"]
+    assert base.list() == ["tenant-x/shard/a/leader.json"]
+    raw = base.client.list_objects_v2(Bucket=base.bucket)
+    assert [o["Key"] for o in raw["Contents"]] == ["tenant-x/shard/a/leader.json"]
+
+
+def test_s3_endpoint_and_path_style_from_environment(
+    moto_server: MotoServer, aws_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_server.endpoint_url)
+    monkeypatch.setenv("AWS_S3_USE_PATH_STYLE", "true")
+    store = open_store("s3://nstance-env-bucket/p")
+    assert isinstance(store, S3ObjectStore)
+    try:
+        assert store.endpoint_url == moto_server.endpoint_url
+        assert store.path_style
+        store.client.create_bucket(Bucket="nstance-env-bucket")
+        store.put("k", b"v")
+        assert store.list() == ["k"]
+        assert store.client.list_objects_v2(Bucket="nstance-env-bucket")["Contents"][0]["Key"] == "p/k"
+    finally:
+        store.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# factory
+# --------------------------------------------------------------------------------------------------
+
+
+def test_factory_memory() -> None:
+    assert isinstance(open_store("memory://"), MemoryObjectStore)
+    assert open_store("memory://") is not open_store("memory://")
+
+
+def test_factory_file_absolute_and_relative(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    absolute = open_store(f"file://{tmp_path}/abs")
+    assert isinstance(absolute, FileObjectStore)
+    assert absolute.root == tmp_path / "abs"
+    assert (tmp_path / "abs").is_dir()
+
+    monkeypatch.chdir(tmp_path)
+    relative = open_store("file://rel/dir")
+    assert isinstance(relative, FileObjectStore)
+    assert relative.root == tmp_path / "rel" / "dir"
+
+
+def test_factory_s3_url(aws_env: None) -> None:
+    store = open_store("s3://my-bucket/some/prefix?region=eu-west-1", endpoint_url="http://127.0.0.1:9")
+    assert isinstance(store, S3ObjectStore)
+    try:
+        assert (store.bucket, store.prefix) == ("my-bucket", "some/prefix/")
+        assert store.endpoint_url == "http://127.0.0.1:9"
+        assert not store.path_style
+        assert store.client.meta.region_name == "eu-west-1"
+    finally:
+        store.close()
+
+    bare = open_store("s3://my-bucket?path_style=true&endpoint=http://127.0.0.1:9")
+    assert isinstance(bare, S3ObjectStore)
+    try:
+        assert bare.prefix == ""
+        assert bare.path_style
+        assert bare.client.meta.config.s3["addressing_style"] == "path"
+    finally:
+        bare.close()
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["gs://bucket/x", "ftp://host/x", "/just/a/path", "s3://", "s3:///prefix", "file://", "memory://x"],
+)
+def test_factory_rejects_bad_urls(url: str) -> None:
+    with pytest.raises(InvalidArgument):
+        open_store(url)
+
+
+def test_factory_rejects_options_for_file(tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgument):
+        open_store(f"file://{tmp_path}", region="us-east-1")
+
+
+def test_open_scopes_builds_shard_and_cluster_views(tmp_path: Path) -> None:
+    scopes = open_scopes("file", str(tmp_path / "bucket"), shard="eu-1a")
+    scopes.shard.put("leader.json", b"s")
+    scopes.cluster.put("ca.crt", b"c")
+    assert scopes.root.list() == ["cluster/ca.crt", "shard/eu-1a/leader.json"]
+
+    custom = open_scopes("memory", "", shard="x", prefix="deploy/{shard}", cluster_prefix="global")
+    custom.shard.put("k", b"1")
+    custom.cluster.put("k", b"2")
+    assert custom.root.list() == ["deploy/x/k", "global/k"]
+
+    with pytest.raises(InvalidArgument):
+        open_scopes("gcs", "b", shard="x")

@@ -1,0 +1,571 @@
+"""Repository functions of the SQLite cache, on a real migrated database file.
+
+Covers the crash-safe create path (pending row before the provider call), single-use registration
+nonces under concurrency, the active-instance listing the reconciler plans from, soft delete and
+purge, group hashes, workload public keys, the certificate deny list and operator nonces.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+from nstance.core.errors import AlreadyExists, InvalidArgument, NotFound
+from nstance.db import repo
+from nstance.db.engine import Database, open_database
+from nstance.db.models import RECORD_PENDING, RECORD_PROVISIONED, LbInstance, PublicKey
+from nstance.db.repo import NonceClaim, PurgedInstance
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+CERT_EXPIRY = T0 + timedelta(days=365)
+T = TypeVar("T")
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Iterator[Database]:
+    database = open_database(tmp_path / "db" / "nstance.db")
+    yield database
+    database.close()
+
+
+def _add(
+    db: Database,
+    instance_id: str,
+    *,
+    tenant: str = "acme",
+    group_key: str = "workers",
+    at: datetime = T0,
+    on_demand: bool = False,
+    nonce: str | None = None,
+) -> None:
+    with db.session() as session:
+        repo.insert_instance(
+            session,
+            instance_id=instance_id,
+            tenant=tenant,
+            group_key=group_key,
+            kind="knc",
+            nonce=nonce or f"jwt-{instance_id}",
+            now=at,
+            on_demand=on_demand,
+        )
+
+
+def _race(workers: int, action: Callable[[int], T]) -> list[T]:
+    """Run ``action(i)`` on ``workers`` threads released together by a barrier; re-raise any error."""
+    barrier = threading.Barrier(workers)
+
+    def run(index: int) -> T:
+        barrier.wait(timeout=10)
+        return action(index)
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = [pool.submit(run, i) for i in range(workers)]
+        return [future.result(timeout=30) for future in futures]
+
+
+# --- create path ---------------------------------------------------------------------------------
+
+
+def test_insert_records_a_pending_row_before_the_provider_call(db: Database) -> None:
+    with db.session() as session:
+        row = repo.insert_instance(
+            session,
+            instance_id="i1",
+            tenant="acme",
+            group_key="workers",
+            kind="knc",
+            nonce="jwt-1",
+            now=T0,
+            template="k8s-node",
+            subnet_id="subnet-a",
+            instance_type="t4g.small",
+            infra_config_hash="sha256:infra",
+            idempotency_token="tok-1",
+            issued_at=T0,
+        )
+        assert row.record_state == RECORD_PENDING
+    with db.read_session() as session:
+        stored = repo.get_instance(session, "i1")
+    assert stored is not None
+    assert (stored.record_state, stored.provider_id, stored.on_demand) == (RECORD_PENDING, None, False)
+    assert (stored.template, stored.subnet_id, stored.instance_type) == ("k8s-node", "subnet-a", "t4g.small")
+    assert stored.infra_config_hash == "sha256:infra"
+    assert stored.created_at == stored.updated_at == T0
+    assert stored.deleted_at is None
+
+
+@pytest.mark.parametrize(
+    ("instance_id", "nonce", "token"),
+    [("i1", "jwt-other", None), ("i2", "jwt-1", None), ("i2", "jwt-2", "tok-1")],
+    ids=["same-id", "same-nonce", "same-idempotency-token"],
+)
+def test_insert_refuses_duplicates_and_keeps_the_transaction_usable(
+    db: Database, instance_id: str, nonce: str, token: str | None
+) -> None:
+    with db.session() as session:
+        repo.insert_instance(
+            session,
+            instance_id="i1",
+            tenant="acme",
+            group_key="g",
+            kind="knc",
+            nonce="jwt-1",
+            now=T0,
+            idempotency_token="tok-1",
+        )
+    with db.session() as session:
+        with pytest.raises(AlreadyExists, match=instance_id):
+            repo.insert_instance(
+                session,
+                instance_id=instance_id,
+                tenant="acme",
+                group_key="g",
+                kind="knc",
+                nonce=nonce,
+                now=T0,
+                idempotency_token=token,
+            )
+        # Same transaction, next statement: still fine.
+        repo.insert_instance(
+            session, instance_id="i3", tenant="acme", group_key="g", kind="knc", nonce="jwt-3", now=T0
+        )
+    with db.read_session() as session:
+        assert [row.id for row in repo.list_active_instances(session)] == ["i1", "i3"]
+
+
+def test_set_provider_details_marks_the_row_provisioned(db: Database) -> None:
+    _add(db, "i1")
+    later = T0 + timedelta(seconds=3)
+    with db.session() as session:
+        assert repo.set_provider_details(
+            session, "i1", provider_id="i-0abc", now=later, provider_status="pending", ip4="10.0.0.5"
+        )
+        assert not repo.set_provider_details(session, "missing", provider_id="i-x", now=later)
+    with db.session() as session:
+        # Fields not given keep their value.
+        assert repo.set_provider_details(
+            session, "i1", provider_id="i-0abc", now=later, hostname="ip-10-0-0-5"
+        )
+    with db.read_session() as session:
+        row = repo.get_instance(session, "i1")
+    assert row is not None
+    assert (row.provider_id, row.record_state, row.provider_status) == (
+        "i-0abc",
+        RECORD_PROVISIONED,
+        "pending",
+    )
+    assert (row.ip4, row.hostname) == ("10.0.0.5", "ip-10-0-0-5")
+    assert row.provider_at == row.updated_at == later
+
+
+def test_set_provider_status(db: Database) -> None:
+    _add(db, "i1")
+    with db.session() as session:
+        assert repo.set_provider_status(session, "i1", "running", now=T0 + timedelta(minutes=1))
+        assert not repo.set_provider_status(session, "missing", "running", now=T0)
+    with db.read_session() as session:
+        row = repo.get_instance(session, "i1")
+    assert row is not None
+    assert (row.provider_status, row.provider_at) == ("running", T0 + timedelta(minutes=1))
+
+
+# --- registration ----------------------------------------------------------------------------------
+
+
+def _register(db: Database, nonce: str, *, instance_id: str | None = None, serial: int | str = 0xABC) -> bool:
+    with db.session() as session:
+        return repo.mark_registered_atomically(
+            session,
+            nonce=nonce,
+            public_key_pem="PEM",
+            cert_serial=serial,
+            cert_expires_at=CERT_EXPIRY,
+            now=T0 + timedelta(seconds=40),
+            instance_id=instance_id,
+        )
+
+
+def test_registration_nonce_is_single_use(db: Database) -> None:
+    _add(db, "i1", nonce="jwt-1")
+
+    assert _register(db, "jwt-1", serial=0x00FF10)
+    assert not _register(db, "jwt-1")
+
+    with db.read_session() as session:
+        row = repo.get_instance_by_nonce(session, "jwt-1")
+    assert row is not None
+    assert row.id == "i1"
+    assert row.registered_at == T0 + timedelta(seconds=40)
+    assert (row.instance_pub, row.cert_serial, row.cert_expires_at) == ("PEM", "ff10", CERT_EXPIRY)
+
+
+def test_registration_refuses_unknown_deleted_and_mismatched_nonces(db: Database) -> None:
+    _add(db, "i1", nonce="jwt-1")
+    _add(db, "i2", nonce="jwt-2")
+    with db.session() as session:
+        assert repo.soft_delete(session, "i2", now=T0)
+
+    assert not _register(db, "jwt-unknown")
+    assert not _register(db, "jwt-2")  # deleted instance
+    assert not _register(db, "jwt-1", instance_id="i2")  # nonce of another instance
+    assert _register(db, "jwt-1", instance_id="i1")
+
+
+def test_concurrent_registrations_with_one_nonce_have_exactly_one_winner(db: Database) -> None:
+    _add(db, "i1", nonce="jwt-1")
+
+    results = _race(8, lambda i: _register(db, "jwt-1", serial=i + 1))
+
+    assert sorted(results) == [False] * 7 + [True]
+    with db.read_session() as session:
+        row = repo.get_instance(session, "i1")
+    assert row is not None
+    assert row.registered_at is not None
+    assert row.cert_serial in {format(i + 1, "x") for i in range(8)}
+
+
+# --- listing -------------------------------------------------------------------------------------
+
+
+def test_list_active_instances_filters_and_orders_oldest_first(db: Database) -> None:
+    _add(db, "new", at=T0 + timedelta(minutes=3))
+    _add(db, "old", at=T0)
+    _add(db, "mid", at=T0 + timedelta(minutes=1))
+    _add(db, "ondemand", at=T0 + timedelta(minutes=2), on_demand=True)
+    _add(db, "other-group", group_key="ingress", at=T0)
+    _add(db, "other-tenant", tenant="globex", at=T0)
+    _add(db, "gone", at=T0)
+    _add(db, "deleting", at=T0)
+    _add(db, "terminated", at=T0)
+    _add(db, "stopped", at=T0 + timedelta(minutes=4))
+    with db.session() as session:
+        repo.soft_delete(session, "gone", now=T0)
+        repo.set_provider_status(session, "deleting", "deleting", now=T0)
+        repo.set_provider_status(session, "terminated", "deleted", now=T0)
+        repo.set_provider_status(session, "stopped", "stopped", now=T0)  # still active: needs replacing
+
+    with db.read_session() as session:
+        group = repo.list_active_instances(session, tenant="acme", group_key="workers")
+        managed = repo.list_active_instances(session, tenant="acme", group_key="workers", managed_only=True)
+        tenant = repo.list_active_instances(session, tenant="acme")
+        everything = repo.list_active_instances(session)
+
+    assert [r.id for r in group] == ["old", "mid", "ondemand", "new", "stopped"]
+    assert [r.id for r in managed] == ["old", "mid", "new", "stopped"]
+    assert {r.id for r in tenant} == {"old", "mid", "ondemand", "new", "stopped", "other-group"}
+    assert {r.id for r in everything} == {r.id for r in tenant} | {"other-tenant"}
+
+
+def test_get_instance_returns_none_for_unknown_ids(db: Database) -> None:
+    with db.read_session() as session:
+        assert repo.get_instance(session, "nope") is None
+        assert repo.get_instance_by_nonce(session, "nope") is None
+
+
+# --- delete and purge ----------------------------------------------------------------------------
+
+
+def test_soft_delete_happens_once(db: Database) -> None:
+    _add(db, "i1")
+    with db.session() as session:
+        assert repo.soft_delete(session, "i1", now=T0 + timedelta(minutes=1))
+        assert not repo.soft_delete(session, "i1", now=T0 + timedelta(minutes=2))
+        assert not repo.soft_delete(session, "missing", now=T0)
+    with db.read_session() as session:
+        row = repo.get_instance(session, "i1")
+        assert repo.list_active_instances(session) == []
+    assert row is not None
+    assert row.deleted_at == T0 + timedelta(minutes=1)
+
+
+def test_purge_removes_old_deleted_rows_with_their_keys_and_lb_rows(db: Database) -> None:
+    for name in ("old", "recent", "alive"):
+        _add(db, name, tenant="acme" if name != "recent" else "globex")
+    with db.session() as session:
+        repo.soft_delete(session, "old", now=T0)
+        repo.soft_delete(session, "recent", now=T0 + timedelta(minutes=40))
+        repo.upsert_public_key(session, instance_id="old", filename="tls.key", public_key_pem="PEM", now=T0)
+        repo.upsert_public_key(session, instance_id="alive", filename="tls.key", public_key_pem="PEM", now=T0)
+        session.add(LbInstance(lb_key="api", instance_id="old", status="registered", updated_at=T0))
+
+    with db.session() as session:
+        purged = repo.purge_deleted_before(session, T0 + timedelta(minutes=30))
+    assert purged == [PurgedInstance("acme", "old")]
+
+    with db.read_session() as session:
+        assert repo.get_instance(session, "old") is None
+        assert repo.get_instance(session, "recent") is not None
+        assert repo.list_public_keys(session, "old") == []
+        assert len(repo.list_public_keys(session, "alive")) == 1
+        assert session.query(LbInstance).count() == 0
+    with db.session() as session:
+        assert repo.purge_deleted_before(session, T0 + timedelta(minutes=30)) == []
+
+
+# --- groups --------------------------------------------------------------------------------------
+
+
+def test_group_hashes_upsert_reports_changes_and_tracks_when_they_changed(db: Database) -> None:
+    def upsert(runtime: str, infra: str, at: datetime) -> bool:
+        with db.session() as session:
+            return repo.upsert_group_hashes(
+                session,
+                tenant="acme",
+                group_key="workers",
+                runtime_config_hash=runtime,
+                infra_config_hash=infra,
+                now=at,
+            )
+
+    assert upsert("sha256:r1", "sha256:i1", T0)
+    assert not upsert("sha256:r1", "sha256:i1", T0 + timedelta(minutes=1))
+    with db.read_session() as session:
+        group = repo.get_group_hashes(session, "acme", "workers")
+    assert group is not None
+    assert (group.runtime_config_hash, group.infra_config_hash) == ("sha256:r1", "sha256:i1")
+    assert group.hashes_updated_at == group.updated_at == T0
+
+    assert upsert("sha256:r1", "sha256:i2", T0 + timedelta(minutes=2))
+    with db.read_session() as session:
+        group = repo.get_group_hashes(session, "acme", "workers")
+    assert group is not None
+    assert group.infra_config_hash == "sha256:i2"
+    assert group.hashes_updated_at == T0 + timedelta(minutes=2)
+    assert group.created_at == T0
+
+
+def test_list_and_delete_groups(db: Database) -> None:
+    with db.session() as session:
+        for tenant, key in [("globex", "a"), ("acme", "workers"), ("acme", "ingress")]:
+            repo.upsert_group_hashes(
+                session, tenant=tenant, group_key=key, runtime_config_hash="r", infra_config_hash="i", now=T0
+            )
+    with db.session() as session:
+        assert [(g.tenant, g.group_key) for g in repo.list_groups(session)] == [
+            ("acme", "ingress"),
+            ("acme", "workers"),
+            ("globex", "a"),
+        ]
+        assert [g.group_key for g in repo.list_groups(session, tenant="acme")] == ["ingress", "workers"]
+        assert repo.delete_group_hashes(session, "acme", "ingress")
+        assert not repo.delete_group_hashes(session, "acme", "ingress")
+        assert repo.get_group_hashes(session, "acme", "ingress") is None
+
+
+# --- workload public keys ------------------------------------------------------------------------
+
+
+def _issue_cert(db: Database, instance_id: str, filename: str, serial: str) -> None:
+    with db.session() as session:
+        key = session.query(PublicKey).filter_by(instance_id=instance_id, filename=filename).one()
+        key.certificate_serial = serial
+        key.certificate_issued_at = T0
+
+
+def test_public_key_upsert_keeps_the_cert_for_the_same_key_and_drops_it_for_a_new_one(db: Database) -> None:
+    _add(db, "i1")
+    with db.session() as session:
+        first = repo.upsert_public_key(
+            session,
+            instance_id="i1",
+            filename="kubelet.key",
+            public_key_pem="PEM-A",
+            now=T0,
+            certificate_name="kubelet",
+        )
+    assert (first.public_key_pem, first.certificate_name, first.submitted_at) == ("PEM-A", "kubelet", T0)
+    _issue_cert(db, "i1", "kubelet.key", "abc")
+
+    with db.session() as session:
+        same = repo.upsert_public_key(
+            session,
+            instance_id="i1",
+            filename="kubelet.key",
+            public_key_pem="PEM-A",
+            now=T0 + timedelta(minutes=1),
+        )
+    assert (same.id, same.certificate_serial, same.certificate_issued_at) == (first.id, "abc", T0)
+    assert same.submitted_at == T0 + timedelta(minutes=1)
+
+    with db.session() as session:
+        rotated = repo.upsert_public_key(
+            session,
+            instance_id="i1",
+            filename="kubelet.key",
+            public_key_pem="PEM-B",
+            now=T0 + timedelta(minutes=2),
+        )
+    assert (rotated.id, rotated.public_key_pem) == (first.id, "PEM-B")
+    assert (rotated.certificate_serial, rotated.certificate_issued_at) == (None, None)
+    assert rotated.created_at == T0
+
+    with db.read_session() as session:
+        assert [k.filename for k in repo.list_public_keys(session, "i1")] == ["kubelet.key"]
+
+
+def test_public_key_for_unknown_instance_is_not_found(db: Database) -> None:
+    with db.session() as session, pytest.raises(NotFound, match="ghost"):
+        repo.upsert_public_key(session, instance_id="ghost", filename="a.key", public_key_pem="PEM", now=T0)
+
+
+# --- certificate deny list -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("given", "canonical"),
+    [(255, "ff"), ("FF", "ff"), ("0x00ff", "ff"), ("00:FF", "ff"), (0, "0"), ("000", "0")],
+)
+def test_normalize_serial(given: int | str, canonical: str) -> None:
+    assert repo.normalize_serial(given) == canonical
+
+
+@pytest.mark.parametrize("bad", ["xyz", "", -1])
+def test_normalize_serial_refuses_garbage(bad: int | str) -> None:
+    with pytest.raises(InvalidArgument):
+        repo.normalize_serial(bad)
+
+
+def test_revoked_serials_match_any_spelling(db: Database) -> None:
+    serial = 0x1F2E3D4C5B6A79880000000000000001
+    with db.session() as session:
+        assert repo.add_revoked_serial(session, serial, now=T0, reason="key leaked", expires_at=CERT_EXPIRY)
+        assert not repo.add_revoked_serial(session, format(serial, "#034x").upper().replace("X", "x"), now=T0)
+    with db.read_session() as session:
+        assert repo.is_serial_revoked(session, serial)
+        assert repo.is_serial_revoked(session, "1F:2E:3D:4C:5B:6A:79:88:00:00:00:00:00:00:00:01")
+        assert not repo.is_serial_revoked(session, serial + 1)
+        assert repo.revoked_serials(session) == {format(serial, "x")}
+
+
+# --- operators -----------------------------------------------------------------------------------
+
+
+def _claim(db: Database, nonce: str, key: str, operator_id: str) -> NonceClaim:
+    with db.session() as session:
+        outcome, holder = repo.claim_operator_nonce(
+            session,
+            nonce=nonce,
+            operator_id=operator_id,
+            cluster_id="c1",
+            tenant="acme",
+            public_key=key,
+            now=T0,
+            cert_serial=0x10,
+            cert_expires_at=CERT_EXPIRY,
+        )
+        assert holder.nonce == nonce
+        return outcome
+
+
+def test_operator_nonce_claim_allows_same_key_retries_only(db: Database) -> None:
+    assert _claim(db, "op-jwt", "KEY-A", "opr1") is NonceClaim.CLAIMED
+    assert _claim(db, "op-jwt", "KEY-A", "opr2") is NonceClaim.SAME_KEY
+    assert _claim(db, "op-jwt", "KEY-B", "opr3") is NonceClaim.TAKEN
+    with db.read_session() as session:
+        assert [o.id for o in repo.list_operators(session)] == ["opr1"]
+        operator = repo.get_operator(session, "opr1")
+    assert operator is not None
+    assert (operator.public_key, operator.cert_serial, operator.registered_at) == ("KEY-A", "10", T0)
+
+
+def test_operator_id_reused_for_another_nonce_is_refused(db: Database) -> None:
+    assert _claim(db, "op-jwt-1", "KEY-A", "opr1") is NonceClaim.CLAIMED
+    with pytest.raises(AlreadyExists, match="opr1"):
+        _claim(db, "op-jwt-2", "KEY-A", "opr1")
+
+
+def test_concurrent_operator_claims_with_different_keys_have_one_winner(db: Database) -> None:
+    results = _race(8, lambda i: _claim(db, "op-jwt", f"KEY-{i}", f"opr{i}"))
+    assert sorted(r.value for r in results) == ["claimed"] + ["taken"] * 7
+
+
+def test_upsert_operator_creates_refreshes_and_keeps_the_nonce(db: Database) -> None:
+    assert _claim(db, "op-jwt", "KEY-A", "opr1") is NonceClaim.CLAIMED
+    renewed = T0 + timedelta(days=180)
+    with db.session() as session:
+        # Renewal (or a rebuild from object storage, whose records carry no nonce).
+        repo.upsert_operator(
+            session,
+            operator_id="opr1",
+            cluster_id="c1",
+            tenant="acme",
+            public_key="KEY-A",
+            registered_at=T0,
+            now=renewed,
+            cert_serial="0x20",
+            cert_expires_at=renewed + timedelta(days=365),
+            renewed_at=renewed,
+        )
+        repo.upsert_operator(
+            session,
+            operator_id="opr2",
+            cluster_id="c1",
+            tenant="globex",
+            public_key="KEY-Z",
+            registered_at=T0,
+            now=T0,
+        )
+    with db.read_session() as session:
+        first = repo.get_operator(session, "opr1")
+        assert [o.id for o in repo.list_operators(session, tenant="globex")] == ["opr2"]
+    assert first is not None
+    assert (first.nonce, first.cert_serial, first.renewed_at, first.created_at) == (
+        "op-jwt",
+        "20",
+        renewed,
+        T0,
+    )
+
+
+def test_upsert_operator_refuses_a_nonce_bound_to_another_operator(db: Database) -> None:
+    assert _claim(db, "op-jwt", "KEY-A", "opr1") is NonceClaim.CLAIMED
+    with db.session() as session, pytest.raises(AlreadyExists, match="opr2"):
+        repo.upsert_operator(
+            session,
+            operator_id="opr2",
+            cluster_id="c1",
+            tenant="acme",
+            public_key="KEY-B",
+            registered_at=T0,
+            now=T0,
+            nonce="op-jwt",
+        )
+
+
+# --- sessions ------------------------------------------------------------------------------------
+
+
+def test_read_session_discards_writes_and_session_rolls_back_on_error(db: Database) -> None:
+    with db.read_session() as session:
+        repo.insert_instance(
+            session, instance_id="i1", tenant="acme", group_key="g", kind="knc", nonce="n1", now=T0
+        )
+
+    def failing_write() -> None:
+        with db.session() as session:
+            repo.insert_instance(
+                session, instance_id="i2", tenant="acme", group_key="g", kind="knc", nonce="n2", now=T0
+            )
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        failing_write()
+    with db.read_session() as session:
+        assert repo.list_active_instances(session) == []
+
+
+def test_read_session_sees_a_stable_snapshot_while_a_writer_commits(db: Database) -> None:
+    _add(db, "i1")
+    with db.read_session() as reader:
+        assert len(repo.list_active_instances(reader)) == 1
+        _add(db, "i2")  # commits on another connection; WAL lets it through
+        assert len(repo.list_active_instances(reader)) == 1
+    with db.read_session() as session:
+        assert len(repo.list_active_instances(session)) == 2

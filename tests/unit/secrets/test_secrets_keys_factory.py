@@ -1,0 +1,180 @@
+"""Encryption-key loading (env and file, every accepted format and error) and the store factory."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import boto3
+import pytest
+
+from nstance.core.errors import InvalidArgument
+from nstance.objectstore.memory import MemoryObjectStore
+from nstance.secrets import keys
+from nstance.secrets.aws import AwsSecretsManagerStore
+from nstance.secrets.factory import open_secret_store
+from nstance.secrets.memory import MemorySecretStore
+from nstance.secrets.objectstorage import ObjectStorageSecretStore
+
+KEY = bytes(range(32))
+ENV = "NSTANCE_ENCRYPTION_KEY"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        base64.b64encode(KEY).decode(),
+        base64.b64encode(KEY).decode().rstrip("="),
+        base64.urlsafe_b64encode(KEY).decode(),
+        KEY.hex(),
+        KEY.hex().upper(),
+        f"  {base64.b64encode(KEY).decode()}\n",
+    ],
+)
+def test_env_key_formats(text: str) -> None:
+    assert keys.load_encryption_key("env", ENV, {ENV: text}) == KEY
+
+
+def test_env_32_character_value_is_used_as_is_like_upstream() -> None:
+    value = "0123456789abcdef0123456789ABCDEF"
+    assert keys.load_encryption_key("env", ENV, {ENV: value}) == value.encode()
+
+
+def test_env_reads_os_environ_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MY_KEY", KEY.hex())
+    assert keys.load_encryption_key("env", "MY_KEY") == KEY
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        KEY,  # 32 raw bytes
+        b"\n" * 32,  # 32 raw bytes that happen to be whitespace are still a key
+        base64.b64encode(KEY) + b"\n",
+        KEY.hex().encode() + b"\r\n",
+        b"0123456789abcdef0123456789ABCDEF\n",  # upstream: 32 characters, trailing newline trimmed
+    ],
+)
+def test_file_key_formats(tmp_path: Path, content: bytes) -> None:
+    path = tmp_path / "key"
+    path.write_bytes(content)
+    loaded = keys.load_encryption_key("file", str(path))
+    assert len(loaded) == 32
+    if content in (KEY, b"\n" * 32):
+        assert loaded == content
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        ({}, "environment variable NSTANCE_ENCRYPTION_KEY is not set or empty"),
+        ({ENV: ""}, "environment variable NSTANCE_ENCRYPTION_KEY is not set or empty"),
+        (
+            {ENV: base64.b64encode(b"k" * 16).decode()},
+            "from environment variable NSTANCE_ENCRYPTION_KEY decodes \\(base64\\) to 16 bytes, not 32",
+        ),
+        ({ENV: "short"}, "not in a recognised format \\(5 characters\\)"),
+        ({ENV: "!" * 40}, "not in a recognised format"),
+        ({ENV: "   "}, "is empty"),
+    ],
+)
+def test_env_errors_name_the_variable_and_the_formats(environ: dict[str, str], message: str) -> None:
+    with pytest.raises(InvalidArgument, match=message) as err:
+        keys.load_encryption_key("env", ENV, environ)
+    assert "base64" in str(err.value)
+    assert "64 hex characters" in str(err.value)
+
+
+def test_error_never_echoes_the_value() -> None:
+    secret_ish = "c2VjcmV0LXZhbHVlLXRoYXQtaXMtd3Jvbmc"
+    with pytest.raises(InvalidArgument) as err:
+        keys.load_encryption_key("env", ENV, {ENV: secret_ish})
+    assert secret_ish not in str(err.value)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "absent.key"
+    with pytest.raises(InvalidArgument, match=f"cannot read encryption key file {path}: No such file"):
+        keys.load_encryption_key("file", str(path))
+
+
+def test_file_of_the_wrong_size(tmp_path: Path) -> None:
+    path = tmp_path / "k"
+    path.write_bytes(b"\x00" * 31)
+    with pytest.raises(InvalidArgument, match=f"from file {path} is not in a recognised format"):
+        keys.load_encryption_key("file", str(path))
+
+
+@pytest.mark.parametrize("provider", ["aws-secrets-manager", "aws-parameter-store", "google-secret-manager"])
+def test_cloud_key_providers_are_not_supported_yet(provider: str) -> None:
+    with pytest.raises(InvalidArgument, match=f"'{provider}' is not supported yet; use one of: env, file"):
+        keys.load_encryption_key(provider, "x", {})
+
+
+def test_unknown_key_provider_and_empty_source() -> None:
+    with pytest.raises(InvalidArgument, match="unknown encryption key provider 'vault'"):
+        keys.load_encryption_key("vault", "x", {})
+    with pytest.raises(InvalidArgument, match="needs a source \\(an environment variable name\\)"):
+        keys.load_encryption_key("env", "", {})
+
+
+def test_generate_encryption_key() -> None:
+    one, two = keys.generate_encryption_key(), keys.generate_encryption_key()
+    assert one != two
+    assert keys.load_encryption_key("env", ENV, {ENV: one}) == base64.b64decode(one)
+    assert len(base64.b64decode(one)) == 32
+
+
+def test_load_several_keys_keeps_the_order(tmp_path: Path) -> None:
+    path = tmp_path / "old.key"
+    path.write_bytes(b"\x07" * 32)
+    loaded = keys.load_encryption_keys([("env", ENV), ("file", str(path))], {ENV: KEY.hex()})
+    assert loaded == [KEY, b"\x07" * 32]
+
+
+# --- factory ---------------------------------------------------------------------------------------
+
+
+def test_factory_memory() -> None:
+    assert isinstance(open_secret_store("memory"), MemorySecretStore)
+
+
+def test_factory_object_storage() -> None:
+    bucket = MemoryObjectStore()
+    store = open_secret_store("object-storage", object_store=bucket, keys=[KEY])
+    assert isinstance(store, ObjectStorageSecretStore)
+    assert store.prefix == "secret/"
+    store.set("ca.key", b"x")
+    assert bucket.list() == ["secret/ca.key"]
+    custom = open_secret_store("object-storage", object_store=bucket, keys=[KEY], prefix="s")
+    assert isinstance(custom, ObjectStorageSecretStore)
+    assert custom.prefix == "s/"
+
+
+def test_factory_object_storage_needs_a_store_and_a_key() -> None:
+    with pytest.raises(InvalidArgument, match="needs an object store"):
+        open_secret_store("object-storage", keys=[KEY])
+    with pytest.raises(InvalidArgument, match="unencrypted"):
+        open_secret_store("object-storage", object_store=MemoryObjectStore())
+
+
+def test_factory_aws(mocked_aws: None) -> None:
+    store = open_secret_store("aws-secrets-manager", prefix="nstance/", aws_region="us-east-1")
+    assert isinstance(store, AwsSecretsManagerStore)
+    store.set("ca.key", b"v")
+    client = boto3.client("secretsmanager", region_name="us-east-1")
+    assert client.get_secret_value(SecretId="nstance/ca.key")["SecretBinary"] == b"v"
+
+
+@pytest.mark.parametrize("provider", ["aws-parameter-store", "google-secret-manager"])
+def test_factory_refuses_providers_not_supported_yet(provider: str) -> None:
+    with pytest.raises(InvalidArgument, match=f"secrets provider '{provider}' is not supported yet"):
+        open_secret_store(provider)
+
+
+def test_factory_refuses_unknown_providers() -> None:
+    with pytest.raises(
+        InvalidArgument,
+        match="unknown secrets provider 'vault'; use one of: object-storage, aws-secrets-manager, memory",
+    ):
+        open_secret_store("vault")
