@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# `make run`: set up a one-machine Nstance cluster from examples/local/ on file:// storage.
+# `make run`: a one-machine Nstance shard from examples/local/ on file:// storage.
+#
+# Sets up the cluster (CA, nonce key, shard config, an operator identity), starts nstance-server with
+# the local provider (each instance is an nstance-agent process), scales the example group to 3 and
+# shows the instances live. Ctrl-C stops the server, which stops every instance it started.
 #
 # State lives in .local/ (object storage in .local/storage, a development encryption key in
-# .local/encryption.key). Re-running keeps the existing cluster: the CA is never overwritten.
-# Expects the project's .venv/bin on PATH (the Makefile arranges that).
+# .local/encryption.key, the server's cache in .local/cache). Re-running keeps the cluster: the CA is
+# never overwritten. Expects the project's .venv/bin on PATH (the Makefile arranges that).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,11 +37,65 @@ echo "== uploading the shard config"
 nstance-admin config upload "$CONFIG" --shard "$SHARD" \
     --storage-provider file --storage-bucket "$STORAGE"
 
-echo "== signing an operator registration nonce"
-nstance-admin --temp-dir "$STATE" cluster nonce --cluster-id "$CLUSTER" \
-    --storage-provider file --storage-bucket "$STORAGE" --expiry 3h
+IDENTITY="$STATE/operator-identity"
+if [ ! -s "$IDENTITY/identity.crt" ]; then
+    echo "== registering an operator identity in $IDENTITY"
+    nstance-admin cluster register-operator --cluster-id "$CLUSTER" --output-dir "$IDENTITY" \
+        --storage-provider file --storage-bucket "$STORAGE"
+fi
+
+export NSTANCE_ADMIN_SERVERS="$SHARD=127.0.0.1:8993"
+export NSTANCE_ADMIN_IDENTITY_DIR="$IDENTITY"
+INSTANCES="$PWD/$STATE/cache/local-instances"
+SERVER_PID=""
+
+cleanup() {
+    trap - INT TERM EXIT
+    if [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; then
+        echo
+        echo "== stopping nstance-server (it stops the instances it started)"
+        kill -TERM "$SERVER_PID" 2>/dev/null || true
+        wait "$SERVER_PID" 2>/dev/null || true
+    fi
+    # Safety net: no agent process of this demo may outlive it.
+    pkill -TERM -f -- "--instance-dir $INSTANCES/" 2>/dev/null || true
+    echo "stopped; the server log is $STATE/server.log"
+}
+trap cleanup INT TERM EXIT
+
+echo "== starting nstance-server (log: $STATE/server.log)"
+nstance-server --id local-1 --shard "$SHARD" --storage file --bucket "$STORAGE" \
+    --cachedir "$STATE/cache" --health-addr 127.0.0.1:8990 >>"$STATE/server.log" 2>&1 &
+SERVER_PID=$!
+
+for _ in $(seq 1 100); do
+    if curl -fsS http://127.0.0.1:8990/leader/health >/dev/null 2>&1; then break; fi
+    if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+        echo "nstance-server exited; last log lines:"; tail -n 20 "$STATE/server.log"; exit 1
+    fi
+    sleep 0.2
+done
+echo "== $(curl -sS http://127.0.0.1:8990/health)"
+
+echo "== scaling group 'app' to 3"
+nstance-admin group scale app 3
 
 echo
-echo "Local cluster '$CLUSTER' is ready in $STORAGE:"
-find "$STORAGE" -path "$STORAGE/.nstance-locks" -prune -o -type f -print | sort | sed 's/^/  /'
-echo "The shard server (nstance-server) arrives in the next release; this run set up what it needs."
+echo "From a second terminal, with the same environment:"
+echo "  export NSTANCE_ADMIN_SERVERS=$NSTANCE_ADMIN_SERVERS NSTANCE_ADMIN_IDENTITY_DIR=$PWD/$IDENTITY"
+echo "  .venv/bin/nstance-admin group scale app 5"
+echo "Press Ctrl-C to stop everything."
+sleep 2
+while kill -0 "$SERVER_PID" 2>/dev/null; do
+    printf '\033[2J\033[H'
+    echo "Nstance local shard $SHARD  (Ctrl-C stops the server and every instance)   $(date +%T)"
+    echo
+    nstance-admin group list 2>&1 || true
+    echo
+    nstance-admin instance list 2>&1 || true
+    echo
+    echo "agent processes: $(pgrep -fc -- "--instance-dir $INSTANCES/" || true)"
+    sleep 2
+done
+echo "nstance-server exited; last log lines:"
+tail -n 20 "$STATE/server.log"

@@ -25,6 +25,7 @@ from nstance.pki.nonce import operator_nonce_claims, sign_nonce
 from nstance.secrets.cluster_identity import ensure_cluster_identity, identity_state, load_cluster_identity
 from nstance.secrets.keys import generate_encryption_key
 
+from .commands import register
 from .stores import StorageOptions, open_cluster_stores
 
 app = typer.Typer(
@@ -307,6 +308,11 @@ def cluster_nonce(
 def secrets_generate_key() -> None:
     """Print a new random 32-byte encryption key (base64) for the object-storage secrets provider."""
     typer.echo(generate_encryption_key())
+
+
+# --- shard commands and cluster register-operator (commands.py) --------------------------------
+
+register(app, cluster_app, config_app)
 
 
 def main() -> None:

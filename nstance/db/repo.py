@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 from nstance.core.errors import AlreadyExists, InvalidArgument, NotFound
 from nstance.db.models import (
     INACTIVE_PROVIDER_STATUSES,
+    RECORD_FAILED,
     RECORD_PENDING,
     RECORD_PROVISIONED,
     Group,
@@ -234,6 +235,69 @@ def soft_delete(session: Session, instance_id: str, *, now: datetime) -> bool:
         .values(deleted_at=now, updated_at=now)
     )
     return _rowcount(session, statement) == 1
+
+
+def list_instances(session: Session, *, include_deleted: bool = False) -> list[Instance]:
+    """Every instance row (deleted ones only when asked), oldest first."""
+    statement = select(Instance)
+    if not include_deleted:
+        statement = statement.where(Instance.deleted_at.is_(None))
+    return list(session.scalars(statement.order_by(Instance.created_at.asc(), Instance.id.asc())))
+
+
+def mark_create_failed(session: Session, instance_id: str, *, now: datetime) -> bool:
+    """The provider create failed for good: the row no longer counts and the reconciler removes it."""
+    statement = (
+        update(Instance)
+        .where(Instance.id == instance_id, Instance.deleted_at.is_(None))
+        .values(record_state=RECORD_FAILED, updated_at=now)
+    )
+    return _rowcount(session, statement) == 1
+
+
+def start_drain(
+    session: Session, instance_id: str, *, reason: str, now: datetime, delete_at: datetime
+) -> bool:
+    """Begin draining: the instance stops counting and is deleted on ack or at ``delete_at``.
+
+    Only the first call for an instance takes effect; returns whether this call started the drain.
+    """
+    statement = (
+        update(Instance)
+        .where(
+            Instance.id == instance_id,
+            Instance.deleted_at.is_(None),
+            Instance.drain_started_at.is_(None),
+        )
+        .values(drain_started_at=now, drain_reason=reason, delete_at=delete_at, updated_at=now)
+    )
+    return _rowcount(session, statement) == 1
+
+
+def acknowledge_drain(session: Session, instance_id: str, *, now: datetime) -> bool:
+    """Record the operator's drain acknowledgement (also ends drains never started, e.g. deletes)."""
+    statement = (
+        update(Instance)
+        .where(Instance.id == instance_id, Instance.deleted_at.is_(None))
+        .values(
+            drain_acked_at=now,
+            drain_started_at=func.coalesce(Instance.drain_started_at, now),
+            updated_at=now,
+        )
+    )
+    return _rowcount(session, statement) == 1
+
+
+def restore_instance(session: Session, **values: Any) -> None:
+    """Insert or overwrite one row from its object-storage record (cache rebuild after failover).
+
+    ``values`` are column names; ``id`` is required. Columns not given keep their stored value.
+    """
+    if "id" not in values:
+        raise InvalidArgument("restore_instance needs the instance id")
+    statement = insert(Instance).values(**values)
+    updates = {key: statement.excluded[key] for key in values if key != "id"}
+    session.execute(statement.on_conflict_do_update(index_elements=[Instance.id], set_=updates))
 
 
 class PurgedInstance(NamedTuple):

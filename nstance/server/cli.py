@@ -1,22 +1,25 @@
-"""Command line of nstance-server.
+"""Command line of nstance-server: flags and environment variables in, ``app.serve`` out.
 
-This release ships the flags and the config check (``--validate FILE``); the shard daemon itself
-(leader election, reconciler, gRPC services) is built on this foundation in the next release, and
-until then running without ``--validate`` says so and exits with status 2.
+Every flag has an environment variable (``NSTANCE_SERVER_ID``, ``NSTANCE_SHARD``, ``NSTANCE_STORAGE``,
+``NSTANCE_BUCKET``, ``NSTANCE_PREFIX``, ``NSTANCE_CACHEDIR``, ``NSTANCE_HEALTH_ADDR``). ``--validate FILE``
+checks a config file and exits without starting anything.
 """
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from nstance.config import validate_config_file
+from nstance.core.errors import NstanceError
+from nstance.server.app import ServerOptions, serve, setup_logging
 
 app = typer.Typer(add_completion=False, help="Per-shard Nstance server: keeps groups of VMs at their size.")
 
-EXIT_NOT_AVAILABLE = 2
+EXIT_USAGE = 2
 
 IdOpt = Annotated[str | None, typer.Option("--id", envvar="NSTANCE_SERVER_ID", help="This server's id.")]
 ShardOpt = Annotated[str | None, typer.Option(envvar="NSTANCE_SHARD", help="Shard (zone) this server runs.")]
@@ -28,6 +31,22 @@ PrefixOpt = Annotated[str | None, typer.Option(envvar="NSTANCE_PREFIX", help="Ke
 CacheOpt = Annotated[
     Path, typer.Option(envvar="NSTANCE_CACHEDIR", help="Local cache directory (SQLite, config copies).")
 ]
+HealthOpt = Annotated[
+    str | None,
+    typer.Option(
+        envvar="NSTANCE_HEALTH_ADDR",
+        help="host:port of the health/metrics endpoint (default :8990; up before the config loads).",
+    ),
+]
+BindHostOpt = Annotated[
+    str,
+    typer.Option(envvar="NSTANCE_BIND_HOST", help="Override the host of every shard.bind address."),
+]
+AdvertiseHostOpt = Annotated[
+    str,
+    typer.Option(envvar="NSTANCE_ADVERTISE_HOST", help="Override the host of every shard.advertise address."),
+]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")]
 ValidateOpt = Annotated[
     Path | None,
     typer.Option("--validate", help="Validate a config.jsonc file, print every problem, and exit."),
@@ -42,6 +61,10 @@ def main_command(
     bucket: BucketOpt = None,
     prefix: PrefixOpt = None,
     cachedir: CacheOpt = Path("./cache"),
+    health_addr: HealthOpt = None,
+    bind_host: BindHostOpt = "",
+    advertise_host: AdvertiseHostOpt = "",
+    verbose: VerboseOpt = False,
     validate: ValidateOpt = None,
 ) -> None:
     """Run the shard server, or validate a config file with --validate."""
@@ -53,12 +76,32 @@ def main_command(
             raise typer.Exit(1)
         typer.echo(f"{validate}: OK")
         return
-    typer.echo(
-        "nstance-server: the shard daemon is not part of this release yet; "
-        "use --validate FILE to check a config, or nstance-admin for cluster setup.",
-        err=True,
+    missing = [
+        flag for flag, value in (("--id", server_id), ("--shard", shard), ("--bucket", bucket)) if not value
+    ]
+    if missing:
+        typer.echo(
+            f"nstance-server: {', '.join(missing)} required (or the matching NSTANCE_* variable)", err=True
+        )
+        raise typer.Exit(EXIT_USAGE)
+    setup_logging(verbose)
+    opts = ServerOptions(
+        server_id=server_id or "",
+        shard=shard or "",
+        storage=storage,
+        bucket=bucket or "",
+        prefix=prefix or "",
+        cachedir=cachedir,
+        health_addr=health_addr,
+        bind_host=bind_host,
+        advertise_host=advertise_host,
     )
-    raise typer.Exit(EXIT_NOT_AVAILABLE)
+    try:
+        code = asyncio.run(serve(opts))
+    except NstanceError as exc:
+        typer.echo(f"nstance-server: {exc}", err=True)
+        raise typer.Exit(1) from None
+    raise typer.Exit(code)
 
 
 def main() -> None:

@@ -1,0 +1,615 @@
+"""The ``sim`` provider: an in-memory, seeded, fault-injecting imitation of a cloud's VM API.
+
+It behaves the way EC2 does where that matters to a control plane: token buckets that refuse calls
+(``ProviderThrottled``, like ``RequestLimitExceeded``) instead of queueing them, idempotent creates per
+client token, a window after a create in which the new VM is not yet visible (eventual consistency),
+boot time (``pending`` then ``running``), per-call latency, and injected failures, including failures
+that happen *after* the cloud acted (a timed-out create that launched the VM anyway). Everything random
+comes from ``random.Random`` streams derived from the seed, so a run is reproducible.
+
+Visibility rules: a deleted VM leaves ``list_instances`` at once; ``get_instance`` reports it as
+``deleted`` for ``deleted_retention`` seconds and then raises InstanceNotFound. Its record (a tombstone)
+is kept so that a retried create with the same idempotency token still returns it. Ages use the wall
+clock (``clock.now()``) so that a table persisted to ``state_path`` means the same after a restart;
+``create_times`` uses ``clock.monotonic()``.
+
+This module must not sleep except through the injected ``sleep``, must not wait for a bucket (callers
+rate-limit themselves), and does no I/O except the optional state file. That file may be shared by
+several processes: every call re-reads it under an advisory lock (``flock`` on ``<file>.lock``), and
+every change is written back with an atomic replace before the lock is released.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import os
+import random
+import secrets
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from nstance.core.clock import Clock
+from nstance.core.durations import parse_duration
+from nstance.core.errors import FailedPrecondition, InvalidArgument
+from nstance.core.ratelimit import TokenBucket
+from nstance.providers.base import (
+    CreateRequest,
+    InstanceNotFound,
+    InstanceStatus,
+    ProviderInstance,
+    ProviderInvalidRequest,
+    ProviderThrottled,
+)
+
+#: Provider methods that failures can be injected into (and that ``calls`` counts).
+METHODS: tuple[str, ...] = (
+    "create_instance",
+    "delete_instance",
+    "get_instance",
+    "list_instances",
+    "check_subnet_capacity",
+)
+
+#: Keys accepted in ``shard.infra.options`` when the provider is ``sim``.
+OPTION_KEYS: tuple[str, ...] = (
+    "seed",
+    "latency",
+    "latency_jitter",
+    "boot_time",
+    "not_found_after_create",
+    "deleted_retention",
+    "state_file",
+    "request_bucket",
+    "instance_bucket",
+    "throttle_probability",
+)
+_BUCKET_KEYS: tuple[str, ...] = ("capacity", "refill_per_second")
+_STATE_VERSION = 1
+
+Sleep = Callable[[float], Awaitable[None]]
+BucketSpec = tuple[float, float]
+
+
+@dataclass(slots=True)
+class _Record:
+    """One simulated VM, including tombstones of deleted ones. Serialised as-is to the state file."""
+
+    instance_id: str
+    provider_id: str
+    idempotency_token: str
+    cluster_id: str
+    shard: str
+    tenant: str
+    group: str
+    template: str
+    kind: str
+    instance_type: str
+    subnet_id: str
+    ip4: str
+    launched_at: str  # ISO 8601, clock.now() at launch
+    deleted_at: str | None = None
+    status_override: str | None = None  # set by set_status(); None = follow boot time
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Injected:
+    error: Exception
+    remaining: int
+    after_effect: bool
+
+
+class SimProvider:
+    """A deterministic simulated cloud; see the module docstring for its rules."""
+
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        sleep: Sleep = asyncio.sleep,
+        seed: int = 0,
+        latency: float = 0.0,
+        latency_jitter: float = 0.0,
+        request_bucket: BucketSpec | None = None,
+        instance_bucket: BucketSpec | None = None,
+        boot_time: float = 0.0,
+        not_found_after_create: float = 0.0,
+        deleted_retention: float = 60.0,
+        throttle_probability: float = 0.0,
+        state_path: Path | None = None,
+        zone: str = "",
+    ) -> None:
+        for name, value in (
+            ("latency", latency),
+            ("boot_time", boot_time),
+            ("not_found_after_create", not_found_after_create),
+            ("deleted_retention", deleted_retention),
+        ):
+            if value < 0:
+                raise InvalidArgument(f"sim provider: {name} must not be negative (got {value})")
+        if not 0.0 <= latency_jitter <= 1.0:
+            raise InvalidArgument(
+                f"sim provider: latency_jitter must be between 0 and 1 (got {latency_jitter})"
+            )
+        if not 0.0 <= throttle_probability <= 1.0:
+            raise InvalidArgument(
+                f"sim provider: throttle_probability must be between 0 and 1 (got {throttle_probability})"
+            )
+        self._clock = clock
+        self._sleep = sleep
+        self._latency = latency
+        self._latency_jitter = latency_jitter
+        self._boot_time = timedelta(seconds=boot_time)
+        self._not_found_after_create = timedelta(seconds=not_found_after_create)
+        self._deleted_retention = timedelta(seconds=deleted_retention)
+        self._throttle_probability = throttle_probability
+        self._zone = zone
+        # Independent streams, so that e.g. enabling jitter does not change the ids a run produces.
+        self._id_rng = random.Random(f"{seed}:ids")
+        self._latency_rng = random.Random(f"{seed}:latency")
+        self._fault_rng = random.Random(f"{seed}:faults")
+        self._request_bucket = self._bucket(request_bucket, clock)
+        self._instance_bucket = self._bucket(instance_bucket, clock)
+        self._injected: dict[str, deque[_Injected]] = {m: deque() for m in METHODS}
+        self._failure_rates: dict[str, tuple[float, Callable[[], Exception]]] = {}
+        self._records: dict[str, _Record] = {}
+        self._by_token: dict[str, str] = {}
+        self._ip_counter = 0
+        self._state_path = state_path
+
+        self.calls: Counter[str] = Counter()
+        self.create_times: list[float] = []
+        self.launch_count = 0
+        self.throttled_calls = 0
+        self.full_subnets: set[str] = set()
+
+        with self._shared_state(exclusive=False):
+            pass  # load the table now, so that a broken state file fails at startup
+
+    @staticmethod
+    def _bucket(spec: BucketSpec | None, clock: Clock) -> TokenBucket | None:
+        if spec is None:
+            return None
+        capacity, refill = spec
+        try:
+            return TokenBucket(capacity, refill, clock)
+        except ValueError as exc:
+            raise InvalidArgument(f"sim provider bucket {spec}: {exc}") from exc
+
+    @property
+    def kind(self) -> str:
+        return "sim"
+
+    # ---- observability and fault injection -------------------------------------------------
+
+    @property
+    def vms(self) -> Mapping[str, ProviderInstance]:
+        """Every VM ever launched (tombstones included), by provider id, as of now; read-only."""
+        now = self._clock.now()
+        with self._shared_state(exclusive=False):
+            return MappingProxyType({pid: self._to_instance(r, now) for pid, r in self._records.items()})
+
+    def fail_next(self, method: str, error: Exception, times: int = 1, *, after_effect: bool = False) -> None:
+        """Make the next ``times`` calls of ``method`` raise ``error``.
+
+        With ``after_effect`` the call first does its work (a create launches, a delete deletes) and
+        then raises, like a cloud call whose response was lost.
+        """
+        self._check_method(method)
+        if times < 1:
+            raise InvalidArgument(f"fail_next: times must be at least 1 (got {times})")
+        self._injected[method].append(_Injected(error, times, after_effect))
+
+    def set_failure_rate(
+        self, method: str, probability: float, error_factory: Callable[[], Exception]
+    ) -> None:
+        """Make each call of ``method`` fail with ``error_factory()`` at this probability (0: off)."""
+        self._check_method(method)
+        if not 0.0 <= probability <= 1.0:
+            raise InvalidArgument(
+                f"set_failure_rate: probability must be between 0 and 1 (got {probability})"
+            )
+        if probability == 0.0:
+            self._failure_rates.pop(method, None)
+        else:
+            self._failure_rates[method] = (probability, error_factory)
+
+    def set_status(self, provider_id: str, status: InstanceStatus | None) -> None:
+        """Force a VM's status (e.g. ``stopped`` to imitate a crashed VM); None returns it to normal."""
+        with self._shared_state(exclusive=True):
+            record = self._records.get(provider_id)
+            if record is None:
+                raise InstanceNotFound(f"sim: no VM with provider id {provider_id!r}")
+            record.status_override = None if status is None else str(status)
+            self._save()
+
+    def vanish(self, provider_id: str) -> None:
+        """Remove a VM without a delete call, as when a cloud reclaims it and forgets it."""
+        with self._shared_state(exclusive=True):
+            record = self._records.pop(provider_id, None)
+            if record is not None:
+                self._by_token.pop(record.idempotency_token, None)
+                self._save()
+
+    @staticmethod
+    def _check_method(method: str) -> None:
+        if method not in METHODS:
+            raise InvalidArgument(f"unknown sim provider method {method!r}; use one of: {', '.join(METHODS)}")
+
+    # ---- the Provider protocol -------------------------------------------------------------
+
+    async def create_instance(self, request: CreateRequest) -> ProviderInstance:
+        late = await self._begin("create_instance")
+        with self._shared_state(exclusive=True):
+            token = request.idempotency_token
+            existing = self._by_token.get(token) if token else None
+            if existing is not None:
+                record = self._records[existing]
+                if record.instance_id != request.instance_id:
+                    raise ProviderInvalidRequest(
+                        f"idempotency token {token!r} was already used to create instance "
+                        f"{record.instance_id} ({record.provider_id}); a new instance needs a new token"
+                    )
+            else:
+                self._take(self._request_bucket, "request")
+                self._take(self._instance_bucket, "instance")
+                record = self._launch(request)
+            self._end(late)
+            return self._to_instance(record, self._clock.now())
+
+    async def delete_instance(self, instance_id: str, provider_id: str) -> None:
+        late = await self._begin("delete_instance")
+        self._take(self._request_bucket, "request")
+        with self._shared_state(exclusive=True):
+            for record in self._matching(instance_id, provider_id):
+                if record.deleted_at is None:
+                    record.deleted_at = self._clock.now().isoformat()
+                    self._save()
+        self._end(late)
+
+    async def get_instance(self, instance_id: str, provider_id: str) -> ProviderInstance:
+        late = await self._begin("get_instance")
+        now = self._clock.now()
+        with self._shared_state(exclusive=False):
+            found = [r for r in self._matching(instance_id, provider_id) if self._visible_to_get(r, now)]
+        if not found:
+            raise InstanceNotFound(
+                f"sim: no VM {provider_id or '(no provider id)'} for instance {instance_id or '(any)'}"
+            )
+        # Several VMs for one instance id only happen after duplicate creates; prefer a live one.
+        found.sort(key=lambda r: (r.deleted_at is not None, r.launched_at))
+        self._end(late)
+        return self._to_instance(found[0], now)
+
+    async def list_instances(self, cluster_id: str, shard: str) -> list[ProviderInstance]:
+        late = await self._begin("list_instances")
+        now = self._clock.now()
+        with self._shared_state(exclusive=False):
+            out = [
+                self._to_instance(r, now)
+                for r in self._records.values()
+                if r.cluster_id == cluster_id
+                and r.shard == shard
+                and r.deleted_at is None
+                and now >= _parse_time(r.launched_at) + self._not_found_after_create
+            ]
+        self._end(late)
+        return out
+
+    async def check_subnet_capacity(self, subnet_id: str) -> bool:
+        late = await self._begin("check_subnet_capacity")
+        self._end(late)
+        return subnet_id not in self.full_subnets
+
+    async def close(self) -> None:
+        """Nothing to release; the state file is already up to date after every change."""
+
+    # ---- internals -------------------------------------------------------------------------
+
+    async def _begin(self, method: str) -> _Injected | None:
+        """Count, wait the latency, then apply injected failures and random throttling.
+
+        Returns an injected failure to raise after the call's effect, if one is due.
+        """
+        self.calls[method] += 1
+        if self._latency > 0:
+            factor = 1.0 + self._latency_jitter * self._latency_rng.uniform(-1.0, 1.0)
+            await self._sleep(self._latency * factor)
+        queue = self._injected[method]
+        if queue:
+            head = queue[0]
+            head.remaining -= 1
+            if head.remaining <= 0:
+                queue.popleft()
+            if head.after_effect:
+                return head
+            raise head.error
+        rate = self._failure_rates.get(method)
+        if rate is not None and self._fault_rng.random() < rate[0]:
+            raise rate[1]()
+        if self._throttle_probability > 0 and self._fault_rng.random() < self._throttle_probability:
+            self.throttled_calls += 1
+            raise ProviderThrottled(
+                f"sim: {method} throttled (simulated RequestLimitExceeded); back off and retry"
+            )
+        return None
+
+    @staticmethod
+    def _end(late: _Injected | None) -> None:
+        if late is not None:
+            raise late.error
+
+    def _take(self, bucket: TokenBucket | None, which: str) -> None:
+        if bucket is None:
+            return
+        wait = bucket.try_take(1.0)
+        if wait > 0:
+            self.throttled_calls += 1
+            raise ProviderThrottled(
+                f"sim: {which} bucket empty (capacity {bucket.capacity:g}, refill "
+                f"{bucket.refill_per_second:g}/s); retry in {wait:.3f}s"
+            )
+
+    def _launch(self, request: CreateRequest) -> _Record:
+        provider_id = self._new_provider_id()
+        self._ip_counter += 1
+        n = self._ip_counter
+        record = _Record(
+            instance_id=request.instance_id,
+            provider_id=provider_id,
+            idempotency_token=request.idempotency_token,
+            cluster_id=request.cluster_id,
+            shard=request.shard,
+            tenant=request.tenant,
+            group=request.group,
+            template=request.template,
+            kind=request.kind,
+            instance_type=request.instance_type,
+            subnet_id=request.subnet_id,
+            ip4=f"10.{(n >> 16) & 0xFF}.{(n >> 8) & 0xFF}.{n & 0xFF}",
+            launched_at=self._clock.now().isoformat(),
+            tags=dict(request.tags),
+        )
+        self._records[provider_id] = record
+        if request.idempotency_token:
+            self._by_token[request.idempotency_token] = provider_id
+        self.launch_count += 1
+        self.create_times.append(self._clock.monotonic())
+        self._save()
+        return record
+
+    def _new_provider_id(self) -> str:
+        while True:
+            candidate = f"sim-{self._id_rng.getrandbits(48):012x}"
+            if candidate not in self._records:
+                return candidate
+
+    def _matching(self, instance_id: str, provider_id: str) -> list[_Record]:
+        if provider_id:
+            record = self._records.get(provider_id)
+            if record is None:
+                return []
+            if instance_id and record.instance_id != instance_id:
+                raise ProviderInvalidRequest(
+                    f"sim: VM {provider_id} belongs to instance {record.instance_id}, not {instance_id}"
+                )
+            return [record]
+        if not instance_id:
+            raise ProviderInvalidRequest("sim: give an instance id or a provider id")
+        return [r for r in self._records.values() if r.instance_id == instance_id]
+
+    def _visible_to_get(self, record: _Record, now: datetime) -> bool:
+        if now < _parse_time(record.launched_at) + self._not_found_after_create:
+            return False
+        return record.deleted_at is None or now < _parse_time(record.deleted_at) + self._deleted_retention
+
+    def _status(self, record: _Record, now: datetime) -> InstanceStatus:
+        if record.deleted_at is not None:
+            return InstanceStatus.DELETED
+        if record.status_override is not None:
+            return InstanceStatus(record.status_override)
+        if now < _parse_time(record.launched_at) + self._boot_time:
+            return InstanceStatus.PENDING
+        return InstanceStatus.RUNNING
+
+    def _to_instance(self, record: _Record, now: datetime) -> ProviderInstance:
+        return ProviderInstance(
+            instance_id=record.instance_id,
+            provider_id=record.provider_id,
+            status=self._status(record, now),
+            cluster_id=record.cluster_id,
+            shard=record.shard,
+            group=record.group,
+            kind=record.kind,
+            instance_type=record.instance_type,
+            subnet_id=record.subnet_id,
+            ip4=record.ip4,
+            hostname=record.instance_id,
+            zone=self._zone,
+            launched_at=_parse_time(record.launched_at),
+        )
+
+    # ---- persistence -----------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _shared_state(self, *, exclusive: bool) -> Iterator[None]:
+        """With a state file: hold its lock (shared to read, exclusive to change) and see the latest table.
+
+        Several processes (a leader and its standbys, or a server and its restarted self) may share
+        one file; the lock serialises their changes and the re-read keeps each one's view current.
+        """
+        path = self._state_path
+        if path is None:
+            yield
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            self._refresh(path)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def _refresh(self, path: Path) -> None:
+        """Re-read the table (always: inode numbers and coarse mtimes make stat-based shortcuts unsafe)."""
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            self._records, self._by_token, self._ip_counter = {}, {}, 0  # no file: an empty cloud
+            return
+        except OSError as exc:
+            raise FailedPrecondition(f"cannot read sim state file {path}: {exc}") from exc
+        try:
+            doc = json.loads(raw)
+            if doc.get("version") != _STATE_VERSION:
+                raise ValueError(f"unsupported version {doc.get('version')!r}")
+            records = [_Record(**item) for item in doc["vms"]]
+            ip_counter = int(doc.get("ip_counter", len(records)))
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise FailedPrecondition(
+                f"sim state file {path} is not a valid sim VM table ({exc}); delete it to start with no VMs"
+            ) from exc
+        self._records = {r.provider_id: r for r in records}
+        self._by_token = {r.idempotency_token: r.provider_id for r in records if r.idempotency_token}
+        self._ip_counter = ip_counter
+
+    def _save(self) -> None:
+        path = self._state_path
+        if path is None:
+            return
+        doc = {
+            "version": _STATE_VERSION,
+            "ip_counter": self._ip_counter,
+            "vms": [asdict(r) for r in self._records.values()],
+        }
+        data = json.dumps(doc, indent=1, sort_keys=True).encode("utf-8")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+
+def _parse_time(text: str) -> datetime:
+    return datetime.fromisoformat(text)
+
+
+# ---- construction from config ------------------------------------------------------------------
+
+
+def sim_provider_from_options(
+    options: Mapping[str, Any],
+    *,
+    clock: Clock,
+    base_dir: Path,
+    zone: str = "",
+    sleep: Sleep = asyncio.sleep,
+) -> SimProvider:
+    """Build a SimProvider from ``shard.infra.options``; refuse unknown keys and bad values by path."""
+    prefix = "shard.infra.options"
+    unknown = sorted(set(options) - set(OPTION_KEYS))
+    if unknown:
+        raise InvalidArgument(
+            f"{prefix}.{unknown[0]}: unknown option for the sim provider; allowed: {', '.join(OPTION_KEYS)}"
+        )
+    seed = options.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise InvalidArgument(f"{prefix}.seed: must be an integer (got {seed!r})")
+    state_file = options.get("state_file")
+    state_path: Path | None = None
+    if state_file is not None:
+        if not isinstance(state_file, str) or not state_file:
+            raise InvalidArgument(
+                f"{prefix}.state_file: must be a non-empty path string (got {state_file!r})"
+            )
+        state_path = Path(state_file) if Path(state_file).is_absolute() else base_dir / state_file
+    return SimProvider(
+        clock=clock,
+        sleep=sleep,
+        seed=seed,
+        latency=_seconds(options, "latency", prefix),
+        latency_jitter=_fraction(options, "latency_jitter", prefix),
+        boot_time=_seconds(options, "boot_time", prefix),
+        not_found_after_create=_seconds(options, "not_found_after_create", prefix),
+        deleted_retention=_seconds(options, "deleted_retention", prefix, default=60.0),
+        throttle_probability=_fraction(options, "throttle_probability", prefix),
+        request_bucket=_bucket_option(options, "request_bucket", prefix),
+        instance_bucket=_bucket_option(options, "instance_bucket", prefix),
+        state_path=state_path,
+        zone=zone,
+    )
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _seconds(options: Mapping[str, Any], key: str, prefix: str, default: float = 0.0) -> float:
+    value = options.get(key)
+    if value is None:
+        return default
+    if isinstance(value, str):
+        try:
+            seconds = parse_duration(value).total_seconds()
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"{prefix}.{key}: {exc}") from exc
+    else:
+        number = _number(value)
+        if number is None:
+            raise InvalidArgument(
+                f'{prefix}.{key}: must be a duration like "100ms" or a number of seconds (got {value!r})'
+            )
+        seconds = number
+    if seconds < 0:
+        raise InvalidArgument(f"{prefix}.{key}: must not be negative (got {value!r})")
+    return seconds
+
+
+def _fraction(options: Mapping[str, Any], key: str, prefix: str) -> float:
+    value = options.get(key, 0.0)
+    number = _number(value)
+    if number is None or not 0.0 <= number <= 1.0:
+        raise InvalidArgument(f"{prefix}.{key}: must be a number between 0 and 1 (got {value!r})")
+    return number
+
+
+def _bucket_option(options: Mapping[str, Any], key: str, prefix: str) -> BucketSpec | None:
+    value = options.get(key)
+    if value is None:
+        return None
+    path = f"{prefix}.{key}"
+    if not isinstance(value, Mapping):
+        raise InvalidArgument(f"{path}: must be an object with {' and '.join(_BUCKET_KEYS)} (got {value!r})")
+    unknown = sorted(set(value) - set(_BUCKET_KEYS))
+    if unknown:
+        raise InvalidArgument(f"{path}.{unknown[0]}: unknown key; allowed: {', '.join(_BUCKET_KEYS)}")
+    missing = [k for k in _BUCKET_KEYS if k not in value]
+    if missing:
+        raise InvalidArgument(f"{path}.{missing[0]}: is required")
+    capacity = _number(value["capacity"])
+    if capacity is None or capacity < 1:
+        raise InvalidArgument(f"{path}.capacity: must be a number of at least 1 (got {value['capacity']!r})")
+    refill = _number(value["refill_per_second"])
+    if refill is None or refill < 0:
+        raise InvalidArgument(
+            f"{path}.refill_per_second: must be a number of at least 0 (got {value['refill_per_second']!r})"
+        )
+    return capacity, refill

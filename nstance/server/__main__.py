@@ -1,0 +1,5 @@
+"""``python -m nstance.server``: the same as the ``nstance-server`` command."""
+
+from nstance.server.cli import main
+
+main()

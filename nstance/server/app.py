@@ -1,0 +1,415 @@
+"""Wiring and lifecycle of one ``nstance-server`` process.
+
+Start-up order: object-storage scopes and the SQLite cache (migrated), the health endpoint (so a config
+that will not load is visible at once), the shard config (retried with backoff; the exact error is on
+``/health`` and in the log), the cluster election and cluster identity (CA and nonce key; created by
+the cluster leader if the cluster was never initialised), the provider, the Operator gRPC API on mTLS
+(served by standbys too, for reads), and finally the shard election, whose transitions start and stop
+the leader-only machinery in ``Shard``. SIGTERM/SIGINT stops in reverse order: leadership work first
+(in-flight provider calls finish or are recorded), watch streams closed, gRPC drained, lock released.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import grpc
+
+from nstance.config import ServerConfig
+from nstance.config.shard import split_host_port
+from nstance.core.backoff import Backoff
+from nstance.core.clock import Clock, SystemClock
+from nstance.core.errors import FailedPrecondition, InvalidArgument, NstanceError
+from nstance.core.ratelimit import TokenBucket
+from nstance.db import repo
+from nstance.db.engine import Database, open_database
+from nstance.objectstore.base import ObjectStore
+from nstance.objectstore.factory import StorageScopes, open_scopes
+from nstance.providers.factory import create_provider
+from nstance.rpc import operator_pb2_grpc
+from nstance.secrets.cluster_identity import (
+    ClusterIdentity,
+    ensure_cluster_identity,
+    identity_state,
+    load_cluster_identity,
+)
+from nstance.secrets.factory import open_secret_store
+from nstance.secrets.keys import load_encryption_keys
+from nstance.server.configstate import ConfigState
+from nstance.server.context import ShardContext
+from nstance.server.election import Elector
+from nstance.server.http import HealthServer
+from nstance.server.interceptors import ServerInterceptor
+from nstance.server.limits import CreateLimiter
+from nstance.server.metrics import InstrumentedProvider, Metrics
+from nstance.server.provisioning import ShardIdentity
+from nstance.server.servicers.operator import OperatorServicer
+from nstance.server.shard import Shard
+from nstance.server.tls import advertised_hosts, server_credentials
+
+log = logging.getLogger("nstance.server")
+
+DEFAULT_HEALTH_ADDR = ":8990"
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """Command-line inputs of one server process."""
+
+    server_id: str
+    shard: str
+    storage: str
+    bucket: str
+    cachedir: Path
+    prefix: str = ""
+    health_addr: str | None = None
+    #: Replace the host part of every shard.bind / shard.advertise address (one config, many servers).
+    bind_host: str = ""
+    advertise_host: str = ""
+    environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    #: Optional extra bucket on create calls (requests/s) - used by benchmarks to mirror cloud limits.
+    create_bucket: tuple[float, float] | None = None
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per log line: time, level, logger, message (and the exception, if any)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["error"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def setup_logging(verbose: bool = False) -> None:
+    """JSON logs on stderr."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+
+
+class _Leadership:
+    """Adapts an Elector to the Leadership protocol (leader address = its operator address)."""
+
+    def __init__(self, elector: Elector) -> None:
+        self._elector = elector
+
+    def is_leader(self) -> bool:
+        return self._elector.is_leader()
+
+    def leader_address(self) -> str:
+        info = self._elector.leader()
+        if info is None:
+            return ""
+        return info.extra.get("operatorAddr") or info.address
+
+
+def _override_hosts(addrs: Mapping[str, str], host: str) -> dict[str, str]:
+    if not host:
+        return dict(addrs)
+    out = {}
+    for name, addr in addrs.items():
+        parsed = split_host_port(addr)
+        port = parsed[1] if parsed else 0
+        out[name] = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return out
+
+
+def _host_port(addr: str, what: str) -> tuple[str, int]:
+    parsed = split_host_port(addr)
+    if parsed is None:
+        raise InvalidArgument(f'{what}: "{addr}" is not host:port')
+    host, port = parsed
+    return (host.strip("[]") or "0.0.0.0"), port
+
+
+class ServerApp:
+    """One running server; ``run`` returns when ``stop`` is set (or on a fatal error)."""
+
+    def __init__(self, opts: ServerOptions, *, clock: Clock | None = None) -> None:
+        self.opts = opts
+        self.clock = clock or SystemClock()
+        self.metrics = Metrics()
+        self._config_error: str | None = "starting"
+        self._elector: Elector | None = None
+        self._cluster_elector: Elector | None = None
+        self.shard: Shard | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # --- HealthSource -----------------------------------------------------------------------
+
+    def config_error(self) -> str | None:
+        return self._config_error
+
+    def is_leader(self) -> bool:
+        return self._elector is not None and self._elector.is_leader()
+
+    def leader_address(self) -> str:
+        return _Leadership(self._elector).leader_address() if self._elector is not None else ""
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def _scopes(self) -> StorageScopes:
+        prefix = self.opts.prefix
+        if prefix and not prefix.endswith("/"):
+            prefix += "/"
+        return open_scopes(
+            self.opts.storage,
+            self.opts.bucket,
+            shard=self.opts.shard,
+            prefix=f"{prefix}shard/{self.opts.shard}/",
+            cluster_prefix=f"{prefix}cluster/",
+        )
+
+    async def _load_config(self, state: ConfigState, stop: asyncio.Event) -> ServerConfig | None:
+        backoff = Backoff(base=1.0, cap=30.0)
+        attempt = 0
+        while not stop.is_set():
+            try:
+                await asyncio.to_thread(state.load, True)
+                snapshot = state.snapshot()
+                assert snapshot is not None
+                if snapshot.config.shard.id != self.opts.shard:
+                    raise FailedPrecondition(
+                        f'shard.id in config.jsonc is "{snapshot.config.shard.id}" but this server runs '
+                        f'--shard "{self.opts.shard}"'
+                    )
+                self._config_error = None
+                self.metrics.set_config_loaded(True)
+                return snapshot.config
+            except (NstanceError, OSError) as exc:
+                self._config_error = str(exc)
+                delay = backoff.delay(attempt)
+                attempt += 1
+                log.error("cannot load the shard config: %s (retrying in %.1fs)", exc, delay)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
+        return None
+
+    async def _cluster_identity(
+        self, config: ServerConfig, cluster_store: ObjectStore, stop: asyncio.Event
+    ) -> ClusterIdentity | None:
+        secrets_cfg = config.cluster.secrets
+        keys: list[bytes] = []
+        if secrets_cfg.encryption_key is not None:
+            sources = [(secrets_cfg.encryption_key.provider, secrets_cfg.encryption_key.source)]
+            sources += [(k.provider, k.source) for k in secrets_cfg.old_encryption_keys]
+            keys = load_encryption_keys(sources, self.opts.environ)
+        secrets = open_secret_store(
+            secrets_cfg.provider,
+            object_store=cluster_store,
+            prefix=secrets_cfg.prefix or None,
+            keys=keys,
+        )
+        backoff = Backoff(base=1.0, cap=15.0)
+        attempt = 0
+        while not stop.is_set():
+            try:
+                state = await asyncio.to_thread(identity_state, cluster_store, secrets)
+                if state.complete:
+                    return await asyncio.to_thread(load_cluster_identity, cluster_store, secrets)
+                if self._cluster_elector is not None and self._cluster_elector.is_leader():
+                    result = await asyncio.to_thread(
+                        ensure_cluster_identity,
+                        cluster_store,
+                        secrets,
+                        cluster_id=config.cluster.id,
+                        clock=self.clock,
+                    )
+                    log.info("cluster leader created the missing cluster identity parts")
+                    return result.identity
+                self._config_error = (
+                    "waiting for the cluster identity (CA and nonce key) from the cluster leader"
+                )
+            except NstanceError as exc:
+                self._config_error = f"cluster identity: {exc}"
+                log.error("cluster identity: %s", exc)
+            delay = backoff.delay(attempt)
+            attempt += 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay)
+        return None
+
+    async def run(self, stop: asyncio.Event) -> int:
+        opts = self.opts
+        scopes = self._scopes()
+        opts.cachedir.mkdir(parents=True, exist_ok=True)
+        db: Database = await asyncio.to_thread(open_database, opts.cachedir / "db" / "nstance.db")
+        health = HealthServer(self, self.metrics)
+        health_addr = opts.health_addr or DEFAULT_HEALTH_ADDR
+        host, port = _host_port(health_addr, "--health-addr")
+        self.health_port = await health.start(host, port)
+        log.info("health endpoint on %s:%d", host, self.health_port)
+        grpc_server: grpc.aio.Server | None = None
+        electors: list[asyncio.Task[None]] = []
+        provider = None
+        try:
+            state = ConfigState(scopes.shard, opts.cachedir / "config", clock=self.clock)
+            config = await self._load_config(state, stop)
+            if config is None:
+                return 0
+            shard_cfg = config.shard
+            bind = _override_hosts(shard_cfg.bind.addrs(), opts.bind_host)
+            advertise = _override_hosts(shard_cfg.advertise.addrs(), opts.advertise_host)
+
+            self._cluster_elector = Elector(
+                scopes.cluster,
+                "leader.json",
+                elector_id=f"{opts.shard}-{opts.server_id}",
+                address=advertise["election_addr"],
+                extra={"operatorAddr": advertise["operator_addr"]},
+                config=config.cluster.leader_election,
+                clock=self.clock,
+                on_change=lambda leading: self.metrics.set_leader("cluster", leading),
+                name="cluster",
+            )
+            electors.append(asyncio.create_task(self._cluster_elector.run(), name="cluster-election"))
+
+            identity = await self._cluster_identity(config, scopes.cluster, stop)
+            if identity is None:
+                return 0
+            self._config_error = None
+
+            base_provider = create_provider(shard_cfg.infra, clock=self.clock, base_dir=opts.cachedir)
+            provider = InstrumentedProvider(base_provider, self.metrics)
+            bucket = None
+            if opts.create_bucket is not None:
+                bucket = TokenBucket(opts.create_bucket[0], opts.create_bucket[1], self.clock)
+            limiter = CreateLimiter(
+                clock=self.clock,
+                max_concurrent=shard_cfg.max_concurrent_creates,
+                min_spacing=shard_cfg.create_rate_limit,
+                bucket=bucket,
+            )
+            elector = Elector(
+                scopes.shard,
+                "leader.json",
+                elector_id=opts.server_id,
+                address=advertise["election_addr"],
+                extra={
+                    "operatorAddr": advertise["operator_addr"],
+                    "healthAddr": advertise["health_addr"],
+                },
+                config=shard_cfg.leader_election,
+                clock=self.clock,
+                on_change=self._on_shard_leadership,
+                name="shard",
+            )
+            self._elector = elector
+            ctx = ShardContext(
+                identity=ShardIdentity(
+                    cluster_id=config.cluster.id,
+                    shard=opts.shard,
+                    provider_kind=shard_cfg.infra.provider,
+                    region=shard_cfg.infra.region,
+                    zone=shard_cfg.infra.zone,
+                    registration_addr=advertise["registration_addr"],
+                    agent_addr=advertise["agent_addr"],
+                    operator_addr=advertise["operator_addr"],
+                    ca_pem=identity.ca.cert_pem,
+                ),
+                store=scopes.shard,
+                cluster_store=scopes.cluster,
+                db=db,
+                config=state,
+                provider=provider,
+                nonce_key=identity.nonce_key,
+                ca=identity.ca,
+                clock=self.clock,
+                limiter=limiter,
+                leadership=_Leadership(elector),
+                metrics=self.metrics,
+                cluster_leadership=_Leadership(self._cluster_elector),
+            )
+            self.shard = Shard(ctx)
+
+            def is_revoked(serial: str) -> bool:
+                with db.read_session() as session:
+                    return repo.is_serial_revoked(session, serial)
+
+            grpc_server = grpc.aio.server(
+                interceptors=[
+                    ServerInterceptor(
+                        ca=identity.ca, clock=self.clock, is_revoked=is_revoked, metrics=self.metrics
+                    )
+                ]
+            )
+            operator_pb2_grpc.add_OperatorServiceServicer_to_server(OperatorServicer(self.shard), grpc_server)
+            hosts = advertised_hosts([*advertise.values(), *bind.values()])
+            creds, _ = server_credentials(identity.ca, hosts=hosts, clock=self.clock)
+            op_host, op_port = _host_port(bind["operator_addr"], "shard.bind.operator_addr")
+            bound = grpc_server.add_secure_port(f"{op_host}:{op_port}", creds)
+            if bound == 0:
+                raise FailedPrecondition(f"cannot listen on shard.bind.operator_addr {bind['operator_addr']}")
+            await grpc_server.start()
+            log.info("operator API (mTLS) on %s:%d", op_host, bound)
+
+            electors.append(asyncio.create_task(elector.run(), name="shard-election"))
+            await stop.wait()
+            log.info("shutting down")
+            return 0
+        finally:
+            await self._shutdown(grpc_server, electors, provider, health, db)
+
+    def _on_shard_leadership(self, leading: bool) -> None:
+        shard = self.shard
+        if shard is None:
+            return
+        log.info("shard leadership %s", "acquired" if leading else "lost")
+        coro = shard.start_leading() if leading else shard.stop_leading()
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.append(task)
+        task.add_done_callback(self._tasks.remove)
+
+    async def _shutdown(
+        self,
+        grpc_server: grpc.aio.Server | None,
+        electors: list[asyncio.Task[None]],
+        provider: InstrumentedProvider | None,
+        health: HealthServer,
+        db: Database,
+    ) -> None:
+        if self.shard is not None:
+            await self.shard.stop_leading()
+            self.shard.events.close_all()
+        if grpc_server is not None:
+            await grpc_server.stop(grace=2.0)
+        for task in electors:
+            task.cancel()
+        for task in electors:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if provider is not None:
+            await provider.close()
+        await health.close()
+        db.close()
+        log.info("stopped")
+
+
+async def serve(opts: ServerOptions) -> int:
+    """Run a server until SIGTERM or SIGINT."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return await ServerApp(opts).run(stop)

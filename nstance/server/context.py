@@ -1,0 +1,79 @@
+"""What every part of a running shard shares: stores, cache, provider, identity, clock, limits, events.
+
+``ShardContext`` is plain wiring (built once by ``app.py``); ``fence`` is the single leadership check
+that guards every state-changing step. Test-only fault points (``NSTANCE_FAULT``) let crash tests kill
+the process at a precise step; they are inert unless that variable is set.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from nstance.core.clock import Clock
+from nstance.core.errors import Unavailable
+from nstance.db.engine import Database
+from nstance.objectstore.base import ObjectStore
+from nstance.pki.ca import CertificateAuthority
+from nstance.providers.base import Provider
+from nstance.server.configstate import ConfigState
+from nstance.server.events import Events
+from nstance.server.limits import CreateLimiter
+from nstance.server.metrics import Metrics
+from nstance.server.provisioning import ShardIdentity
+
+log = logging.getLogger(__name__)
+
+FAULT_ENV = "NSTANCE_FAULT"
+#: Exit status of a process killed by a fault point (crash tests look for it).
+FAULT_EXIT_CODE = 86
+
+
+class Leadership(Protocol):
+    """Who leads the shard, as the elector sees it."""
+
+    def is_leader(self) -> bool: ...
+
+    def leader_address(self) -> str: ...
+
+
+def fault_point(name: str) -> None:
+    """Die here, at once and without cleanup, when ``NSTANCE_FAULT`` names this point (tests only)."""
+    if os.environ.get(FAULT_ENV) == name:
+        log.error("fault point %s reached: exiting with status %d", name, FAULT_EXIT_CODE)
+        logging.shutdown()
+        os._exit(FAULT_EXIT_CODE)
+
+
+@dataclass
+class ShardContext:
+    """Shared state of one shard server."""
+
+    identity: ShardIdentity
+    store: ObjectStore  # shard scope: config, groups, leader.json, instance records
+    cluster_store: ObjectStore  # cluster scope: ca.crt, operator records
+    db: Database
+    config: ConfigState
+    provider: Provider
+    nonce_key: Ed25519PrivateKey
+    ca: CertificateAuthority
+    clock: Clock
+    limiter: CreateLimiter
+    leadership: Leadership
+    metrics: Metrics
+    events: Events = field(default_factory=Events)
+    cluster_leadership: Leadership | None = None
+
+    def is_leader(self) -> bool:
+        return self.leadership.is_leader()
+
+    def fence(self) -> None:
+        """Raise Unavailable unless this server is (still) the shard leader."""
+        if not self.leadership.is_leader():
+            addr = self.leadership.leader_address()
+            where = f"; the shard leader is at {addr}" if addr else ""
+            raise Unavailable(f"this server is no longer the shard leader{where}; retry there")

@@ -1,0 +1,88 @@
+"""Garbage collection on the shard leader, one cycle every ``garbage_collection.interval``.
+
+A cycle, in order: delete instances that never registered within ``registration_timeout`` (their
+nonce has expired, so they never can); retire pre-inserted rows whose provider create never completed;
+re-list the provider (``recovery.sync_provider``) so VMs stopped, terminated or created out of band are
+noticed without a leadership change; purge deleted instances' rows and records once they are older
+than ``deleted_record_retention``. It returns the groups it touched so the reconciler can backfill.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from nstance.db import repo
+from nstance.db.models import RECORD_PENDING
+from nstance.server import records
+from nstance.server.context import ShardContext
+from nstance.server.instances import InstanceOps
+from nstance.server.recovery import sync_provider
+
+log = logging.getLogger(__name__)
+
+GroupKey = tuple[str, str]
+REASON_REGISTRATION_TIMEOUT = "registration-timeout"
+REASON_STALE_PRE_INSERT = "stale-pre-insert"
+
+
+@dataclass
+class GcReport:
+    """What one cycle did."""
+
+    dangling: list[str] = field(default_factory=list)
+    stale: list[str] = field(default_factory=list)
+    purged: list[str] = field(default_factory=list)
+    groups: set[GroupKey] = field(default_factory=set)
+
+
+async def gc_cycle(ctx: ShardContext, ops: InstanceOps) -> GcReport:
+    """Run one garbage-collection cycle (leader only; raises Unavailable when leadership is lost)."""
+    ctx.fence()
+    snapshot = ctx.config.snapshot()
+    if snapshot is None:
+        return GcReport()
+    gc_cfg = snapshot.config.shard.garbage_collection
+    stale_after = 2 * snapshot.config.shard.request_timeout
+    now = ctx.clock.now()
+    report = GcReport()
+    with ctx.db.read_session() as session:
+        rows = repo.list_instances(session)
+    for row in rows:
+        if row.id in ops.in_flight:
+            continue
+        age = now - row.created_at
+        if row.provider_id is None and row.record_state == RECORD_PENDING and age > stale_after:
+            await ops.retire_unlaunched(row, REASON_STALE_PRE_INSERT)
+            report.stale.append(row.id)
+            report.groups.add((row.tenant, row.group_key))
+        elif (
+            row.provider_id is not None
+            and row.registered_at is None
+            and row.drain_started_at is None
+            and age > gc_cfg.registration_timeout
+        ):
+            log.warning(
+                "instance %s never registered within %s: deleting it", row.id, gc_cfg.registration_timeout
+            )
+            await ops.delete(row, REASON_REGISTRATION_TIMEOUT)
+            report.dangling.append(row.id)
+            report.groups.add((row.tenant, row.group_key))
+
+    synced = await sync_provider(ctx, ops)
+    report.groups |= synced.groups
+
+    with ctx.db.session() as session:
+        purged = repo.purge_deleted_before(session, now - gc_cfg.deleted_record_retention)
+    for item in purged:
+        await asyncio.to_thread(records.delete_record, ctx.store, item.tenant, item.instance_id)
+        report.purged.append(item.instance_id)
+    if report.dangling or report.stale or report.purged:
+        log.info(
+            "gc: %d dangling deleted, %d stale pre-inserts retired, %d deleted records purged",
+            len(report.dangling),
+            len(report.stale),
+            len(report.purged),
+        )
+    return report

@@ -1,0 +1,339 @@
+"""Carrying out one instance's lifecycle steps: create (crash-safe), delete, drain.
+
+The create path writes its intent before acting: a SQLite row and a ``pending`` record in object storage,
+then - fenced by leadership and admitted by the create limiter - the provider call with the instance id
+as idempotency token, then the provider id into the record and the row. A crash at any point leaves
+either nothing at the provider (the pending record is cleaned up) or a VM tagged with an id that the
+records explain (adopted on restart, see ``recovery``). Deletes mark the record ``deleting`` before the
+provider call and ``deleted`` after, so an interrupted delete is finished by the next leader.
+
+Deciding *which* instance to create or delete is not done here (``nstance.core.plan``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from nstance.config import MergedGroupConfig
+from nstance.core.backoff import Backoff
+from nstance.core.errors import AlreadyExists, NstanceError, Unavailable
+from nstance.core.plan import Member
+from nstance.db import repo
+from nstance.db.models import RECORD_FAILED, Instance
+from nstance.providers.base import (
+    UNHEALTHY_STATUSES,
+    InstanceStatus,
+    ProviderInstance,
+    ProviderThrottled,
+    ProviderUnavailable,
+)
+from nstance.server import records
+from nstance.server.context import ShardContext, fault_point
+from nstance.server.events import ErrorEventData, InstanceEventData
+from nstance.server.provisioning import PreparedInstance, prepare_instance
+
+log = logging.getLogger(__name__)
+
+#: Provider create attempts per instance before the create is given up (same idempotency token each time).
+CREATE_ATTEMPTS = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Created:
+    """Outcome of a create: the instance id and its provider status."""
+
+    instance_id: str
+    status: str
+
+
+def member_of(row: Instance) -> Member:
+    """The planner's view of one SQLite row."""
+    status = row.provider_status
+    return Member(
+        instance_id=row.id,
+        created_at=row.created_at,
+        registered=row.registered_at is not None,
+        unhealthy=status is not None and InstanceStatus(status) in UNHEALTHY_STATUSES,
+        failed=row.record_state == RECORD_FAILED,
+        draining=row.drain_started_at is not None,
+        drain_acked=row.drain_acked_at is not None,
+        delete_at=row.delete_at,
+        infra_hash=row.infra_config_hash,
+    )
+
+
+def status_of(row: Instance) -> str:
+    """One word for an instance's state as clients see it."""
+    if row.deleted_at is not None:
+        return "deleted"
+    if row.drain_started_at is not None:
+        return "draining"
+    if row.record_state == RECORD_FAILED:
+        return "failed"
+    return row.provider_status or "pending"
+
+
+class InstanceOps:
+    """The steps that change instances. Every step is fenced by shard leadership."""
+
+    def __init__(self, ctx: ShardContext, *, backoff: Backoff | None = None) -> None:
+        self._ctx = ctx
+        self._backoff = backoff or Backoff(base=0.2, cap=5.0)
+        #: Instance ids whose provider create is in flight (GC and re-list must not touch them).
+        self.in_flight: set[str] = set()
+
+    # --- create -----------------------------------------------------------------------------
+
+    async def create(
+        self, merged: MergedGroupConfig, *, on_demand: bool = False, instance_id: str = ""
+    ) -> Created:
+        """Create one instance of ``merged``; see the module docstring for the crash-safe ordering."""
+        ctx = self._ctx
+        ctx.fence()
+        snapshot = ctx.config.snapshot()
+        if snapshot is None:
+            raise Unavailable("the shard config is not loaded yet")
+        shard_cfg = snapshot.config.shard
+        prepared = await prepare_instance(
+            merged,
+            shard=ctx.identity,
+            nonce_key=ctx.nonce_key,
+            provider=ctx.provider,
+            subnet_pools={k: list(v) for k, v in shard_cfg.subnet_pools.items()},
+            registration_timeout=shard_cfg.garbage_collection.registration_timeout,
+            clock=ctx.clock,
+            on_demand=on_demand,
+            instance_id=instance_id,
+        )
+        request = prepared.request
+        iid = request.instance_id
+        if iid in self.in_flight:
+            raise AlreadyExists(f"instance {iid} is already being created")
+        self.in_flight.add(iid)
+        try:
+            return await self._create_prepared(merged, prepared, on_demand=on_demand)
+        finally:
+            self.in_flight.discard(iid)
+
+    async def _create_prepared(
+        self, merged: MergedGroupConfig, prepared: PreparedInstance, *, on_demand: bool
+    ) -> Created:
+        ctx = self._ctx
+        request = prepared.request
+        iid = request.instance_id
+        now = ctx.clock.now()
+        ctx.fence()
+        with ctx.db.session() as session:
+            repo.insert_instance(
+                session,
+                instance_id=iid,
+                tenant=merged.tenant,
+                group_key=merged.group,
+                kind=merged.kind,
+                template=merged.template,
+                nonce=prepared.nonce,
+                now=now,
+                on_demand=on_demand,
+                subnet_id=request.subnet_id,
+                instance_type=request.instance_type,
+                infra_config_hash=prepared.infra_hash,
+                idempotency_token=request.idempotency_token,
+                issued_at=now,
+            )
+        record = records.InstanceRecord(
+            instance_id=iid,
+            tenant=merged.tenant,
+            group=merged.group,
+            on_demand=on_demand,
+            subnet_id=request.subnet_id,
+            instance_type=request.instance_type,
+            status="pending",
+            created_at=now,
+            last_updated=now,
+            registration_jwt=prepared.nonce,
+            config=records.config_document(merged),
+            tags=dict(request.tags),
+            infra_config_hash=prepared.infra_hash,
+        )
+        try:
+            await asyncio.to_thread(records.write_record, ctx.store, record)
+        except BaseException:
+            with ctx.db.session() as session:
+                repo.soft_delete(session, iid, now=ctx.clock.now())
+            raise
+        try:
+            vm = await self._provider_create(request)
+        except BaseException as exc:
+            await self._create_failed(merged.tenant, merged.group, iid, exc)
+            raise
+        fault_point("after-provider-create")
+        await self._record_provider(merged.tenant, iid, vm)
+        ctx.metrics.record_provider_create()
+        return Created(iid, vm.status.value)
+
+    async def _provider_create(self, request: Any) -> ProviderInstance:
+        ctx = self._ctx
+        attempt = 0
+        while True:
+            async with ctx.limiter.slot():
+                ctx.fence()
+                try:
+                    return await ctx.provider.create_instance(request)
+                except (ProviderThrottled, ProviderUnavailable) as exc:
+                    attempt += 1
+                    if attempt >= CREATE_ATTEMPTS:
+                        raise
+                    log.warning(
+                        "create of %s: %s (attempt %d of %d); retrying with the same idempotency token",
+                        request.instance_id,
+                        exc,
+                        attempt,
+                        CREATE_ATTEMPTS,
+                    )
+            await asyncio.sleep(self._backoff.delay(attempt - 1))
+
+    async def _create_failed(self, tenant: str, group: str, iid: str, exc: BaseException) -> None:
+        """The create did not succeed: the row stops counting; any VM it made is found by the re-list."""
+        ctx = self._ctx
+        now = ctx.clock.now()
+        with ctx.db.session() as session:
+            repo.mark_create_failed(session, iid, now=now)
+        try:
+            await asyncio.to_thread(
+                records.update_record, ctx.store, tenant, iid, status="failed", last_updated=now
+            )
+        except NstanceError as record_exc:
+            log.warning("instance %s: cannot mark its record failed: %s", iid, record_exc)
+        if isinstance(exc, Exception):
+            self.report_error(tenant, group, iid, f"create failed: {exc}")
+
+    async def _record_provider(self, tenant: str, iid: str, vm: ProviderInstance) -> None:
+        ctx = self._ctx
+        now = ctx.clock.now()
+        try:
+            await asyncio.to_thread(
+                records.update_record,
+                ctx.store,
+                tenant,
+                iid,
+                provider_instance_id=vm.provider_id,
+                status=vm.status.value,
+                private_ipv4=vm.ip4,
+                private_ipv6=vm.ip6,
+                hostname=vm.hostname,
+                last_updated=now,
+            )
+        except NstanceError as exc:
+            # The VM exists and carries our id; the next leader adopts it by tag. Keep going.
+            log.warning(
+                "instance %s: created as %s but the record update failed: %s", iid, vm.provider_id, exc
+            )
+        self.adopt(iid, vm)
+
+    def adopt(self, iid: str, vm: ProviderInstance) -> None:
+        """Store what the provider says about one of our VMs in the cache."""
+        ctx = self._ctx
+        with ctx.db.session() as session:
+            repo.set_provider_details(
+                session,
+                iid,
+                provider_id=vm.provider_id,
+                now=ctx.clock.now(),
+                provider_status=vm.status.value,
+                hostname=vm.hostname or None,
+                ip4=vm.ip4 or None,
+                ip6=vm.ip6 or None,
+            )
+
+    # --- delete and drain -------------------------------------------------------------------
+
+    async def delete(self, row: Instance, reason: str) -> None:
+        """Delete the VM (if any) and retire the instance; safe to repeat."""
+        ctx = self._ctx
+        ctx.fence()
+        self._publish(row, "deleting", reason)
+        now = ctx.clock.now()
+        await self._set_record_status(row, "deleting")
+        if row.provider_id:
+            ctx.fence()
+            await ctx.provider.delete_instance(row.id, row.provider_id)
+        with ctx.db.session() as session:
+            repo.set_provider_status(session, row.id, InstanceStatus.DELETED.value, now=now)
+            repo.soft_delete(session, row.id, now=ctx.clock.now())
+        await self._set_record_status(row, "deleted")
+        log.info("instance %s of %s/%s deleted (%s)", row.id, row.tenant, row.group_key, reason)
+        self._publish(row, "deleted", reason)
+
+    async def retire_unlaunched(self, row: Instance, reason: str) -> None:
+        """Retire a row whose create never reached the provider (nothing to delete there)."""
+        ctx = self._ctx
+        with ctx.db.session() as session:
+            repo.soft_delete(session, row.id, now=ctx.clock.now())
+        await self._set_record_status(row, "deleted")
+        log.info("instance %s of %s/%s retired without a VM (%s)", row.id, row.tenant, row.group_key, reason)
+
+    def drain(self, row: Instance, reason: str, timeout: timedelta) -> bool:
+        """Start draining: watchers are told to drain the node; deletion follows on ack or timeout."""
+        ctx = self._ctx
+        ctx.fence()
+        now = ctx.clock.now()
+        delete_at = now + timeout
+        with ctx.db.session() as session:
+            started = repo.start_drain(session, row.id, reason=reason, now=now, delete_at=delete_at)
+        if started:
+            log.info("instance %s draining (%s) until %s", row.id, reason, delete_at.isoformat())
+            ctx.events.instances.publish(
+                InstanceEventData(
+                    instance_id=row.id,
+                    tenant=row.tenant,
+                    group=row.group_key,
+                    provider_id=row.provider_id or "",
+                    status="pending_deletion",
+                    reason=reason,
+                    unhealthy_at=now,
+                    delete_at=delete_at,
+                )
+            )
+        return started
+
+    async def _set_record_status(self, row: Instance, status: str) -> None:
+        try:
+            await asyncio.to_thread(
+                records.update_record,
+                self._ctx.store,
+                row.tenant,
+                row.id,
+                status=status,
+                last_updated=self._ctx.clock.now(),
+            )
+        except NstanceError as exc:
+            log.warning("instance %s: cannot set its record to %s: %s", row.id, status, exc)
+
+    def _publish(self, row: Instance, status: str, reason: str) -> None:
+        self._ctx.events.instances.publish(
+            InstanceEventData(
+                instance_id=row.id,
+                tenant=row.tenant,
+                group=row.group_key,
+                provider_id=row.provider_id or "",
+                status=status,
+                reason=reason,
+            )
+        )
+
+    def report_error(self, tenant: str, group: str, instance_id: str, message: str) -> None:
+        """Tell error watchers (and the log) about a failure an operator should see."""
+        log.warning("%s/%s %s: %s", tenant, group, instance_id or "-", message)
+        self._ctx.events.errors.publish(
+            ErrorEventData(
+                tenant=tenant,
+                group=group,
+                instance_id=instance_id,
+                error=message,
+                timestamp=self._ctx.clock.now(),
+            )
+        )

@@ -1,0 +1,226 @@
+"""Prometheus metrics of one shard server, and a Provider wrapper that measures every provider call.
+
+``Metrics`` owns its own ``prometheus_client.CollectorRegistry`` (never the process-global one), so
+several servers can run in one process (tests, benchmarks) without their series colliding. It holds:
+
+* ``nstance_instances{tenant,group,state}`` gauge, replaced wholesale by ``set_instances`` (label
+  sets that are no longer reported are removed, so a deleted group does not linger at its last value);
+* ``nstance_reconcile_queue_depth`` gauge;
+* ``nstance_provider_call_seconds{provider,method}`` histogram and
+  ``nstance_provider_call_errors_total{provider,method,code}`` counter (``code`` is the exception
+  class name, e.g. ``ProviderThrottled``);
+* ``nstance_rpc_total{method,code}`` counter (gRPC method and status code name);
+* ``nstance_leader{scope}`` gauge (scope ``shard`` or ``cluster``; 1 while this process leads);
+* ``nstance_config_loaded`` gauge (1 once the shard config is loaded);
+* ``nstance_reconcile_total{result}`` counter and ``nstance_provider_creates_total`` counter.
+
+``render()`` returns the text exposition format served on ``/metrics``.
+
+``InstrumentedProvider`` implements the ``Provider`` protocol by delegation, timing each call with
+``time.perf_counter`` and counting errors by exception class name; it never changes a call's result
+or swallows an error. It does not touch ``nstance_provider_creates_total``: the create path calls
+``record_provider_create`` once the new VM is recorded (a retried create is one create).
+
+This module does no network I/O and decides nothing; it only records what it is told.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Final, TypeVar
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from nstance.providers.base import CreateRequest, Provider, ProviderInstance
+
+T = TypeVar("T")
+
+#: Leadership scopes reported by ``nstance_leader``.
+LEADER_SCOPES: Final = ("shard", "cluster")
+
+#: Provider calls range from milliseconds (get) to minutes (create on a slow cloud).
+PROVIDER_CALL_BUCKETS: Final = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+)
+
+
+class Metrics:
+    """The metric families of one shard server, in a registry of their own."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        reg = self.registry
+        self.instances = Gauge(
+            "nstance_instances",
+            "Instances known to this shard, by tenant, group and state.",
+            ["tenant", "group", "state"],
+            registry=reg,
+        )
+        self.reconcile_queue_depth = Gauge(
+            "nstance_reconcile_queue_depth",
+            "Groups waiting in the reconcile work queue.",
+            registry=reg,
+        )
+        self.provider_call_seconds = Histogram(
+            "nstance_provider_call_seconds",
+            "Duration of provider calls in seconds, successful or not.",
+            ["provider", "method"],
+            buckets=PROVIDER_CALL_BUCKETS,
+            registry=reg,
+        )
+        self.provider_call_errors = Counter(
+            "nstance_provider_call_errors_total",
+            "Provider calls that raised, by exception class name.",
+            ["provider", "method", "code"],
+            registry=reg,
+        )
+        self.rpc = Counter(
+            "nstance_rpc_total",
+            "gRPC calls handled, by method and status code.",
+            ["method", "code"],
+            registry=reg,
+        )
+        self.leader = Gauge(
+            "nstance_leader",
+            "1 while this process holds the leader lock of the scope (shard or cluster), else 0.",
+            ["scope"],
+            registry=reg,
+        )
+        self.config_loaded = Gauge(
+            "nstance_config_loaded",
+            "1 once the shard configuration has been loaded, else 0.",
+            registry=reg,
+        )
+        self.reconcile = Counter(
+            "nstance_reconcile_total",
+            "Group reconciliations, by result.",
+            ["result"],
+            registry=reg,
+        )
+        self.provider_creates = Counter(
+            "nstance_provider_creates_total",
+            "Instances created through a provider.",
+            registry=reg,
+        )
+        for scope in LEADER_SCOPES:
+            self.leader.labels(scope=scope).set(0)
+        self._lock = threading.Lock()
+        self._instance_keys: set[tuple[str, str, str]] = set()
+
+    # --- setters ------------------------------------------------------------------------------
+
+    def set_instances(self, counts: Mapping[tuple[str, str, str], int]) -> None:
+        """Replace every ``nstance_instances`` series with ``counts`` keyed by (tenant, group, state).
+
+        Series whose key is not in ``counts`` are removed.
+        """
+        with self._lock:
+            new_keys = set(counts)
+            for key in self._instance_keys - new_keys:
+                self.instances.remove(*key)
+            for (tenant, group, state), value in counts.items():
+                self.instances.labels(tenant=tenant, group=group, state=state).set(value)
+            self._instance_keys = new_keys
+
+    def set_reconcile_queue_depth(self, depth: int) -> None:
+        self.reconcile_queue_depth.set(depth)
+
+    def set_leader(self, scope: str, leading: bool) -> None:
+        """Report whether this process leads ``scope`` (``shard`` or ``cluster``)."""
+        if scope not in LEADER_SCOPES:
+            raise ValueError(f"unknown leadership scope {scope!r}; use one of: {', '.join(LEADER_SCOPES)}")
+        self.leader.labels(scope=scope).set(1 if leading else 0)
+
+    def set_config_loaded(self, loaded: bool) -> None:
+        self.config_loaded.set(1 if loaded else 0)
+
+    def record_rpc(self, method: str, code: str) -> None:
+        """Count one finished gRPC call (``code`` is a status code name such as ``OK``)."""
+        self.rpc.labels(method=method, code=code).inc()
+
+    def record_reconcile(self, result: str) -> None:
+        self.reconcile.labels(result=result).inc()
+
+    def record_provider_create(self) -> None:
+        self.provider_creates.inc()
+
+    def observe_provider_call(self, provider: str, method: str, seconds: float, error: str | None) -> None:
+        """Record one provider call's duration and, when it raised, the exception class name."""
+        self.provider_call_seconds.labels(provider=provider, method=method).observe(seconds)
+        if error is not None:
+            self.provider_call_errors.labels(provider=provider, method=method, code=error).inc()
+
+    # --- exposition ---------------------------------------------------------------------------
+
+    def render(self) -> bytes:
+        """Every metric in the Prometheus text exposition format."""
+        return generate_latest(self.registry)
+
+
+class InstrumentedProvider:
+    """A ``Provider`` that delegates to ``provider`` and records each call in ``metrics``.
+
+    The ``provider`` label is the wrapped provider's ``kind``; ``method`` is the protocol method name.
+    Cancelled calls are not recorded (they say nothing about the provider).
+    """
+
+    def __init__(self, provider: Provider, metrics: Metrics) -> None:
+        self._provider = provider
+        self._metrics = metrics
+
+    @property
+    def inner(self) -> Provider:
+        """The wrapped provider (for provider-specific operations such as fault injection)."""
+        return self._provider
+
+    @property
+    def kind(self) -> str:
+        return self._provider.kind
+
+    async def _timed(self, method: str, call: Callable[[], Awaitable[T]]) -> T:
+        kind = self._provider.kind
+        start = time.perf_counter()
+        try:
+            result = await call()
+        except Exception as exc:
+            self._metrics.observe_provider_call(kind, method, time.perf_counter() - start, type(exc).__name__)
+            raise
+        self._metrics.observe_provider_call(kind, method, time.perf_counter() - start, None)
+        return result
+
+    async def create_instance(self, request: CreateRequest) -> ProviderInstance:
+        return await self._timed("create_instance", lambda: self._provider.create_instance(request))
+
+    async def delete_instance(self, instance_id: str, provider_id: str) -> None:
+        await self._timed("delete_instance", lambda: self._provider.delete_instance(instance_id, provider_id))
+
+    async def get_instance(self, instance_id: str, provider_id: str) -> ProviderInstance:
+        return await self._timed(
+            "get_instance", lambda: self._provider.get_instance(instance_id, provider_id)
+        )
+
+    async def list_instances(self, cluster_id: str, shard: str) -> list[ProviderInstance]:
+        return await self._timed("list_instances", lambda: self._provider.list_instances(cluster_id, shard))
+
+    async def check_subnet_capacity(self, subnet_id: str) -> bool:
+        return await self._timed(
+            "check_subnet_capacity", lambda: self._provider.check_subnet_capacity(subnet_id)
+        )
+
+    async def close(self) -> None:
+        await self._provider.close()

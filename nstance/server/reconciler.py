@@ -1,0 +1,190 @@
+"""The group reconciler: one work-queue key per group, a pure plan, then concurrent provider calls.
+
+``reconcile(key)`` reads the group's wanted state from the config snapshot and its managed instances from
+SQLite, asks ``nstance.core.plan.plan_group`` what to do, and does it: deletes and creates of one group
+run concurrently (creates are admitted by the shard's ``CreateLimiter``; there is no global lock). A
+failed step re-queues the group with exponential backoff and jitter; a drain deadline or expiry age
+re-queues it at that time; ``resync`` marks every group dirty periodically, so a missed event costs at
+most one resync interval. Only the shard leader reconciles: the check runs at the start of every
+reconcile and before every provider call (``ShardContext.fence``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from datetime import timedelta
+
+from nstance.config import MergedGroupConfig, infra_hash
+from nstance.core.backoff import Backoff
+from nstance.core.plan import Action, GroupPlan, PlanInput, next_wakeup, plan_group
+from nstance.db import repo
+from nstance.db.models import Instance
+from nstance.server.context import ShardContext
+from nstance.server.instances import InstanceOps, member_of
+from nstance.server.workqueue import WorkQueue
+
+log = logging.getLogger(__name__)
+
+GroupKey = tuple[str, str]
+
+
+class Reconciler:
+    """Keeps every group of the shard at its size while this server leads."""
+
+    def __init__(
+        self,
+        ctx: ShardContext,
+        ops: InstanceOps,
+        *,
+        workers: int = 16,
+        resync_interval: float = 60.0,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self._ctx = ctx
+        self._ops = ops
+        self._workers = workers
+        self._resync_interval = resync_interval
+        self._backoff = backoff or Backoff(base=1.0, cap=120.0)
+        self._failures: dict[GroupKey, int] = {}
+        self.queue: WorkQueue[GroupKey] = WorkQueue()
+        self.reconciles = 0
+
+    # --- queueing ---------------------------------------------------------------------------
+
+    def enqueue(self, key: GroupKey) -> None:
+        self.queue.add(key)
+        self._ctx.metrics.set_reconcile_queue_depth(len(self.queue))
+
+    def groups(self) -> set[GroupKey]:
+        """Configured groups plus groups that still have managed instances (a removed group drains)."""
+        keys: set[GroupKey] = set()
+        snapshot = self._ctx.config.snapshot()
+        if snapshot is not None:
+            keys.update(snapshot.group_keys())
+        with self._ctx.db.read_session() as session:
+            for row in repo.list_instances(session):
+                if not row.on_demand:
+                    keys.add((row.tenant, row.group_key))
+        return keys
+
+    def enqueue_all(self) -> None:
+        for key in sorted(self.groups()):
+            self.enqueue(key)
+
+    async def run(self) -> None:
+        """Process the queue and resync periodically until ``close``."""
+        resync = asyncio.create_task(self._resync_loop())
+        try:
+            await self.queue.run(self.reconcile, workers=self._workers)
+        finally:
+            resync.cancel()
+
+    async def _resync_loop(self) -> None:
+        while not self.queue.closed:
+            await asyncio.sleep(self._resync_interval)
+            self.enqueue_all()
+
+    async def close(self) -> None:
+        await self.queue.close()
+
+    # --- one group --------------------------------------------------------------------------
+
+    def _spec(self, merged: MergedGroupConfig | None) -> PlanInput:
+        if merged is None:
+            return PlanInput(desired=None)
+        snapshot = self._ctx.config.snapshot()
+        expiry = snapshot.config.shard.expiry if snapshot is not None else None
+        return PlanInput(
+            desired=merged.size,
+            infra_hash=infra_hash(merged),
+            drain_timeout=merged.drain_timeout,
+            eligible_age=expiry.eligible_age if expiry else None,
+            forced_age=expiry.forced_age if expiry else None,
+        )
+
+    async def reconcile(self, key: GroupKey) -> None:
+        """Bring one group toward its wanted state (level-triggered: safe to call any time)."""
+        ctx = self._ctx
+        ctx.metrics.set_reconcile_queue_depth(len(self.queue))
+        if not ctx.is_leader():
+            return
+        tenant, group = key
+        snapshot = ctx.config.snapshot()
+        merged = snapshot.merged(tenant, group) if snapshot is not None else None
+        with ctx.db.read_session() as session:
+            rows = repo.list_active_instances(session, tenant=tenant, group_key=group, managed_only=True)
+        by_id = {row.id: row for row in rows}
+        members = [member_of(row) for row in rows]
+        spec = self._spec(merged)
+        now = ctx.clock.now()
+        plan = plan_group(spec, members, now)
+        started = time.perf_counter()
+        self.reconciles += 1
+        ok = True
+        if not plan.empty:
+            log.info(
+                "reconcile %s/%s: %d serving, size %s -> create %d, delete %d, drain %d",
+                tenant,
+                group,
+                plan.serving,
+                spec.desired,
+                plan.create,
+                len(plan.delete),
+                len(plan.drain),
+            )
+            ok = await self._execute(key, merged, plan, by_id)
+        elapsed = time.perf_counter() - started
+        ctx.metrics.record_reconcile("ok" if ok else "error")
+        if ok:
+            self._failures.pop(key, None)
+        else:
+            attempt = self._failures.get(key, 0)
+            self._failures[key] = attempt + 1
+            delay = self._backoff.delay(attempt)
+            log.info("reconcile %s/%s had errors; retrying in %.1fs", tenant, group, delay)
+            self.queue.add_after(key, delay)
+        wake = next_wakeup(spec, members, now)
+        if wake is not None:
+            self.queue.add_after(key, max(0.0, (wake - now).total_seconds()) + 0.5)
+        log.debug("reconcile %s/%s took %.3fs", tenant, group, elapsed)
+
+    async def _execute(
+        self,
+        key: GroupKey,
+        merged: MergedGroupConfig | None,
+        plan: GroupPlan,
+        rows: dict[str, Instance],
+    ) -> bool:
+        tenant, group = key
+        ops = self._ops
+        drain_timeout = merged.drain_timeout if merged is not None else timedelta(0)
+        for action in plan.drain:
+            ops.drain(rows[action.instance_id], action.reason, drain_timeout)
+        if plan.drain:
+            self.queue.add_after(key, drain_timeout.total_seconds() + 0.5)
+
+        async def delete(action: Action) -> None:
+            row = rows[action.instance_id]
+            if row.provider_id is None and row.id not in ops.in_flight:
+                await ops.retire_unlaunched(row, action.reason)
+            else:
+                await ops.delete(row, action.reason)
+
+        async def create() -> None:
+            assert merged is not None
+            await ops.create(merged)
+
+        tasks = [delete(a) for a in plan.delete]
+        if merged is not None:
+            tasks.extend(create() for _ in range(plan.create))
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        ok = True
+        for result in results:
+            if isinstance(result, BaseException):
+                if isinstance(result, asyncio.CancelledError):
+                    raise result
+                ok = False
+                ops.report_error(tenant, group, "", str(result) or type(result).__name__)
+        return ok

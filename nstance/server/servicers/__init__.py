@@ -1,0 +1,1 @@
+"""Thin gRPC handlers: convert, call the shard, convert back. Errors are mapped by the interceptor."""

@@ -1,0 +1,415 @@
+"""One shard's control plane: the Operator API operations and what runs while this server leads.
+
+``Shard`` implements ``ShardAPI`` for the gRPC servicer (reads work on every server; changes are
+refused by the servicer on standbys) and owns the leader-only machinery: on acquiring leadership it
+rebuilds the cache from the records, syncs with the provider, then starts the reconciler and the GC
+loop; on losing it (or at shutdown) it stops handing out work and lets in-flight provider calls
+finish - each of which records its own outcome - within ``shard.shutdown_timeout``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
+
+from nstance.config import (
+    GroupUpdate,
+    MergedGroupConfig,
+    apply_delete,
+    apply_upsert,
+    group_etag,
+    merged_group,
+)
+from nstance.config.workloads import GroupConfig
+from nstance.core.backoff import Backoff
+from nstance.core.errors import FailedPrecondition, InvalidArgument, NotFound, NstanceError, Unavailable
+from nstance.db import repo
+from nstance.pki.certs import issue_client_certificate
+from nstance.server.api import (
+    ConfigStatusView,
+    GroupView,
+    InstanceRequest,
+    InstanceView,
+    IssuedCert,
+    RefreshResult,
+)
+from nstance.server.configstate import ConfigChange, ConfigSnapshot
+from nstance.server.context import ShardContext
+from nstance.server.dynamic_groups import edit_dynamic_groups
+from nstance.server.events import Events, GroupEventData
+from nstance.server.gc import gc_cycle
+from nstance.server.instances import InstanceOps, status_of
+from nstance.server.reconciler import Reconciler
+from nstance.server.recovery import rebuild_cache, sync_provider
+
+log = logging.getLogger(__name__)
+
+GroupKey = tuple[str, str]
+
+
+class Shard:
+    """The shard server's state and behaviour behind the Operator API."""
+
+    def __init__(
+        self,
+        ctx: ShardContext,
+        *,
+        workers: int = 16,
+        resync_interval: float = 60.0,
+        operator_cert_ttl_hours: int = 8760,
+    ) -> None:
+        self.ctx = ctx
+        self.events: Events = ctx.events
+        self.ops = InstanceOps(ctx)
+        self._workers = workers
+        self._resync_interval = resync_interval
+        self._operator_cert_ttl_hours = operator_cert_ttl_hours
+        self.reconciler: Reconciler | None = None
+        self._leader_tasks: list[asyncio.Task[None]] = []
+        self._lead_lock = asyncio.Lock()
+        self.leading = False
+
+    # --- leadership -------------------------------------------------------------------------
+
+    def is_leader(self) -> bool:
+        return self.ctx.is_leader()
+
+    def leader_address(self) -> str:
+        return self.ctx.leadership.leader_address()
+
+    async def start_leading(self) -> None:
+        """Recover state and start the reconciler and GC (called when leadership is acquired)."""
+        async with self._lead_lock:
+            if self.leading:
+                return
+            ctx = self.ctx
+            log.info("shard %s: leading; rebuilding the cache from object storage", ctx.identity.shard)
+            backoff = Backoff(base=1.0, cap=30.0)
+            attempt = 0
+            while True:
+                if not ctx.is_leader():
+                    log.info("leadership lost during recovery")
+                    return
+                try:
+                    await asyncio.to_thread(ctx.config.load, True)
+                    groups = await rebuild_cache(ctx, self.ops)
+                    report = await sync_provider(ctx, self.ops)
+                    groups |= report.groups
+                    break
+                except (NstanceError, OSError) as exc:
+                    delay = backoff.delay(attempt)
+                    attempt += 1
+                    log.error("recovery failed: %s; retrying in %.1fs", exc, delay)
+                    await asyncio.sleep(delay)
+            reconciler = Reconciler(
+                ctx, self.ops, workers=self._workers, resync_interval=self._resync_interval
+            )
+            self.reconciler = reconciler
+            self.leading = True
+            ctx.metrics.set_leader("shard", True)
+            self._leader_tasks = [
+                asyncio.create_task(reconciler.run(), name="reconciler"),
+                asyncio.create_task(self._gc_loop(reconciler), name="gc"),
+            ]
+            reconciler.enqueue_all()
+            for key in groups:
+                reconciler.enqueue(key)
+
+    async def stop_leading(self, grace: float | None = None) -> None:
+        """Stop reconciling and GC; in-flight steps get ``grace`` seconds to finish, then are cancelled."""
+        async with self._lead_lock:
+            if not self.leading:
+                return
+            self.leading = False
+            self.ctx.metrics.set_leader("shard", False)
+            timeout = grace
+            if timeout is None:
+                snapshot = self.ctx.config.snapshot()
+                timeout = snapshot.config.shard.shutdown_timeout.total_seconds() if snapshot else 10.0
+            if self.reconciler is not None:
+                await self.reconciler.close()
+            tasks, self._leader_tasks = self._leader_tasks, []
+            for task in tasks:
+                if task.get_name() == "gc":
+                    task.cancel()
+            _done, pending = await asyncio.wait(tasks, timeout=max(timeout, 0.01))
+            for task in pending:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            if pending:
+                log.warning("%d in-flight tasks were cancelled after %.1fs", len(pending), timeout)
+            self.reconciler = None
+            log.info("shard %s: no longer leading", self.ctx.identity.shard)
+
+    async def _gc_loop(self, reconciler: Reconciler) -> None:
+        while True:
+            snapshot = self.ctx.config.snapshot()
+            interval = snapshot.config.shard.garbage_collection.interval.total_seconds() if snapshot else 60.0
+            if interval <= 0:
+                return
+            await asyncio.sleep(interval)
+            try:
+                report = await gc_cycle(self.ctx, self.ops)
+            except NstanceError as exc:
+                log.warning("gc cycle failed: %s", exc)
+                continue
+            for key in report.groups:
+                reconciler.enqueue(key)
+            self._update_instance_metrics()
+
+    def _update_instance_metrics(self) -> None:
+        counts: dict[tuple[str, str, str], int] = {}
+        with self.ctx.db.read_session() as session:
+            for row in repo.list_instances(session):
+                label = (row.tenant, row.group_key, status_of(row))
+                counts[label] = counts.get(label, 0) + 1
+        self.ctx.metrics.set_instances(counts)
+
+    def _enqueue(self, keys: Iterable[GroupKey]) -> None:
+        if self.reconciler is not None:
+            for key in keys:
+                self.reconciler.enqueue(key)
+
+    def on_instance_changed(self, tenant: str, group: str) -> None:
+        """Something about an instance of this group changed (health, drain ack): reconcile it."""
+        self._enqueue([(tenant, group)])
+
+    # --- reads ------------------------------------------------------------------------------
+
+    def _snapshot(self) -> ConfigSnapshot:
+        snapshot = self.ctx.config.snapshot()
+        if snapshot is None:
+            raise Unavailable("the shard config is not loaded yet; see the server's health endpoint")
+        return snapshot
+
+    def _view(self, merged: MergedGroupConfig) -> GroupView:
+        with self.ctx.db.read_session() as session:
+            rows = repo.list_active_instances(
+                session, tenant=merged.tenant, group_key=merged.group, managed_only=True
+            )
+        serving = [r for r in rows if r.drain_started_at is None and r.record_state != "failed"]
+        etag = group_etag(
+            merged.group,
+            merged.tenant,
+            merged.template,
+            merged.size,
+            merged.instance_type,
+            merged.subnet_pool,
+            merged.vars,
+            merged.is_static,
+        )
+        return GroupView(
+            key=merged.group,
+            tenant=merged.tenant,
+            template=merged.template,
+            size=merged.size,
+            instance_type=merged.instance_type,
+            subnet_pool=merged.subnet_pool,
+            vars=dict(merged.vars),
+            is_static=merged.is_static,
+            etag=etag,
+            actual_size=len(serving),
+            provider_ids=sorted(r.provider_id for r in serving if r.provider_id),
+        )
+
+    def list_groups(self, tenant: str) -> list[GroupView]:
+        snapshot = self._snapshot()
+        views = []
+        for t, group in sorted(snapshot.group_keys()):
+            if t != tenant:
+                continue
+            merged = snapshot.merged(t, group)
+            if merged is not None:
+                views.append(self._view(merged))
+        return views
+
+    def _group_view(self, tenant: str, group: str) -> GroupView:
+        merged = self._snapshot().merged(tenant, group)
+        if merged is None:
+            raise NotFound(f'group "{group}" of tenant "{tenant}" does not exist')
+        return self._view(merged)
+
+    async def instance_status(self, tenant: str, instance_id: str) -> InstanceView:
+        with self.ctx.db.read_session() as session:
+            row = repo.get_instance(session, instance_id)
+        if row is None or row.tenant != tenant:
+            raise NotFound(f"instance {instance_id!r} does not exist in this shard")
+        return InstanceView(
+            instance_id=row.id,
+            tenant=row.tenant,
+            group=row.group_key,
+            status=status_of(row),
+            created_at=row.created_at,
+            last_seen=row.health_at or row.provider_at,
+            provider_id=row.provider_id or "",
+        )
+
+    def draining_instances(self, tenant: str) -> list[tuple[InstanceView, str, datetime | None]]:
+        out: list[tuple[InstanceView, str, datetime | None]] = []
+        with self.ctx.db.read_session() as session:
+            rows = repo.list_active_instances(session, tenant=tenant)
+        for row in rows:
+            if row.drain_started_at is None or row.drain_acked_at is not None:
+                continue
+            view = InstanceView(
+                instance_id=row.id,
+                tenant=row.tenant,
+                group=row.group_key,
+                status="pending_deletion",
+                created_at=row.created_at,
+                last_seen=row.health_at,
+                provider_id=row.provider_id or "",
+            )
+            out.append((view, row.drain_reason or "", row.delete_at))
+        return out
+
+    def config_status(self) -> ConfigStatusView:
+        snapshot = self._snapshot()
+        return ConfigStatusView(
+            etag=snapshot.config_etag,
+            last_modified=snapshot.config_last_modified,
+            size=snapshot.config_size,
+        )
+
+    # --- changes ----------------------------------------------------------------------------
+
+    def _apply_change(self, change: ConfigChange) -> None:
+        for tenant, group in sorted(change.changed):
+            self.events.groups.publish(GroupEventData(kind="upsert", tenant=tenant, group=group))
+        for tenant, group in sorted(change.removed):
+            self.events.groups.publish(GroupEventData(kind="delete", tenant=tenant, group=group))
+        self._enqueue(change.changed | change.removed)
+
+    async def upsert_group(self, tenant: str, group: str, update: GroupUpdate) -> GroupView:
+        config = self._snapshot().config
+        dynamic, etag = await asyncio.to_thread(
+            edit_dynamic_groups,
+            self.ctx.store,
+            lambda current: apply_upsert(config, current, tenant, group, update),
+        )
+        self._apply_change(self.ctx.config.replace_dynamic(dynamic, etag))
+        return self._group_view(tenant, group)
+
+    async def delete_group(self, tenant: str, group: str) -> None:
+        snapshot = self._snapshot()
+        if snapshot.merged(tenant, group) is None:
+            raise NotFound(f'group "{group}" of tenant "{tenant}" does not exist')
+        if group in snapshot.config.groups.get(tenant, {}) and group not in snapshot.dynamic.get(tenant, {}):
+            raise FailedPrecondition(
+                f'group "{group}" is static (defined in config.jsonc); remove it there, or scale it to 0'
+            )
+        dynamic, etag = await asyncio.to_thread(
+            edit_dynamic_groups,
+            self.ctx.store,
+            lambda current: apply_delete(current, tenant, group),
+        )
+        self._apply_change(self.ctx.config.replace_dynamic(dynamic, etag))
+
+    def _on_demand_config(self, tenant: str, request: InstanceRequest) -> MergedGroupConfig:
+        snapshot = self._snapshot()
+        merged = snapshot.merged(tenant, request.group)
+        if merged is None:
+            raise NotFound(f'group "{request.group}" of tenant "{tenant}" does not exist')
+        if request.template and request.template != merged.template:
+            if request.template not in snapshot.config.templates:
+                raise InvalidArgument(f'template "{request.template}" is not defined in the server config')
+            entry = GroupConfig(
+                template=request.template,
+                size=0,
+                instance_type=request.instance_type or None,
+                subnet_pool=request.subnet_pool or merged.subnet_pool,
+                vars={**merged.vars, **request.vars},
+            )
+            config = snapshot.config.model_copy(update={"groups": {}})
+            merged = merged_group(config, {tenant: {request.group: entry}}, tenant, request.group)
+            return dataclasses.replace(merged, is_static=False)
+        if request.subnet_pool and request.subnet_pool not in snapshot.config.shard.subnet_pools:
+            raise InvalidArgument(f'subnet pool "{request.subnet_pool}" is not defined in shard.subnet_pools')
+        return dataclasses.replace(
+            merged,
+            instance_type=request.instance_type or merged.instance_type,
+            subnet_pool=request.subnet_pool or merged.subnet_pool,
+            vars={**merged.vars, **request.vars},
+        )
+
+    async def create_instance(self, tenant: str, request: InstanceRequest) -> tuple[str, str]:
+        if request.instance_id:
+            with self.ctx.db.read_session() as session:
+                existing = repo.get_instance(session, request.instance_id)
+            if existing is not None:
+                if existing.tenant != tenant or existing.group_key != request.group:
+                    raise FailedPrecondition(
+                        f"instance_id {request.instance_id!r} is already used by another instance"
+                    )
+                return existing.id, status_of(existing)
+        merged = self._on_demand_config(tenant, request)
+        created = await self.ops.create(merged, on_demand=True, instance_id=request.instance_id)
+        return created.instance_id, created.status
+
+    async def delete_instance(self, tenant: str, instance_id: str) -> str:
+        with self.ctx.db.read_session() as session:
+            row = repo.get_instance(session, instance_id)
+        if row is None or row.tenant != tenant:
+            return "unknown"
+        if row.deleted_at is not None:
+            return "deleted"
+        await self.ops.delete(row, "operator-request")
+        self.on_instance_changed(row.tenant, row.group_key)
+        return "deleted"
+
+    async def acknowledge_drained(self, tenant: str, instance_id: str) -> None:
+        with self.ctx.db.session() as session:
+            row = repo.get_instance(session, instance_id)
+            if row is None or row.tenant != tenant:
+                raise NotFound(f"instance {instance_id!r} does not exist in this shard")
+            if row.deleted_at is not None:
+                return
+            repo.acknowledge_drain(session, instance_id, now=self.ctx.clock.now())
+        if row.on_demand:
+            await self.ops.delete(row, "drain-acknowledged")
+        self.on_instance_changed(row.tenant, row.group_key)
+
+    async def refresh_config(self) -> RefreshResult:
+        change = await asyncio.to_thread(self.ctx.config.load, True)
+        self._apply_change(change)
+        return RefreshResult(
+            updated=change.updated, prev_etag=change.prev_config_etag or "", etag=change.config_etag
+        )
+
+    async def renew_certificate(self, tenant: str, client_id: str, public_key_pem: bytes) -> IssuedCert:
+        cluster = self.ctx.cluster_leadership
+        if cluster is not None and not cluster.is_leader():
+            addr = cluster.leader_address()
+            where = f"; the cluster leader is at {addr}" if addr else ""
+            raise FailedPrecondition(f"certificate renewal is done by the cluster leader{where}")
+        issued = issue_client_certificate(
+            self.ctx.ca,
+            public_key_pem,
+            client_id=client_id,
+            tenant=tenant,
+            role="operator",
+            ttl=timedelta(hours=self._operator_cert_ttl_hours),
+            clock=self.ctx.clock,
+        )
+        now = self.ctx.clock.now()
+        record = {
+            "cluster_id": self.ctx.identity.cluster_id,
+            "tenant": tenant,
+            "operator_id": client_id,
+            "public_key": public_key_pem.decode("ascii"),
+            "cert_serial": issued.serial_hex,
+            "expires_at": issued.not_after.astimezone(UTC).isoformat().replace("+00:00", "Z"),
+            "renewed_at": now.astimezone(UTC).isoformat().replace("+00:00", "Z"),
+            "type": "operator",
+        }
+        key = f"operator/{tenant}.{self.ctx.identity.cluster_id}.json"
+        data = (json.dumps(record, indent=2) + "\n").encode("utf-8")
+        await asyncio.to_thread(self.ctx.cluster_store.put, key, data)
+        return IssuedCert(cert_pem=issued.cert_pem, expires_at=issued.not_after)

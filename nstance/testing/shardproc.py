@@ -1,0 +1,271 @@
+"""Test and benchmark helpers: a cluster on file:// storage, shard configs, server processes.
+
+``LocalCluster`` initialises a cluster directory (CA, nonce key, encryption key), writes shard configs,
+and issues operator identities in the layout ``nstance-admin`` reads. ``ServerProcess`` runs a real
+``nstance-server`` process (``python -m nstance.server``) on loopback ports and waits on its health
+endpoint. Used by the integration tests and ``bench/``; nothing here is used by the server itself.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from nstance.objectstore.file import FileObjectStore
+from nstance.objectstore.scoped import ScopedObjectStore
+from nstance.pki.certs import issue_client_certificate
+from nstance.pki.keys import generate_private_key, private_key_to_pem
+from nstance.rpc import operator_pb2_grpc
+from nstance.secrets.cluster_identity import ClusterIdentity, ensure_cluster_identity
+from nstance.secrets.objectstorage import ObjectStorageSecretStore
+
+ENCRYPTION_KEY = bytes(range(32))
+ENCRYPTION_KEY_B64 = base64.b64encode(ENCRYPTION_KEY).decode("ascii")
+ADDR_NAMES = ("health_addr", "election_addr", "registration_addr", "operator_addr", "agent_addr")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def server_addrs() -> dict[str, str]:
+    """Five distinct loopback listener addresses for one server."""
+    return {name: f"127.0.0.1:{free_port()}" for name in ADDR_NAMES}
+
+
+def shard_config(
+    *,
+    cluster_id: str = "test",
+    shard: str = "zone-a",
+    addrs: Mapping[str, str],
+    provider: str = "sim",
+    provider_options: Mapping[str, Any] | None = None,
+    groups: Mapping[str, Mapping[str, Any]] | None = None,
+    election: Mapping[str, str] | None = None,
+    shard_extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A complete config.jsonc document (as a dict) for tests: one template ``app`` of kind ``app``."""
+    shard_doc: dict[str, Any] = {
+        "id": shard,
+        "infra": {
+            "provider": provider,
+            "region": "test",
+            "zone": shard,
+            "options": dict(provider_options or {}),
+        },
+        "bind": dict(addrs),
+        "advertise": dict(addrs),
+        "subnet_pools": {"default": ["net-1"]},
+        "default_drain_timeout": "0s",
+        "leader_election": dict(
+            election or {"frequent_interval": "200ms", "infrequent_interval": "1s", "leader_timeout": "1s"}
+        ),
+        "garbage_collection": {"interval": "1s", "registration_timeout": "1h"},
+        "shutdown_timeout": "5s",
+    }
+    shard_doc.update(shard_extra or {})
+    return {
+        "cluster": {
+            "id": cluster_id,
+            "secrets": {
+                "provider": "object-storage",
+                "encryption_key": {"provider": "env", "source": "NSTANCE_ENCRYPTION_KEY"},
+            },
+            "leader_election": shard_doc["leader_election"],
+        },
+        "shard": shard_doc,
+        "templates": {
+            "app": {
+                "kind": "app",
+                "arch": "amd64",
+                "subnet_pool": "default",
+                "userdata": {"content": "#!/bin/sh\n# {{ Instance.ID }}\n"},
+            }
+        },
+        "groups": {
+            "default": {k: dict(v) for k, v in (groups or {"web": {"template": "app", "size": 0}}).items()}
+        },
+    }
+
+
+@dataclass
+class LocalCluster:
+    """A cluster whose object storage is the directory ``bucket``."""
+
+    bucket: Path
+    cluster_id: str = "test"
+    identity: ClusterIdentity | None = None
+
+    def __post_init__(self) -> None:
+        self.bucket.mkdir(parents=True, exist_ok=True)
+        self.root = FileObjectStore(self.bucket)
+        self.cluster = ScopedObjectStore(self.root, "cluster/")
+
+    def init(self) -> ClusterIdentity:
+        """Create (or load) the CA and nonce key."""
+        secrets = ObjectStorageSecretStore(self.cluster, "secret/", keys=[ENCRYPTION_KEY])
+        self.identity = ensure_cluster_identity(self.cluster, secrets, cluster_id=self.cluster_id).identity
+        return self.identity
+
+    def shard_store(self, shard: str) -> ScopedObjectStore:
+        return ScopedObjectStore(self.root, f"shard/{shard}/")
+
+    def write_config(self, shard: str, config: Mapping[str, Any]) -> None:
+        self.shard_store(shard).put("config.jsonc", json.dumps(config, indent=2).encode("utf-8"))
+
+    def operator_identity(self, directory: Path, *, tenant: str = "default") -> Path:
+        """Write ca.crt, identity.key, identity.crt for an operator of ``tenant`` into ``directory``."""
+        identity = self.identity or self.init()
+        key = generate_private_key("ecdsa-p256")
+        issued = issue_client_certificate(
+            identity.ca, key.public_key(), client_id=self.cluster_id, tenant=tenant, role="operator"
+        )
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "ca.crt").write_bytes(identity.ca.cert_pem)
+        (directory / "identity.key").write_bytes(private_key_to_pem(key))
+        (directory / "identity.crt").write_bytes(issued.cert_pem)
+        os.chmod(directory / "identity.key", 0o600)
+        return directory
+
+    def operator_stub(self, directory: Path, target: str) -> operator_pb2_grpc.OperatorServiceStub:
+        """A synchronous OperatorService stub over mTLS with the identity in ``directory``."""
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=(directory / "ca.crt").read_bytes(),
+            private_key=(directory / "identity.key").read_bytes(),
+            certificate_chain=(directory / "identity.crt").read_bytes(),
+        )
+        channel = grpc.secure_channel(
+            target, credentials, options=[("grpc.ssl_target_name_override", "nstance-server")]
+        )
+        return operator_pb2_grpc.OperatorServiceStub(channel)
+
+
+@dataclass
+class ServerProcess:
+    """One ``nstance-server`` child process."""
+
+    server_id: str
+    shard: str
+    bucket: Path
+    cachedir: Path
+    health_addr: str
+    env: dict[str, str] = field(default_factory=dict)
+    args: list[str] = field(default_factory=list)
+    log_path: Path | None = None
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> ServerProcess:
+        env = {**os.environ, "NSTANCE_ENCRYPTION_KEY": ENCRYPTION_KEY_B64, **self.env}
+        log_path = self.log_path or self.cachedir.with_suffix(".log")
+        self.log_path = log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("ab") as log_file:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "nstance.server",
+                    "--id",
+                    self.server_id,
+                    "--shard",
+                    self.shard,
+                    "--storage",
+                    "file",
+                    "--bucket",
+                    str(self.bucket),
+                    "--cachedir",
+                    str(self.cachedir),
+                    "--health-addr",
+                    self.health_addr,
+                    *self.args,
+                ],
+                env=env,
+                stdout=log_file,
+                stderr=log_file,
+            )
+        return self
+
+    def http(self, path: str) -> tuple[int, str]:
+        """GET ``path`` on the health endpoint: (status, body); (0, error) if unreachable."""
+        try:
+            with urllib.request.urlopen(f"http://{self.health_addr}{path}", timeout=2) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+        except (urllib.error.URLError, OSError) as exc:
+            return 0, str(exc)
+
+    def wait_healthy(self, timeout: float = 20.0) -> str:
+        """Wait until /health answers 200; return its body."""
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            self._check_alive()
+            code, body = self.http("/health")
+            if code == 200:
+                return body
+            last = f"{code} {body}"
+            time.sleep(0.05)
+        raise TimeoutError(
+            f"server {self.server_id} not healthy after {timeout}s (last: {last}); log:\n{self.log()}"
+        )
+
+    def is_leader(self) -> bool:
+        return self.http("/leader/health")[0] == 200
+
+    def _check_alive(self) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise RuntimeError(
+                f"server {self.server_id} exited with {self.proc.returncode}; log:\n{self.log()}"
+            )
+
+    def log(self) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return self.log_path.read_text(errors="replace")[-8000:]
+
+    def log_entries(self) -> list[dict[str, Any]]:
+        """The JSON log lines written so far."""
+        out: list[dict[str, Any]] = []
+        if self.log_path is None or not self.log_path.exists():
+            return out
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            if line.startswith("{"):
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    continue
+        return out
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
+        """Send ``sig`` and wait for the exit status."""
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait(5)
+
+    def kill(self) -> int:
+        return self.stop(signal.SIGKILL)

@@ -1,0 +1,266 @@
+"""nstance-server as a user runs it: real processes, real mTLS gRPC, file:// storage, the sim provider.
+
+The sim provider persists its VM table to a file that every server process of the test shares, so what
+one process launched another can see - the way a real cloud outlives the servers that drive it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf.empty_pb2 import Empty
+
+from nstance.rpc import operator_pb2, operator_pb2_grpc
+from nstance.server.context import FAULT_ENV, FAULT_EXIT_CODE
+from nstance.testing.shardproc import LocalCluster, ServerProcess, free_port, server_addrs, shard_config
+
+pytestmark = pytest.mark.timeout(120)
+
+SHARD = "zone-a"
+FREQUENT = 0.3
+LEADER_TIMEOUT = 1.5
+GRACE = min(1.0, FREQUENT / 2)
+ELECTION = {"frequent_interval": "300ms", "infrequent_interval": "2s", "leader_timeout": "1500ms"}
+
+
+class Env:
+    """One test's cluster, config and server processes."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp = tmp_path
+        self.cluster = LocalCluster(tmp_path / "bucket")
+        self.cluster.init()
+        self.addrs = server_addrs()
+        self.sim_state = tmp_path / "sim-cloud.json"
+        self.identity = self.cluster.operator_identity(tmp_path / "operator")
+        self.servers: list[ServerProcess] = []
+
+    def configure(self, *, groups: dict[str, Any] | None = None, latency: str = "5ms") -> None:
+        config = shard_config(
+            shard=SHARD,
+            addrs=self.addrs,
+            provider_options={"state_file": str(self.sim_state), "latency": latency},
+            groups=groups,
+            election=ELECTION,
+        )
+        config["templates"]["other"] = {"kind": "oth", "arch": "amd64", "subnet_pool": "default"}
+        self.cluster.write_config(SHARD, config)
+
+    def start(
+        self, server_id: str, host: str = "127.0.0.1", env: dict[str, str] | None = None
+    ) -> ServerProcess:
+        server = ServerProcess(
+            server_id=server_id,
+            shard=SHARD,
+            bucket=self.cluster.bucket,
+            cachedir=self.tmp / f"cache-{server_id}",
+            health_addr=f"{host}:{free_port()}",
+            env=env or {},
+            args=["--bind-host", host, "--advertise-host", host],
+            log_path=self.tmp / f"{server_id}-{len(self.servers)}.log",
+        ).start()
+        self.servers.append(server)
+        return server
+
+    def operator_addr(self, host: str) -> str:
+        return f"{host}:{self.addrs['operator_addr'].rsplit(':', 1)[1]}"
+
+    def stub(self, host: str = "127.0.0.1") -> operator_pb2_grpc.OperatorServiceStub:
+        return self.cluster.operator_stub(self.identity, self.operator_addr(host))
+
+    def vms(self) -> list[dict[str, Any]]:
+        """Every VM the simulated cloud has, including deleted ones."""
+        if not self.sim_state.exists():
+            return []
+        data = json.loads(self.sim_state.read_text())
+        vms: list[dict[str, Any]] = list(data["vms"])
+        return vms
+
+    def live_vms(self) -> list[dict[str, Any]]:
+        return [vm for vm in self.vms() if vm["deleted_at"] is None]
+
+    def records(self) -> dict[str, dict[str, Any]]:
+        store = self.cluster.shard_store(SHARD)
+        out = {}
+        for key in store.list("instance/"):
+            doc = json.loads(store.get(key)[0])
+            out[doc["instance_id"]] = doc
+        return out
+
+    def stop_all(self) -> None:
+        for server in self.servers:
+            server.stop()
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[Env]:
+    e = Env(tmp_path)
+    try:
+        yield e
+    finally:
+        e.stop_all()
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 20.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def upsert(stub: operator_pb2_grpc.OperatorServiceStub, key: str, **config: Any) -> operator_pb2.GroupStatus:
+    request = operator_pb2.UpsertGroupRequest(key=key, config=operator_pb2.GroupConfig(**config))
+    status: operator_pb2.GroupStatus = stub.UpsertGroup(request, timeout=10)
+    return status
+
+
+def group(stub: operator_pb2_grpc.OperatorServiceStub, key: str) -> operator_pb2.GroupStatus:
+    for status in stub.ListGroups(Empty(), timeout=10).groups:
+        if status.key == key:
+            found: operator_pb2.GroupStatus = status
+            return found
+    raise AssertionError(f"group {key} not listed")
+
+
+def converged(env: Env, stub: operator_pb2_grpc.OperatorServiceStub, size: int) -> Callable[[], bool]:
+    def check() -> bool:
+        status = group(stub, "web")
+        return status.actual_size == size and len(env.live_vms()) == size
+
+    return check
+
+
+def reconcile_times(server: ServerProcess) -> list[datetime]:
+    return [
+        datetime.fromisoformat(entry["time"])
+        for entry in server.log_entries()
+        if entry["msg"].startswith("reconcile ") and "create" in entry["msg"]
+    ]
+
+
+def test_two_servers_one_leader_and_failover_within_timeout(env: Env) -> None:
+    env.configure(groups={"web": {"template": "app", "size": 3}})
+    a = env.start("server-a", "127.0.0.2")
+    b = env.start("server-b", "127.0.0.3")
+    a.wait_healthy()
+    b.wait_healthy()
+    wait_for(lambda: a.is_leader() or b.is_leader(), what="a leader")
+    for _ in range(20):  # exactly one leader, sampled over a few frequent intervals
+        assert [a.is_leader(), b.is_leader()].count(True) == 1
+        time.sleep(FREQUENT / 4)
+    leader, follower = (a, b) if a.is_leader() else (b, a)
+    leader_host, follower_host = ("127.0.0.2", "127.0.0.3") if leader is a else ("127.0.0.3", "127.0.0.2")
+    wait_for(converged(env, env.stub(leader_host), 3), what="3 instances")
+
+    leader.kill()
+    killed_at = time.monotonic()
+    wait_for(follower.is_leader, timeout=10, what="the follower to lead")
+    took = time.monotonic() - killed_at
+    # The follower must wait out the lock (no split brain), and must not wait much longer.
+    assert took <= LEADER_TIMEOUT + FREQUENT + GRACE + 0.3, f"failover took {took:.2f}s"
+
+    stub = env.stub(follower_host)
+    upsert(stub, "web", size=4)
+    wait_for(converged(env, stub, 4), what="4 instances after failover")
+    live = env.live_vms()
+    assert len({vm["instance_id"] for vm in live}) == 4  # no duplicate
+    assert set(env.records()) >= {vm["instance_id"] for vm in live}  # every VM explained by a record
+    # No group was reconciled by both: every reconcile by the dead leader precedes every one by the new.
+    old, new = reconcile_times(leader), reconcile_times(follower)
+    assert old
+    assert new
+    assert max(old) < min(new)
+
+
+def test_standby_answers_reads_and_refuses_changes_naming_the_leader(env: Env) -> None:
+    env.configure()
+    a = env.start("server-a", "127.0.0.2")
+    a.wait_healthy()
+    wait_for(a.is_leader, what="server-a to lead")
+    b = env.start("server-b", "127.0.0.3")
+    assert "standby" in b.wait_healthy()
+    assert b.http("/leader/health")[0] == 503
+    standby = env.stub("127.0.0.3")
+
+    assert [g.key for g in standby.ListGroups(Empty(), timeout=10).groups] == ["web"]
+    assert standby.GetConfigStatus(Empty(), timeout=10).etag
+    with pytest.raises(grpc.RpcError) as err:
+        upsert(standby, "web", size=2)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert env.operator_addr("127.0.0.2") in (err.value.details() or "")
+    assert group(env.stub("127.0.0.2"), "web").size == 0  # nothing changed
+
+
+def test_static_group_refuses_template_change_but_allows_size(env: Env) -> None:
+    env.configure()
+    server = env.start("server-a")
+    server.wait_healthy()
+    wait_for(server.is_leader, what="leadership")
+    stub = env.stub()
+
+    with pytest.raises(grpc.RpcError) as err:
+        upsert(stub, "web", template="other", size=1)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert '"template"' in (err.value.details() or "")
+    assert group(stub, "web").size == 0
+
+    status = upsert(stub, "web", size=2)
+    assert status.size == 2
+    assert status.is_static
+    wait_for(converged(env, stub, 2), what="2 instances")
+
+
+def test_sim_scale_0_20_5_0_converges_without_leak_or_duplicate(env: Env) -> None:
+    env.configure()
+    server = env.start("server-a")
+    server.wait_healthy()
+    wait_for(server.is_leader, what="leadership")
+    stub = env.stub()
+    for size in (20, 5, 0):
+        upsert(stub, "web", size=size)
+        wait_for(converged(env, stub, size), what=f"{size} instances")
+    vms = env.vms()
+    assert len(vms) == 20  # exactly 20 launches over the whole run: no duplicate create
+    assert len({vm["instance_id"] for vm in vms}) == 20
+    assert env.live_vms() == []  # no leak
+    records = env.records()
+    assert all(rec["status"] == "deleted" for rec in records.values())
+
+
+@pytest.mark.parametrize("keep_cache", [True, False], ids=["same-cache", "fresh-cache"])
+def test_crash_between_provider_create_and_record_update(env: Env, keep_cache: bool) -> None:
+    env.configure()
+    crashing = env.start("server-a", env={FAULT_ENV: "after-provider-create"})
+    crashing.wait_healthy()
+    wait_for(crashing.is_leader, what="leadership")
+    upsert(env.stub(), "web", size=3)
+    assert crashing.proc is not None
+    assert crashing.proc.wait(20) == FAULT_EXIT_CODE
+    launched = env.live_vms()
+    assert len(launched) >= 1  # the provider made VMs the records do not yet name
+    assert any(not env.records()[vm["instance_id"]].get("provider_instance_id") for vm in launched)
+
+    if not keep_cache:
+        (env.tmp / "cache-server-a" / "db" / "nstance.db").unlink()
+    restarted = env.start("server-a")
+    restarted.wait_healthy()
+    wait_for(restarted.is_leader, timeout=15, what="leadership after restart")
+    stub = env.stub()
+    wait_for(converged(env, stub, 3), what="3 instances after restart")
+
+    live = env.live_vms()
+    assert len({vm["instance_id"] for vm in live}) == 3
+    records = env.records()
+    for vm in launched:  # the VMs made before the crash were adopted, not duplicated or leaked
+        assert vm["instance_id"] in {v["instance_id"] for v in live}
+        assert records[vm["instance_id"]]["provider_instance_id"] == vm["provider_id"]
+    assert len(env.vms()) == 3  # nothing else was ever launched

@@ -1,0 +1,155 @@
+"""The group planner: what a group of a given size and membership needs next."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from nstance.core.plan import (
+    REASON_CREATE_FAILED,
+    REASON_DRAIN_COMPLETE,
+    REASON_DRAIN_TIMEOUT,
+    REASON_DRIFT,
+    REASON_ELIGIBLE_EXPIRY,
+    REASON_FORCED_EXPIRY,
+    REASON_GROUP_DELETED,
+    REASON_SCALE_DOWN,
+    REASON_UNHEALTHY,
+    Action,
+    Member,
+    PlanInput,
+    next_wakeup,
+    plan_group,
+)
+
+NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
+
+
+def member(name: str, age_min: int, **kw: object) -> Member:
+    return Member(instance_id=name, created_at=NOW - timedelta(minutes=age_min), **kw)  # type: ignore[arg-type]
+
+
+def test_scale_up_from_nothing() -> None:
+    plan = plan_group(PlanInput(desired=3), [], NOW)
+    assert plan.create == 3
+    assert plan.delete == ()
+
+
+def test_at_size_does_nothing() -> None:
+    members = [member("a", 5, registered=True), member("b", 4, registered=True)]
+    assert plan_group(PlanInput(desired=2), members, NOW).empty
+
+
+def test_scale_down_prefers_never_registered_then_oldest() -> None:
+    members = [
+        member("old-registered", 50, registered=True),
+        member("new-registered", 10, registered=True),
+        member("unregistered", 5),
+        member("mid-registered", 30, registered=True),
+    ]
+    plan = plan_group(PlanInput(desired=2), members, NOW)
+    assert [a.instance_id for a in plan.delete] == ["unregistered", "old-registered"]
+    assert all(a.reason == REASON_SCALE_DOWN for a in plan.delete)
+    assert plan.create == 0
+
+
+def test_unhealthy_and_failed_are_deleted_and_replaced() -> None:
+    members = [
+        member("ok", 10, registered=True),
+        member("sick", 20, registered=True, unhealthy=True),
+        member("broken", 1, failed=True),
+    ]
+    plan = plan_group(PlanInput(desired=3), members, NOW)
+    assert set(plan.delete) == {Action("sick", REASON_UNHEALTHY), Action("broken", REASON_CREATE_FAILED)}
+    assert plan.create == 2
+
+
+def test_unhealthy_goes_before_any_healthy_victim_on_scale_down() -> None:
+    members = [
+        member("sick", 1, unhealthy=True),
+        member("a", 50, registered=True),
+        member("b", 40, registered=True),
+    ]
+    plan = plan_group(PlanInput(desired=2), members, NOW)
+    assert plan.delete == (Action("sick", REASON_UNHEALTHY),)
+    assert plan.create == 0
+
+
+def test_draining_members_do_not_count_and_are_the_first_to_go() -> None:
+    drain_until = NOW + timedelta(minutes=1)
+    members = [
+        member("draining", 60, registered=True, draining=True, delete_at=drain_until),
+        member("a", 50, registered=True),
+        member("b", 40, registered=True),
+    ]
+    # size 2: the draining one is already leaving; nothing else to do
+    assert plan_group(PlanInput(desired=2), members, NOW).empty
+    # size 3: one replacement for the draining one
+    assert plan_group(PlanInput(desired=3), members, NOW).create == 1
+    # size 1: the draining one plus the oldest of the rest
+    plan = plan_group(PlanInput(desired=1), members, NOW)
+    assert [a.instance_id for a in plan.delete] == ["a"]
+
+
+def test_drain_ends_on_ack_or_deadline() -> None:
+    members = [
+        member(
+            "acked", 60, registered=True, draining=True, drain_acked=True, delete_at=NOW + timedelta(hours=1)
+        ),
+        member("late", 60, registered=True, draining=True, delete_at=NOW - timedelta(seconds=1)),
+    ]
+    plan = plan_group(PlanInput(desired=0), members, NOW)
+    assert set(plan.delete) == {Action("acked", REASON_DRAIN_COMPLETE), Action("late", REASON_DRAIN_TIMEOUT)}
+
+
+def test_scale_down_drains_registered_victims_when_drain_timeout_set() -> None:
+    members = [member("reg", 50, registered=True), member("unreg", 5)]
+    plan = plan_group(PlanInput(desired=0, drain_timeout=timedelta(minutes=5)), members, NOW)
+    assert plan.drain == (Action("reg", REASON_SCALE_DOWN),)
+    assert plan.delete == (Action("unreg", REASON_SCALE_DOWN),)
+
+
+def test_group_deleted_removes_everyone() -> None:
+    members = [member("a", 5, registered=True), member("b", 4)]
+    plan = plan_group(PlanInput(desired=None), members, NOW)
+    assert {a.instance_id for a in plan.delete} == {"a", "b"}
+    assert all(a.reason == REASON_GROUP_DELETED for a in plan.delete)
+    assert plan.create == 0
+
+
+def test_drift_rotates_one_at_a_time_and_not_while_draining() -> None:
+    spec = PlanInput(desired=3, infra_hash="new", drain_timeout=timedelta(minutes=5))
+    members = [member(n, 30 - i, registered=True, infra_hash="old") for i, n in enumerate("abc")]
+    plan = plan_group(spec, members, NOW)
+    assert plan.drain == (Action("a", REASON_DRIFT),)
+    assert plan.create == 1  # the replacement
+    draining = [
+        *members[1:],
+        member(
+            "a", 30, registered=True, infra_hash="old", draining=True, delete_at=NOW + timedelta(minutes=1)
+        ),
+    ]
+    new = member("d", 0, infra_hash="new")
+    assert plan_group(spec, [*draining, new], NOW).empty
+
+
+def test_forced_expiry_even_while_draining_eligible_only_when_calm() -> None:
+    spec = PlanInput(desired=2, eligible_age=timedelta(hours=1), forced_age=timedelta(hours=5))
+    calm = [member("old", 90, registered=True), member("young", 10, registered=True)]
+    assert plan_group(spec, calm, NOW).delete[0] == Action("old", REASON_ELIGIBLE_EXPIRY)
+    busy = [
+        member("ancient", 6 * 60, registered=True),
+        member("old", 90, registered=True),
+        member("leaving", 1, registered=True, draining=True, delete_at=NOW + timedelta(minutes=1)),
+    ]
+    plan = plan_group(spec, busy, NOW)
+    assert plan.delete == (Action("ancient", REASON_FORCED_EXPIRY),)
+
+
+def test_next_wakeup_is_the_earliest_deadline() -> None:
+    spec = PlanInput(desired=2, eligible_age=timedelta(hours=1))
+    members = [
+        member("young", 10, registered=True),
+        member("leaving", 1, draining=True, delete_at=NOW + timedelta(minutes=2)),
+    ]
+    assert next_wakeup(spec, members, NOW) == NOW + timedelta(minutes=2)
+    assert next_wakeup(PlanInput(desired=1), [member("a", 1)], NOW) is None

@@ -1,0 +1,104 @@
+"""The level-triggered work queue: coalescing, one worker per key, nothing dropped."""
+
+from __future__ import annotations
+
+import asyncio
+
+from nstance.core.backoff import Backoff
+from nstance.server.workqueue import WorkQueue
+
+
+async def test_marks_during_processing_coalesce_into_one_more_run() -> None:
+    queue: WorkQueue[str] = WorkQueue()
+    runs: list[str] = []
+    gate = asyncio.Event()
+
+    async def handler(key: str) -> None:
+        runs.append(key)
+        if len(runs) == 1:
+            for _ in range(50):
+                queue.add(key)  # a burst while the first run is in progress
+            gate.set()
+            await asyncio.sleep(0.01)
+
+    queue.add("g")
+    task = asyncio.create_task(queue.run(handler, workers=4))
+    await gate.wait()
+    await asyncio.sleep(0.1)
+    await queue.close()
+    await task
+    assert runs == ["g", "g"]
+
+
+async def test_a_key_is_never_processed_by_two_workers_at_once() -> None:
+    queue: WorkQueue[int] = WorkQueue()
+    active: set[int] = set()
+    overlaps = 0
+    done = 0
+
+    async def handler(key: int) -> None:
+        nonlocal overlaps, done
+        if key in active:
+            overlaps += 1
+        active.add(key)
+        await asyncio.sleep(0.001)
+        active.discard(key)
+        done += 1
+
+    task = asyncio.create_task(queue.run(handler, workers=8))
+    for i in range(200):
+        queue.add(i % 5)
+        await asyncio.sleep(0)
+    await asyncio.sleep(0.2)
+    await queue.close()
+    await task
+    assert overlaps == 0
+    assert done >= 5
+
+
+async def test_no_key_is_dropped_under_load() -> None:
+    queue: WorkQueue[int] = WorkQueue()
+    seen: set[int] = set()
+    all_seen = asyncio.Event()
+
+    async def handler(key: int) -> None:
+        seen.add(key)
+        if len(seen) == 5000:
+            all_seen.set()
+
+    for i in range(5000):
+        queue.add(i)
+    task = asyncio.create_task(queue.run(handler, workers=3))
+    await asyncio.wait_for(all_seen.wait(), 10)
+    await queue.close()
+    await task
+    assert seen == set(range(5000))
+
+
+async def test_add_after_keeps_the_earliest_schedule_and_handler_errors_do_not_stop_workers() -> None:
+    queue: WorkQueue[str] = WorkQueue()
+    seen: list[str] = []
+
+    async def handler(key: str) -> None:
+        seen.append(key)
+        if key == "boom":
+            raise RuntimeError("handler failed")
+
+    task = asyncio.create_task(queue.run(handler, workers=1))
+    queue.add("boom")
+    queue.add_after("later", 10.0)
+    queue.add_after("later", 0.05)  # earlier wins
+    await asyncio.sleep(0.3)
+    await queue.close()
+    await task
+    assert seen == ["boom", "later"]
+
+
+def test_backoff_grows_caps_and_jitters_within_bounds() -> None:
+    import random
+
+    backoff = Backoff(base=1.0, cap=8.0, jitter=0.25, rng=random.Random(1))
+    delays = [backoff.delay(n) for n in range(6)]
+    for n, d in enumerate(delays):
+        raw = min(8.0, 2.0**n)
+        assert raw <= d <= raw * 1.25
