@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed-stamp
 .PHONY: run test check lint fmt typecheck imports proto proto-check bench clean help
 
 help:
-	@echo "make run    - initialise and validate a local cluster from examples/local (file:// storage)"
+	@echo "make run    - run a local shard from examples/local (nstance-server, 3 local instances, live view)"
 	@echo "make test   - run the whole test suite"
 	@echo "make check  - ruff, ruff format --check, mypy --strict, import-linter, generated-code drift"
 	@echo "make proto  - regenerate nstance/rpc/ from protos/"

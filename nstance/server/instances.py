@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 
 #: Provider create attempts per instance before the create is given up (same idempotency token each time).
 CREATE_ATTEMPTS = 4
+#: Seconds a "subnet has room" answer is trusted.
+CAPACITY_TTL = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +87,24 @@ class InstanceOps:
         self._backoff = backoff or Backoff(base=0.2, cap=5.0)
         #: Instance ids whose provider create is in flight (GC and re-list must not touch them).
         self.in_flight: set[str] = set()
+        self._capacity_ok: dict[str, float] = {}
+
+    async def _has_capacity(self, subnet_id: str) -> bool:
+        """Subnet capacity, asking the provider at most once per ``CAPACITY_TTL`` while it has room.
+
+        A burst of creates would otherwise spend one (rate-limited) provider read per VM; a "full"
+        answer is never cached, so the next create looks again.
+        """
+        now = self._ctx.clock.monotonic()
+        checked = self._capacity_ok.get(subnet_id)
+        if checked is not None and now - checked < CAPACITY_TTL:
+            return True
+        ok = await self._ctx.provider.check_subnet_capacity(subnet_id)
+        if ok:
+            self._capacity_ok[subnet_id] = now
+        else:
+            self._capacity_ok.pop(subnet_id, None)
+        return ok
 
     # --- create -----------------------------------------------------------------------------
 
@@ -102,7 +122,7 @@ class InstanceOps:
             merged,
             shard=ctx.identity,
             nonce_key=ctx.nonce_key,
-            provider=ctx.provider,
+            has_capacity=self._has_capacity,
             subnet_pools={k: list(v) for k, v in shard_cfg.subnet_pools.items()},
             registration_timeout=shard_cfg.garbage_collection.registration_timeout,
             clock=ctx.clock,
@@ -208,8 +228,6 @@ class InstanceOps:
             )
         except NstanceError as record_exc:
             log.warning("instance %s: cannot mark its record failed: %s", iid, record_exc)
-        if isinstance(exc, Exception):
-            self.report_error(tenant, group, iid, f"create failed: {exc}")
 
     async def _record_provider(self, tenant: str, iid: str, vm: ProviderInstance) -> None:
         ctx = self._ctx

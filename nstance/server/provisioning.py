@@ -1,7 +1,7 @@
 """Preparing one VM: instance id, registration nonce, rendered userdata and args, subnet choice.
 
 ``prepare_instance`` turns a group's merged config into a ``CreateRequest`` plus what the record and
-the SQLite row need. It talks to the provider only to ask about subnet capacity, and fetches
+the SQLite row need. It asks about subnet capacity through the given check, and fetches
 ``userdata.source: url`` content with a timeout (in a worker thread). Writing the intent and calling
 the provider is the shard's job (``shard.py``), so that the crash-safe ordering lives in one place.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import urllib.error
 import urllib.request
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -33,7 +34,7 @@ from nstance.core.clock import Clock
 from nstance.core.errors import FailedPrecondition, InvalidArgument, Unavailable
 from nstance.core.ids import new_instance_id, parse_puid
 from nstance.pki.nonce import agent_nonce_claims, sign_nonce
-from nstance.providers.base import CreateRequest, Provider
+from nstance.providers.base import CreateRequest
 
 USERDATA_FETCH_TIMEOUT = 10.0
 USERDATA_FETCH_LIMIT = 16 * 1024 * 1024
@@ -95,13 +96,16 @@ async def render_userdata(
     return render_template(name, text, data).encode("utf-8")
 
 
-async def choose_subnet(provider: Provider, subnet_pools: dict[str, list[str]], pool: str) -> str:
+CapacityCheck = Callable[[str], Awaitable[bool]]
+
+
+async def choose_subnet(has_capacity: CapacityCheck, subnet_pools: dict[str, list[str]], pool: str) -> str:
     """The first subnet of ``pool`` with room for one more VM."""
     subnets = subnet_pools.get(pool)
     if not subnets:
         raise FailedPrecondition(f'subnet pool "{pool}" is not defined in shard.subnet_pools')
     for subnet in subnets:
-        if await provider.check_subnet_capacity(subnet):
+        if await has_capacity(subnet):
             return subnet
     raise Unavailable(f'every subnet of pool "{pool}" is full ({", ".join(subnets)})')
 
@@ -111,7 +115,7 @@ async def prepare_instance(
     *,
     shard: ShardIdentity,
     nonce_key: Ed25519PrivateKey,
-    provider: Provider,
+    has_capacity: CapacityCheck,
     subnet_pools: dict[str, list[str]],
     registration_timeout: timedelta,
     clock: Clock,
@@ -163,7 +167,7 @@ async def prepare_instance(
     )
     userdata = await render_userdata(merged, data)
     args = render_args(merged.args, data, name=f"templates.{merged.template}.args")
-    subnet = await choose_subnet(provider, subnet_pools, merged.subnet_pool)
+    subnet = await choose_subnet(has_capacity, subnet_pools, merged.subnet_pool)
     now: datetime = clock.now()
     request = CreateRequest(
         cluster_id=shard.cluster_id,

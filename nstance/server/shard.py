@@ -50,6 +50,8 @@ from nstance.server.recovery import rebuild_cache, sync_provider
 log = logging.getLogger(__name__)
 
 GroupKey = tuple[str, str]
+#: Seconds between refreshes of the per-group instance gauges.
+METRICS_INTERVAL = 5.0
 
 
 class Shard:
@@ -115,6 +117,7 @@ class Shard:
             self._leader_tasks = [
                 asyncio.create_task(reconciler.run(), name="reconciler"),
                 asyncio.create_task(self._gc_loop(reconciler), name="gc"),
+                asyncio.create_task(self._metrics_loop(), name="metrics"),
             ]
             reconciler.enqueue_all()
             for key in groups:
@@ -135,7 +138,7 @@ class Shard:
                 await self.reconciler.close()
             tasks, self._leader_tasks = self._leader_tasks, []
             for task in tasks:
-                if task.get_name() == "gc":
+                if task.get_name() in ("gc", "metrics"):
                     task.cancel()
             _done, pending = await asyncio.wait(tasks, timeout=max(timeout, 0.01))
             for task in pending:
@@ -162,7 +165,11 @@ class Shard:
                 continue
             for key in report.groups:
                 reconciler.enqueue(key)
+
+    async def _metrics_loop(self) -> None:
+        while True:
             self._update_instance_metrics()
+            await asyncio.sleep(METRICS_INTERVAL)
 
     def _update_instance_metrics(self) -> None:
         counts: dict[tuple[str, str, str], int] = {}

@@ -1,0 +1,252 @@
+"""The shard's reconciler, provider sync and GC on an injected clock (real SQLite file, sim provider).
+
+Driven in-process without gRPC so that time can jump: registration timeouts, consistency grace and
+record retention are crossed by advancing a ManualClock instead of sleeping.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from nstance.config import GroupUpdate
+from nstance.core.clock import ManualClock
+from nstance.core.ratelimit import TokenBucket
+from nstance.db import repo
+from nstance.db.engine import Database, open_database
+from nstance.db.models import Instance
+from nstance.objectstore.memory import MemoryObjectStore
+from nstance.pki.ca import create_ca
+from nstance.pki.keys import generate_private_key
+from nstance.providers.base import CreateRequest, InstanceStatus
+from nstance.providers.sim import SimProvider
+from nstance.server.configstate import ConfigState
+from nstance.server.context import ShardContext
+from nstance.server.gc import gc_cycle
+from nstance.server.limits import CreateLimiter
+from nstance.server.metrics import Metrics
+from nstance.server.reconciler import Reconciler
+from nstance.server.recovery import rebuild_cache
+from nstance.server.shard import Shard
+from nstance.testing.shardproc import sample_shard_identity, server_addrs, shard_config
+
+KEY = ("default", "web")
+
+
+class Leader:
+    def __init__(self) -> None:
+        self.leading = True
+
+    def is_leader(self) -> bool:
+        return self.leading
+
+    def leader_address(self) -> str:
+        return "10.0.0.1:8993"
+
+
+async def no_sleep(_: float) -> None:
+    return None
+
+
+class Harness:
+    def __init__(self, tmp_path: Path, size: int) -> None:
+        self.clock = ManualClock()
+        self.store = MemoryObjectStore()
+        config = shard_config(
+            addrs=server_addrs(),
+            groups={"web": {"template": "app", "size": size}},
+            shard_extra={
+                "garbage_collection": {
+                    "interval": "1m",
+                    "registration_timeout": "5m",
+                    "deleted_record_retention": "30m",
+                }
+            },
+        )
+        self.store.put("config.jsonc", json.dumps(config).encode())
+        self.db: Database = open_database(tmp_path / "db" / "nstance.db")
+        self.state = ConfigState(self.store, tmp_path / "config", clock=self.clock)
+        self.state.load()
+        self.sim = SimProvider(clock=self.clock, sleep=no_sleep)
+        ca = create_ca(cluster_id="test")
+        self.leader = Leader()
+        self.ctx = ShardContext(
+            identity=sample_shard_identity(ca.cert_pem),
+            store=self.store,
+            cluster_store=MemoryObjectStore(),
+            db=self.db,
+            config=self.state,
+            provider=self.sim,
+            nonce_key=generate_private_key("ed25519"),  # type: ignore[arg-type]
+            ca=ca,
+            clock=self.clock,
+            limiter=CreateLimiter(
+                clock=self.clock, max_concurrent=8, bucket=TokenBucket(100, 100, self.clock)
+            ),
+            leadership=self.leader,
+            metrics=Metrics(),
+        )
+        self.shard = Shard(self.ctx)
+        self.reconciler = Reconciler(self.ctx, self.shard.ops)
+
+    async def reconcile(self) -> None:
+        await self.reconciler.reconcile(KEY)
+
+    def rows(self) -> list[Instance]:
+        with self.db.read_session() as session:
+            return repo.list_active_instances(session, tenant="default", group_key="web")
+
+    def live(self) -> dict[str, str]:
+        return {
+            vm.instance_id: pid for pid, vm in self.sim.vms.items() if vm.status != InstanceStatus.DELETED
+        }
+
+    def record(self, instance_id: str) -> dict[str, object] | None:
+        for key in self.store.list("instance/"):
+            doc: dict[str, object] = json.loads(self.store.get(key)[0])
+            if doc["instance_id"] == instance_id:
+                return doc
+        return None
+
+
+@pytest.fixture
+def h(tmp_path: Path) -> Iterator[Harness]:
+    harness = Harness(tmp_path, size=2)
+    yield harness
+    harness.db.close()
+
+
+async def test_reconcile_creates_with_records_and_provider_ids(h: Harness) -> None:
+    await h.reconcile()
+    rows = h.rows()
+    assert len(rows) == 2
+    assert set(h.live()) == {r.id for r in rows}
+    for row in rows:
+        rec = h.record(row.id)
+        assert rec is not None
+        assert rec["provider_instance_id"] == row.provider_id
+        assert rec["registration_jwt"] == row.nonce
+    await h.reconcile()  # level-triggered: nothing more to do
+    assert len(h.live()) == 2
+
+
+async def test_gc_replaces_instances_that_never_register(h: Harness) -> None:
+    await h.reconcile()
+    first = set(h.live())
+    h.clock.advance(timedelta(minutes=4))
+    report = await gc_cycle(h.ctx, h.shard.ops)
+    assert report.dangling == []
+    h.clock.advance(timedelta(minutes=2))
+    report = await gc_cycle(h.ctx, h.shard.ops)
+    assert set(report.dangling) == first
+    assert report.groups == {KEY}
+    assert h.live() == {}
+    await h.reconcile()
+    assert len(h.live()) == 2
+    assert not first & set(h.live())
+
+
+async def test_registered_instances_are_not_dangling(h: Harness) -> None:
+    await h.reconcile()
+    with h.db.session() as session:
+        for row in repo.list_instances(session):
+            repo.mark_registered_atomically(
+                session,
+                nonce=row.nonce,
+                public_key_pem="k",
+                cert_serial=1,
+                cert_expires_at=h.clock.now(),
+                now=h.clock.now(),
+            )
+    h.clock.advance(timedelta(hours=1))
+    assert (await gc_cycle(h.ctx, h.shard.ops)).dangling == []
+
+
+async def test_stopped_vm_is_replaced_after_the_next_sync(h: Harness) -> None:
+    await h.reconcile()
+    victim_id, victim_pid = next(iter(h.live().items()))
+    h.sim.set_status(victim_pid, InstanceStatus.STOPPED)
+    report = await gc_cycle(h.ctx, h.shard.ops)
+    assert KEY in report.groups
+    await h.reconcile()
+    assert victim_id not in h.live()
+    assert len(h.live()) == 2
+    assert h.record(victim_id)["status"] == "deleted"  # type: ignore[index]
+
+
+async def test_vm_created_out_of_band_is_deleted_by_the_periodic_relist(h: Harness) -> None:
+    await h.reconcile()
+    stray = await h.sim.create_instance(
+        CreateRequest(
+            cluster_id="test",
+            shard="zone-a",
+            tenant="default",
+            group="web",
+            template="app",
+            kind="app",
+            instance_id="app06h0hk4z9hsr93qmg461rr6zrm",
+            instance_type="",
+            subnet_id="net-1",
+            arch="amd64",
+            userdata=b"",
+            idempotency_token="stray",
+            created_at=h.clock.now(),
+        )
+    )
+    report = await gc_cycle(h.ctx, h.shard.ops)
+    assert stray.instance_id not in h.live()
+    assert len(h.live()) == 2
+    assert report.groups == set()
+
+
+async def test_vm_gone_at_the_provider_is_replaced_after_the_grace(h: Harness) -> None:
+    await h.reconcile()
+    victim_id, victim_pid = next(iter(h.live().items()))
+    h.sim.vanish(victim_pid)
+    await gc_cycle(h.ctx, h.shard.ops)
+    assert victim_id in {r.id for r in h.rows()}  # listed late is not gone yet
+    h.clock.advance(timedelta(minutes=2))
+    await gc_cycle(h.ctx, h.shard.ops)
+    assert victim_id not in {r.id for r in h.rows()}
+    await h.reconcile()
+    assert len(h.live()) == 2
+
+
+async def test_deleted_records_are_purged_after_retention(h: Harness) -> None:
+    await h.reconcile()
+    ids = set(h.live())
+    await h.shard.upsert_group("default", "web", GroupUpdate(size=0))
+    await h.reconcile()
+    assert h.live() == {}
+    assert all(h.record(i) is not None for i in ids)
+    h.clock.advance(timedelta(minutes=29))
+    assert (await gc_cycle(h.ctx, h.shard.ops)).purged == []
+    h.clock.advance(timedelta(minutes=2))
+    report = await gc_cycle(h.ctx, h.shard.ops)
+    assert set(report.purged) == ids
+    assert all(h.record(i) is None for i in ids)
+
+
+async def test_rebuild_cache_from_records_after_losing_sqlite(h: Harness, tmp_path: Path) -> None:
+    await h.reconcile()
+    before = {r.id: r.provider_id for r in h.rows()}
+    h.db.close()
+    (tmp_path / "db" / "nstance.db").unlink()
+    h.db = h.ctx.db = open_database(tmp_path / "db" / "nstance.db")
+    groups = await rebuild_cache(h.ctx, h.shard.ops)
+    assert groups == {KEY}
+    assert {r.id: r.provider_id for r in h.rows()} == before
+    await h.reconcile()
+    assert len(h.live()) == 2  # nothing duplicated
+
+
+async def test_a_server_that_lost_leadership_does_not_touch_the_provider(h: Harness) -> None:
+    h.leader.leading = False
+    await h.reconcile()
+    assert h.sim.calls["create_instance"] == 0
+    with pytest.raises(Exception, match="no longer the shard leader"):
+        await gc_cycle(h.ctx, h.shard.ops)
