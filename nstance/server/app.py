@@ -34,7 +34,9 @@ from nstance.core.ratelimit import TokenBucket
 from nstance.db import repo
 from nstance.db.engine import Database, open_database
 from nstance.objectstore.base import ObjectStore
-from nstance.objectstore.factory import StorageScopes, open_scopes
+from nstance.objectstore.factory import StorageScopes, open_scopes, open_store
+from nstance.objectstore.file import FileObjectStore
+from nstance.objectstore.scoped import ScopedObjectStore
 from nstance.providers.factory import create_provider
 from nstance.rpc import operator_pb2_grpc
 from nstance.secrets.cluster_identity import (
@@ -178,6 +180,24 @@ class ServerApp:
             cluster_prefix=f"{prefix}cluster/",
         )
 
+    def _cluster_store(self, config: ServerConfig, scopes: StorageScopes) -> ObjectStore:
+        """The cluster scope: ``cluster/`` of the shard's bucket, or ``cluster.storage`` when set."""
+        storage = config.cluster.storage
+        if storage is None:
+            return scopes.cluster
+        if storage.provider == "gcs":
+            raise InvalidArgument('cluster.storage.provider: "gcs" is not supported yet; use "s3" or "file"')
+        prefix = storage.prefix
+        if storage.provider == "file":
+            return ScopedObjectStore(FileObjectStore(Path(storage.bucket).expanduser()), prefix)
+        opts: dict[str, str] = {}
+        if storage.region:
+            opts["region"] = storage.region
+        if storage.endpoint:
+            opts["endpoint"] = storage.endpoint
+        query = "&".join(f"{k}={v}" for k, v in opts.items())
+        return open_store(f"s3://{storage.bucket}/{prefix}" + (f"?{query}" if query else ""))
+
     async def _load_config(self, state: ConfigState, stop: asyncio.Event) -> ServerConfig | None:
         backoff = Backoff(base=1.0, cap=30.0)
         attempt = 0
@@ -269,8 +289,9 @@ class ServerApp:
             bind = _override_hosts(shard_cfg.bind.addrs(), opts.bind_host)
             advertise = _override_hosts(shard_cfg.advertise.addrs(), opts.advertise_host)
 
+            cluster_store = self._cluster_store(config, scopes)
             self._cluster_elector = Elector(
-                scopes.cluster,
+                cluster_store,
                 "leader.json",
                 elector_id=f"{opts.shard}-{opts.server_id}",
                 address=advertise["election_addr"],
@@ -282,7 +303,7 @@ class ServerApp:
             )
             electors.append(asyncio.create_task(self._cluster_elector.run(), name="cluster-election"))
 
-            identity = await self._cluster_identity(config, scopes.cluster, stop)
+            identity = await self._cluster_identity(config, cluster_store, stop)
             if identity is None:
                 return 0
             self._config_error = None
@@ -326,7 +347,7 @@ class ServerApp:
                     ca_pem=identity.ca.cert_pem,
                 ),
                 store=scopes.shard,
-                cluster_store=scopes.cluster,
+                cluster_store=cluster_store,
                 db=db,
                 config=state,
                 provider=provider,

@@ -32,26 +32,10 @@ from nstance.pki.keys import generate_private_key, private_key_to_pem
 from nstance.rpc import operator_pb2_grpc
 from nstance.secrets.cluster_identity import ClusterIdentity, ensure_cluster_identity
 from nstance.secrets.objectstorage import ObjectStorageSecretStore
-from nstance.server.provisioning import ShardIdentity
 
 ENCRYPTION_KEY = bytes(range(32))
 ENCRYPTION_KEY_B64 = base64.b64encode(ENCRYPTION_KEY).decode("ascii")
 ADDR_NAMES = ("health_addr", "election_addr", "registration_addr", "operator_addr", "agent_addr")
-
-
-def sample_shard_identity(ca_pem: bytes, *, cluster_id: str = "test", shard: str = "zone-a") -> ShardIdentity:
-    """A ShardIdentity for in-process tests (sim provider, made-up advertise addresses)."""
-    return ShardIdentity(
-        cluster_id=cluster_id,
-        shard=shard,
-        provider_kind="sim",
-        region="test",
-        zone=shard,
-        registration_addr="127.0.0.1:8992",
-        agent_addr="127.0.0.1:8994",
-        operator_addr="127.0.0.1:8993",
-        ca_pem=ca_pem,
-    )
 
 
 def free_port() -> int:

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
+from shard_helpers import sample_shard_identity
 
 from nstance.config import UserdataConfig, load_config_text, merged_group
 from nstance.config.merge import MergedGroupConfig
@@ -22,7 +23,7 @@ from nstance.pki.ca import create_ca
 from nstance.pki.keys import generate_private_key
 from nstance.pki.nonce import verify_nonce
 from nstance.server.provisioning import choose_subnet, prepare_instance, render_userdata
-from nstance.testing.shardproc import sample_shard_identity, server_addrs, shard_config
+from nstance.testing.shardproc import server_addrs, shard_config
 
 PAYLOADS: dict[str, bytes] = {
     "/plain": b"#!/bin/sh\necho {{ Instance.ID }} {{ .Vars.role }}\n",

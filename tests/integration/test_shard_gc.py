@@ -12,6 +12,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from shard_helpers import sample_shard_identity
 
 from nstance.config import GroupUpdate
 from nstance.core.clock import ManualClock
@@ -32,7 +33,7 @@ from nstance.server.metrics import Metrics
 from nstance.server.reconciler import Reconciler
 from nstance.server.recovery import rebuild_cache
 from nstance.server.shard import Shard
-from nstance.testing.shardproc import sample_shard_identity, server_addrs, shard_config
+from nstance.testing.shardproc import server_addrs, shard_config
 
 KEY = ("default", "web")
 

@@ -264,3 +264,18 @@ def test_crash_between_provider_create_and_record_update(env: Env, keep_cache: b
         assert vm["instance_id"] in {v["instance_id"] for v in live}
         assert records[vm["instance_id"]]["provider_instance_id"] == vm["provider_id"]
     assert len(env.vms()) == 3  # nothing else was ever launched
+
+
+def test_cluster_scope_in_a_separate_bucket(env: Env, tmp_path: Path) -> None:
+    other = LocalCluster(tmp_path / "cluster-bucket")
+    other.init()
+    config = shard_config(shard=SHARD, addrs=env.addrs, election=ELECTION)
+    config["cluster"]["storage"] = {"provider": "file", "bucket": str(other.bucket), "prefix": "cluster/"}
+    env.cluster.write_config(SHARD, config)
+    server = env.start("server-a")
+    server.wait_healthy()
+    wait_for(server.is_leader, what="leadership")
+    assert other.cluster.exists("leader.json")  # the cluster election runs in the cluster bucket
+    identity = other.operator_identity(tmp_path / "other-operator")
+    stub = other.operator_stub(identity, env.addrs["operator_addr"])
+    assert [g.key for g in stub.ListGroups(Empty(), timeout=10).groups] == ["web"]  # served with that CA

@@ -1,0 +1,20 @@
+"""Helpers for the in-process shard tests (not in nstance.testing: it must not import the server)."""
+
+from __future__ import annotations
+
+from nstance.server.provisioning import ShardIdentity
+
+
+def sample_shard_identity(ca_pem: bytes, *, cluster_id: str = "test", shard: str = "zone-a") -> ShardIdentity:
+    """A ShardIdentity for in-process tests (sim provider, made-up advertise addresses)."""
+    return ShardIdentity(
+        cluster_id=cluster_id,
+        shard=shard,
+        provider_kind="sim",
+        region="test",
+        zone=shard,
+        registration_addr="127.0.0.1:8992",
+        agent_addr="127.0.0.1:8994",
+        operator_addr="127.0.0.1:8993",
+        ca_pem=ca_pem,
+    )
