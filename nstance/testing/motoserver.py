@@ -8,13 +8,17 @@ terminates the process (then kills it if it does not exit).
 
 It uses only the standard library (subprocess, socket, urllib): it must not import moto, so nstance
 never depends on moto at runtime; moto has to be installed only where a server is actually started.
+
+The server handles one request at a time. ``moto_server`` itself serves requests on threads, and its
+S3 conditional writes check and store without a lock, so two concurrent ``If-None-Match: *`` PUTs
+could both succeed there - an emulator race that real S3 does not have. Serialising requests gives the
+contract suite the atomic conditional writes S3 documents.
 It must not be used to expose anything beyond 127.0.0.1.
 """
 
 from __future__ import annotations
 
 import contextlib
-import shutil
 import socket
 import subprocess
 import sys
@@ -22,7 +26,6 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 from typing import IO
 
 _LOG_TAIL_BYTES = 4000
@@ -35,15 +38,21 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def moto_server_command() -> list[str]:
-    """The command that runs ``moto_server``: the script beside this interpreter, on PATH, or ``-m``."""
-    beside = Path(sys.executable).parent / "moto_server"
-    if beside.exists():
-        return [str(beside)]
-    found = shutil.which("moto_server")
-    if found:
-        return [found]
-    return [sys.executable, "-m", "moto.server"]
+# Runs in the child process: moto's own WSGI app, served without threads (see the module docstring).
+_LAUNCHER = """
+import os, sys
+from werkzeug.serving import run_simple
+from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+host, port = sys.argv[1], int(sys.argv[2])
+os.environ.setdefault("MOTO_PORT", str(port))
+run_simple(host, port, DomainDispatcherApplication(create_backend_app), threaded=False,
+           request_handler=MotoRequestHandler)
+"""
+
+
+def moto_server_command(host: str, port: int) -> list[str]:
+    """The command that runs moto's server on ``host:port``, one request at a time."""
+    return [sys.executable, "-c", _LAUNCHER, host, str(port)]
 
 
 class MotoServer:
@@ -77,7 +86,7 @@ class MotoServer:
             self._port = free_port(self._host)
             self._log = tempfile.TemporaryFile()  # noqa: SIM115 (lives until stop())
             self._proc = subprocess.Popen(
-                [*moto_server_command(), "-H", self._host, "-p", str(self._port)],
+                moto_server_command(self._host, self._port),
                 stdin=subprocess.DEVNULL,
                 stdout=self._log,
                 stderr=subprocess.STDOUT,
