@@ -1,0 +1,224 @@
+"""The Operator API of a running nstance-server: watches, on-demand instances, refresh, renewal.
+
+One server process (sim provider) for the module; each test leaves the groups as it found them.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf.empty_pb2 import Empty
+
+from nstance.core.ids import new_instance_id
+from nstance.pki.keys import generate_private_key, private_key_to_pem, public_key_to_pem
+from nstance.rpc import operator_pb2, operator_pb2_grpc
+from nstance.testing.shardproc import LocalCluster, ServerProcess, free_port, server_addrs, shard_config
+
+pytestmark = pytest.mark.timeout(120)
+SHARD = "zone-a"
+
+
+class Server:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.cluster = LocalCluster(root / "bucket")
+        self.cluster.init()
+        self.addrs = server_addrs()
+        self.config = shard_config(
+            shard=SHARD,
+            addrs=self.addrs,
+            provider_options={"latency": "5ms"},
+            groups={
+                "web": {"template": "app", "size": 0},
+                "jobs": {"template": "app", "size": 0},
+                "idle": {"template": "app", "size": 0},
+            },
+        )
+        self.cluster.write_config(SHARD, self.config)
+        self.identity = self.cluster.operator_identity(root / "operator")
+        self.process = ServerProcess(
+            server_id="s1",
+            shard=SHARD,
+            bucket=self.cluster.bucket,
+            cachedir=root / "cache",
+            health_addr=f"127.0.0.1:{free_port()}",
+            log_path=root / "server.log",
+        ).start()
+        self.process.wait_healthy()
+        deadline = time.monotonic() + 20
+        while not self.process.is_leader():
+            assert time.monotonic() < deadline, "server never led"
+            time.sleep(0.05)
+        self.stub = self.cluster.operator_stub(self.identity, self.addrs["operator_addr"])
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    s = Server(tmp_path_factory.mktemp("operator-api"))
+    yield s
+    s.process.stop()
+
+
+def watch(call: Any) -> tuple[queue.Queue[Any], Callable[[], None]]:
+    """Read a server stream on a thread into a queue; returns the queue and a cancel function."""
+    q: queue.Queue[Any] = queue.Queue()
+
+    def pump() -> None:
+        try:
+            for event in call:
+                q.put(event)
+        except grpc.RpcError as exc:
+            q.put(exc)
+
+    threading.Thread(target=pump, daemon=True).start()
+    return q, call.cancel
+
+
+def take_until(q: queue.Queue[Any], done: Callable[[list[Any]], bool], timeout: float = 15) -> list[Any]:
+    got: list[Any] = []
+    deadline = time.monotonic() + timeout
+    while not done(got):
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"stream did not deliver in time; got {got}"
+        try:
+            item = q.get(timeout=remaining)
+        except queue.Empty:
+            continue
+        assert not isinstance(item, grpc.RpcError), item
+        got.append(item)
+    return got
+
+
+def scale(stub: operator_pb2_grpc.OperatorServiceStub, key: str, size: int) -> None:
+    stub.UpsertGroup(
+        operator_pb2.UpsertGroupRequest(key=key, config=operator_pb2.GroupConfig(size=size)), timeout=10
+    )
+
+
+def wait_size(stub: operator_pb2_grpc.OperatorServiceStub, key: str, size: int) -> operator_pb2.GroupStatus:
+    deadline = time.monotonic() + 20
+    while True:
+        for g in stub.ListGroups(Empty(), timeout=10).groups:
+            if g.key == key and g.actual_size == size:
+                found: operator_pb2.GroupStatus = g
+                return found
+        assert time.monotonic() < deadline, f"{key} never reached {size}"
+        time.sleep(0.05)
+
+
+def test_two_instance_watchers_both_see_deletions(server: Server) -> None:
+    stub = server.stub
+    scale(stub, "web", 2)
+    created = wait_size(stub, "web", 2)
+    first, cancel_first = watch(stub.WatchInstances(Empty()))
+    second, cancel_second = watch(stub.WatchInstances(Empty()))
+    time.sleep(0.3)  # both subscribed
+    scale(stub, "web", 0)
+    wait_size(stub, "web", 0)
+    for q in (first, second):
+        events = take_until(q, lambda got: sum(e.status == "deleted" for e in got) >= 2)
+        deleted = {e.provider_instance_id for e in events if e.status == "deleted"}
+        assert deleted == set(created.provider_ids)
+        assert all(e.reason == "scale-down" for e in events)
+    cancel_first()
+    cancel_second()
+
+
+def test_watch_groups_sends_a_snapshot_then_changes(server: Server) -> None:
+    q, cancel = watch(server.stub.WatchGroups(Empty()))
+    snapshot = take_until(q, lambda got: len(got) >= 3)
+    assert {e.group.key for e in snapshot} == {"web", "jobs", "idle"}
+    assert all(e.type == operator_pb2.GroupEvent.TYPE_UPSERT for e in snapshot)
+    scale(server.stub, "jobs", 1)
+    change = take_until(q, lambda got: any(e.group.size == 1 for e in got))
+    assert change[-1].group.key == "jobs"
+    cancel()
+    scale(server.stub, "jobs", 0)
+    wait_size(server.stub, "jobs", 0)
+
+
+def test_on_demand_instance_is_idempotent_not_counted_and_deletable(server: Server) -> None:
+    stub = server.stub
+    iid = str(new_instance_id("app"))
+    request = operator_pb2.CreateInstanceRequest(
+        instance_id=iid, config=operator_pb2.InstanceConfig(group="web")
+    )
+    first = stub.CreateInstance(request, timeout=10)
+    again = stub.CreateInstance(request, timeout=10)
+    assert first.instance_id == again.instance_id == iid
+    status = stub.GetInstanceStatus(operator_pb2.GetInstanceStatusRequest(instance_id=iid), timeout=10)
+    assert status.tenant == "default"
+    assert status.provider_instance_id
+    assert wait_size(stub, "web", 0).actual_size == 0  # on-demand instances are not counted
+
+    with pytest.raises(grpc.RpcError) as err:
+        stub.CreateInstance(
+            operator_pb2.CreateInstanceRequest(
+                instance_id=str(new_instance_id("knc")), config=operator_pb2.InstanceConfig(group="web")
+            ),
+            timeout=10,
+        )
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert 'kind "app"' in (err.value.details() or "")
+
+    deleted = stub.DeleteInstance(operator_pb2.DeleteInstanceRequest(instance_id=iid), timeout=10)
+    assert deleted.status == "deleted"
+    assert (
+        stub.DeleteInstance(operator_pb2.DeleteInstanceRequest(instance_id=iid), timeout=10).status
+        == "deleted"
+    )
+    unknown = str(new_instance_id("app"))
+    assert (
+        stub.DeleteInstance(operator_pb2.DeleteInstanceRequest(instance_id=unknown), timeout=10).status
+        == "unknown"
+    )
+    with pytest.raises(grpc.RpcError) as missing:
+        stub.GetInstanceStatus(operator_pb2.GetInstanceStatusRequest(instance_id=unknown), timeout=10)
+    assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_refresh_config_reloads_and_reports_removed_groups(server: Server) -> None:
+    stub = server.stub
+    q, cancel = watch(stub.WatchGroups(Empty()))
+    take_until(q, lambda got: len(got) >= 3)  # snapshot
+    before = stub.GetConfigStatus(Empty(), timeout=10).etag
+    config = json.loads(json.dumps(server.config))
+    config["groups"]["default"]["extra"] = {"template": "app", "size": 0}
+    del config["groups"]["default"]["idle"]  # never given a dynamic entry, so it disappears
+    server.cluster.write_config(SHARD, config)
+    result = stub.RefreshConfig(Empty(), timeout=10)
+    assert result.updated
+    assert result.prev_etag == before
+    assert result.etag != before
+    events = take_until(q, lambda got: len(got) >= 2)
+    kinds = {(e.group.key, e.type) for e in events}
+    assert ("extra", operator_pb2.GroupEvent.TYPE_UPSERT) in kinds
+    assert ("idle", operator_pb2.GroupEvent.TYPE_DELETE) in kinds
+    assert stub.RefreshConfig(Empty(), timeout=10).updated is False
+    cancel()
+    server.cluster.write_config(SHARD, server.config)
+    stub.RefreshConfig(Empty(), timeout=10)
+
+
+def test_renew_certificate_issues_a_working_certificate_for_a_new_key(server: Server, tmp_path: Path) -> None:
+    key = generate_private_key("ecdsa-p256")
+    response = server.stub.RenewCertificate(
+        operator_pb2.RenewCertificateRequest(public_key_pem=public_key_to_pem(key.public_key())), timeout=10
+    )
+    renewed = tmp_path / "renewed"
+    renewed.mkdir()
+    (renewed / "ca.crt").write_bytes((server.identity / "ca.crt").read_bytes())
+    (renewed / "identity.key").write_bytes(private_key_to_pem(key))
+    (renewed / "identity.crt").write_bytes(response.client_certificate_pem)
+    stub = server.cluster.operator_stub(renewed, server.addrs["operator_addr"])
+    assert {g.key for g in stub.ListGroups(Empty(), timeout=10).groups} >= {"web"}
+    record = server.cluster.cluster.get("operator/default.test.json")[0]
+    assert json.loads(record)["public_key"] == public_key_to_pem(key.public_key()).decode()
