@@ -279,3 +279,22 @@ def test_cluster_scope_in_a_separate_bucket(env: Env, tmp_path: Path) -> None:
     identity = other.operator_identity(tmp_path / "other-operator")
     stub = other.operator_stub(identity, env.addrs["operator_addr"])
     assert [g.key for g in stub.ListGroups(Empty(), timeout=10).groups] == ["web"]  # served with that CA
+
+
+def test_bad_config_is_reported_on_health_and_retried_until_fixed(env: Env) -> None:
+    env.configure()
+    good = env.cluster.shard_store(SHARD).get("config.jsonc")[0]
+    bad = json.loads(good)
+    bad["shard"]["leader_election"]["leader_timeout"] = "100ms"  # must exceed frequent_interval
+    env.cluster.write_config(SHARD, bad)
+    server = env.start("server-a")
+
+    def reported() -> bool:
+        code, body = server.http("/health")
+        return code == 503 and "shard.leader_election.leader_timeout" in body
+
+    wait_for(reported, what="the config error on /health")
+    assert server.http("/leader/health")[0] == 503
+    assert any("shard.leader_election.leader_timeout" in e["msg"] for e in server.log_entries())
+    env.cluster.shard_store(SHARD).put("config.jsonc", good)
+    assert server.wait_healthy(timeout=30).startswith("ok")  # picked up by the retry, no restart
