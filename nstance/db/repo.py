@@ -275,15 +275,15 @@ def start_drain(
 
 
 def acknowledge_drain(session: Session, instance_id: str, *, now: datetime) -> bool:
-    """Record the operator's drain acknowledgement (also ends drains never started, e.g. deletes)."""
+    """Record the operator's drain acknowledgement; False unless the instance is being drained."""
     statement = (
         update(Instance)
-        .where(Instance.id == instance_id, Instance.deleted_at.is_(None))
-        .values(
-            drain_acked_at=now,
-            drain_started_at=func.coalesce(Instance.drain_started_at, now),
-            updated_at=now,
+        .where(
+            Instance.id == instance_id,
+            Instance.deleted_at.is_(None),
+            Instance.drain_started_at.is_not(None),
         )
+        .values(drain_acked_at=now, updated_at=now)
     )
     return _rowcount(session, statement) == 1
 

@@ -378,6 +378,11 @@ class Shard:
                 raise NotFound(f"instance {instance_id!r} does not exist in this shard")
             if row.deleted_at is not None:
                 return
+            if row.drain_started_at is None:
+                raise FailedPrecondition(
+                    f"instance {instance_id!r} is not being drained; there is nothing to acknowledge "
+                    "(use DeleteInstance to remove it)"
+                )
             repo.acknowledge_drain(session, instance_id, now=self.ctx.clock.now())
         if row.on_demand:
             await self.ops.delete(row, "drain-acknowledged")

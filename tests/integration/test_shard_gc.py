@@ -16,6 +16,7 @@ from shard_helpers import sample_shard_identity
 
 from nstance.config import GroupUpdate
 from nstance.core.clock import ManualClock
+from nstance.core.errors import FailedPrecondition
 from nstance.core.ratelimit import TokenBucket
 from nstance.db import repo
 from nstance.db.engine import Database, open_database
@@ -54,18 +55,19 @@ async def no_sleep(_: float) -> None:
 
 
 class Harness:
-    def __init__(self, tmp_path: Path, size: int) -> None:
+    def __init__(self, tmp_path: Path, size: int, drain_timeout: str = "0s") -> None:
         self.clock = ManualClock()
         self.store = MemoryObjectStore()
         config = shard_config(
             addrs=server_addrs(),
             groups={"web": {"template": "app", "size": size}},
             shard_extra={
+                "default_drain_timeout": drain_timeout,
                 "garbage_collection": {
                     "interval": "1m",
                     "registration_timeout": "5m",
                     "deleted_record_retention": "30m",
-                }
+                },
             },
         )
         self.store.put("config.jsonc", json.dumps(config).encode())
@@ -251,3 +253,44 @@ async def test_a_server_that_lost_leadership_does_not_touch_the_provider(h: Harn
     assert h.sim.calls["create_instance"] == 0
     with pytest.raises(Exception, match="no longer the shard leader"):
         await gc_cycle(h.ctx, h.shard.ops)
+
+
+def register_all(h: Harness) -> None:
+    with h.db.session() as session:
+        for row in repo.list_instances(session):
+            repo.mark_registered_atomically(
+                session,
+                nonce=row.nonce,
+                public_key_pem="k",
+                cert_serial=1,
+                cert_expires_at=h.clock.now(),
+                now=h.clock.now(),
+            )
+
+
+async def test_scale_down_drains_registered_instances_until_ack_or_deadline(tmp_path: Path) -> None:
+    h = Harness(tmp_path, size=3, drain_timeout="5m")
+    await h.reconcile()
+    register_all(h)
+    ids = sorted(h.live())
+    async with h.ctx.events.instances.subscribe("default") as live:
+        await h.shard.upsert_group("default", "web", GroupUpdate(size=1))
+        await h.reconcile()
+        notices = [await anext(live) for _ in range(2)]
+    assert {n.status for n in notices} == {"pending_deletion"}
+    assert {n.delete_at for n in notices} == {h.clock.now() + timedelta(minutes=5)}
+    draining = {n.instance_id for n in notices}
+    assert len(h.live()) == 3  # nothing deleted before the operator drained the nodes
+    assert {v.instance_id for v, _, _ in h.shard.draining_instances("default")} == draining
+
+    keeper = (set(ids) - draining).pop()
+    with pytest.raises(FailedPrecondition, match="not being drained"):
+        await h.shard.acknowledge_drained("default", keeper)
+    acked, waiting = sorted(draining)
+    await h.shard.acknowledge_drained("default", acked)
+    await h.reconcile()
+    assert set(h.live()) == {keeper, waiting}
+    h.clock.advance(timedelta(minutes=5, seconds=1))
+    await h.reconcile()
+    assert set(h.live()) == {keeper}
+    h.db.close()
