@@ -16,7 +16,7 @@ import enum
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from sqlalchemy import Executable, case, delete, func, or_, select, update
+from sqlalchemy import Executable, Table, bindparam, case, delete, func, or_, select, update
 from sqlalchemy.dialects.sqlite import insert
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.exc import IntegrityError
@@ -34,6 +34,8 @@ from nstance.db.models import (
     PublicKey,
     RevokedCert,
 )
+
+_INSTANCES: Table = Instance.__table__  # type: ignore[assignment]  # Core statements for the batch paths
 
 
 def _rowcount(session: Session, statement: Executable) -> int:
@@ -243,6 +245,100 @@ def list_instances(session: Session, *, include_deleted: bool = False) -> list[I
     if not include_deleted:
         statement = statement.where(Instance.deleted_at.is_(None))
     return list(session.scalars(statement.order_by(Instance.created_at.asc(), Instance.id.asc())))
+
+
+def insert_instances(session: Session, rows: list[dict[str, Any]], *, now: datetime) -> None:
+    """Record many new instances (state ``pending``) in one statement - the create path's batch intent.
+
+    Each dict holds ``insert_instance``'s keyword arguments (without ``now``). Raises AlreadyExists,
+    inserting none of them, if any id, nonce or idempotency token is taken.
+    """
+    if not rows:
+        return
+    values = [
+        {
+            "on_demand": False,
+            "template": None,
+            "subnet_id": None,
+            "instance_type": None,
+            "infra_config_hash": None,
+            "idempotency_token": None,
+            "issued_at": None,
+            **row,
+            "id": row["instance_id"],
+            "group_key": row["group_key"],
+            "record_state": RECORD_PENDING,
+            "created_at": now,
+            "updated_at": now,
+        }
+        for row in rows
+    ]
+    for value in values:
+        value.pop("instance_id", None)
+    try:
+        with session.begin_nested():
+            session.execute(_INSTANCES.insert(), values)
+    except IntegrityError as exc:
+        raise AlreadyExists(
+            "an instance id, nonce or idempotency token of this batch is already recorded"
+        ) from exc
+
+
+def set_provider_details_many(session: Session, items: list[dict[str, Any]], *, now: datetime) -> None:
+    """``set_provider_details`` for many instances as one executemany UPDATE.
+
+    Each item has ``instance_id`` and ``provider_id`` and optionally ``provider_status``, ``hostname``,
+    ``fqdn``, ``ip4``, ``ip6`` (None keeps the stored value). Unknown ids are ignored.
+    """
+    if not items:
+        return
+    optional = ("provider_status", "hostname", "fqdn", "ip4", "ip6")
+    c = _INSTANCES.c
+    statement = (
+        _INSTANCES.update()
+        .where(c.id == bindparam("b_id"))
+        .values(
+            provider_id=bindparam("b_provider_id"),
+            provider_at=now,
+            record_state=RECORD_PROVISIONED,
+            updated_at=now,
+            **{name: func.coalesce(bindparam(f"b_{name}"), c[name]) for name in optional},
+        )
+    )
+    rows = [
+        {
+            "b_id": item["instance_id"],
+            "b_provider_id": item["provider_id"],
+            **{f"b_{name}": item.get(name) for name in optional},
+        }
+        for item in items
+    ]
+    session.execute(statement, rows)
+
+
+def count_instances(session: Session) -> dict[tuple[str, str, str], int]:
+    """Live instances counted by (tenant, group, state) with one aggregate query (for metrics)."""
+    state = case(
+        (Instance.drain_started_at.is_not(None), "draining"),
+        (Instance.record_state == RECORD_FAILED, "failed"),
+        else_=func.coalesce(Instance.provider_status, "pending"),
+    )
+    statement = (
+        select(Instance.tenant, Instance.group_key, state, func.count())
+        .where(Instance.deleted_at.is_(None))
+        .group_by(Instance.tenant, Instance.group_key, state)
+    )
+    return {(t, g, str(st)): int(n) for t, g, st, n in session.execute(statement).all()}
+
+
+def groups_with_managed_instances(session: Session) -> set[tuple[str, str]]:
+    """(tenant, group) of every group that still has a live managed instance."""
+    statement = (
+        select(Instance.tenant, Instance.group_key)
+        .where(Instance.deleted_at.is_(None), Instance.on_demand.is_(False))
+        .distinct()
+    )
+    return {(t, g) for t, g in session.execute(statement).all()}
 
 
 def mark_create_failed(session: Session, instance_id: str, *, now: datetime) -> bool:

@@ -1,7 +1,8 @@
 """The ``sim`` provider: an in-memory, seeded, fault-injecting imitation of a cloud's VM API.
 
 It behaves the way EC2 does where that matters to a control plane: token buckets that refuse calls
-(``ProviderThrottled``, like ``RequestLimitExceeded``) instead of queueing them, idempotent creates per
+(``ProviderThrottled``, like ``RequestLimitExceeded``) instead of queueing them - charged when a call
+arrives, before its latency - idempotent creates per
 client token, a window after a create in which the new VM is not yet visible (eventual consistency),
 boot time (``pending`` then ``running``), per-call latency, and injected failures, including failures
 that happen *after* the cloud acted (a timed-out create that launched the VM anyway). Everything random
@@ -247,9 +248,15 @@ class SimProvider:
     # ---- the Provider protocol -------------------------------------------------------------
 
     async def create_instance(self, request: CreateRequest) -> ProviderInstance:
+        token = request.idempotency_token
+        # Buckets are charged when the request arrives, before its latency, as a cloud counts requests.
+        with self._shared_state(exclusive=False):
+            known = bool(token) and token in self._by_token
+        if not known:
+            self._take(self._request_bucket, "request")
+            self._take(self._instance_bucket, "instance")
         late = await self._begin("create_instance")
         with self._shared_state(exclusive=True):
-            token = request.idempotency_token
             existing = self._by_token.get(token) if token else None
             if existing is not None:
                 record = self._records[existing]
@@ -259,8 +266,6 @@ class SimProvider:
                         f"{record.instance_id} ({record.provider_id}); a new instance needs a new token"
                     )
             else:
-                self._take(self._request_bucket, "request")
-                self._take(self._instance_bucket, "instance")
                 record = self._launch(request)
             self._end(late)
             return self._to_instance(record, self._clock.now())

@@ -19,6 +19,7 @@ import os
 import signal
 import sys
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -62,6 +63,8 @@ from nstance.server.tls import advertised_hosts, server_credentials
 log = logging.getLogger("nstance.server")
 
 DEFAULT_HEALTH_ADDR = ":8990"
+#: Worker threads for blocking I/O (object storage, userdata fetches).
+IO_THREADS = 64
 
 
 @dataclass(frozen=True)
@@ -269,6 +272,11 @@ class ServerApp:
 
     async def run(self, stop: asyncio.Event) -> int:
         opts = self.opts
+        # Object-storage calls run in worker threads; S3 round trips take tens of milliseconds, so the
+        # default pool (cores + 4) would cap a burst of creates at a few hundred record writes a second.
+        asyncio.get_running_loop().set_default_executor(
+            ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix="nstance-io")
+        )
         scopes = self._scopes()
         opts.cachedir.mkdir(parents=True, exist_ok=True)
         db: Database = await asyncio.to_thread(open_database, opts.cachedir / "db" / "nstance.db")

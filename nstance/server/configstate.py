@@ -156,6 +156,32 @@ def _merge_all(
     return merged
 
 
+def _merge_changed(
+    snap: ConfigSnapshot, dynamic: DynamicGroups, groups_source: str
+) -> dict[GroupKey, MergedGroupConfig]:
+    """``_merge_all`` for a new dynamic document, re-merging only the groups whose entry changed."""
+    touched: set[GroupKey] = set()
+    for tenant in set(snap.dynamic) | set(dynamic):
+        old_groups, new_groups = snap.dynamic.get(tenant, {}), dynamic.get(tenant, {})
+        for group in set(old_groups) | set(new_groups):
+            if old_groups.get(group) != new_groups.get(group):
+                touched.add((tenant, group))
+    merged = dict(snap.merged_groups)
+    problems: list[Problem] = []
+    for tenant, group in touched:
+        static = snap.config.groups.get(tenant, {}).get(group)
+        if static is None and group not in dynamic.get(tenant, {}):
+            merged.pop((tenant, group), None)
+            continue
+        try:
+            merged[(tenant, group)] = merged_group(snap.config, dynamic, tenant, group)
+        except (FailedPrecondition, NotFound) as exc:
+            problems.append(Problem(join_path(tenant, group), str(exc)))
+    if problems:
+        raise ConfigError(groups_source, problems)
+    return merged
+
+
 def _diff(
     old: Mapping[GroupKey, MergedGroupConfig], new: Mapping[GroupKey, MergedGroupConfig]
 ) -> tuple[frozenset[GroupKey], frozenset[GroupKey]]:
@@ -354,7 +380,7 @@ class ConfigState:
                 raise FailedPrecondition(
                     "the shard config has not been loaded yet; load it before editing groups"
                 )
-            merged = _merge_all(snap.config, dynamic, f"{self._where}{GROUPS_KEY}")
+            merged = _merge_changed(snap, dynamic, f"{self._where}{GROUPS_KEY}")
             new = replace(
                 snap,
                 dynamic=dynamic,

@@ -42,7 +42,11 @@ def read_dynamic_groups(store: ObjectStore) -> tuple[DynamicGroups, str | None]:
 
 
 def edit_dynamic_groups(
-    store: ObjectStore, edit: Callable[[DynamicGroups], DynamicGroups], *, attempts: int = EDIT_ATTEMPTS
+    store: ObjectStore,
+    edit: Callable[[DynamicGroups], DynamicGroups],
+    *,
+    attempts: int = EDIT_ATTEMPTS,
+    known: tuple[DynamicGroups, str | None] | None = None,
 ) -> tuple[DynamicGroups, str]:
     """Apply ``edit`` to the stored dynamic groups atomically; return the groups written and their ETag.
 
@@ -50,9 +54,15 @@ def edit_dynamic_groups(
     refuse the change, in which case nothing is written and its error propagates. An edit that changes
     nothing writes nothing. Raises Unavailable
     when ``attempts`` writes in a row lost to concurrent writers.
+
+    ``known`` is a ``(groups, etag)`` the caller believes current (the server's loaded snapshot): the
+    first attempt starts from it without reading, and the conditional write catches a stale guess.
     """
-    for _ in range(max(1, attempts)):
-        current, etag = read_dynamic_groups(store)
+    for attempt in range(max(1, attempts)):
+        if attempt == 0 and known is not None and known[1] is not None:
+            current, etag = known
+        else:
+            current, etag = read_dynamic_groups(store)
         updated = edit(current)
         if etag is not None and updated == current:
             return current, etag  # nothing to change: no write, the ETag stays valid

@@ -13,9 +13,11 @@ Deciding *which* instance to create or delete is not done here (``nstance.core.p
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from nstance.config import MergedGroupConfig
@@ -24,6 +26,7 @@ from nstance.core.errors import AlreadyExists, NstanceError, Unavailable
 from nstance.core.plan import Member
 from nstance.db import repo
 from nstance.db.models import RECORD_FAILED, Instance
+from nstance.objectstore.base import PreconditionFailed
 from nstance.providers.base import (
     UNHEALTHY_STATUSES,
     InstanceStatus,
@@ -88,6 +91,12 @@ class InstanceOps:
         #: Instance ids whose provider create is in flight (GC and re-list must not touch them).
         self.in_flight: set[str] = set()
         self._capacity_ok: dict[str, float] = {}
+        self._capacity_checks: dict[str, asyncio.Future[bool]] = {}
+        self._adopt_queue: list[tuple[str, ProviderInstance, asyncio.Future[None]]] = []
+        self._adopt_task: asyncio.Task[None] | None = None
+        # One thread for the batch cache writes: SQLite has one writer anyway, and the event loop keeps
+        # serving provider completions while a batch is written.
+        self._db_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nstance-db")
 
     async def _has_capacity(self, subnet_id: str) -> bool:
         """Subnet capacity, asking the provider at most once per ``CAPACITY_TTL`` while it has room.
@@ -99,7 +108,20 @@ class InstanceOps:
         checked = self._capacity_ok.get(subnet_id)
         if checked is not None and now - checked < CAPACITY_TTL:
             return True
-        ok = await self._ctx.provider.check_subnet_capacity(subnet_id)
+        pending = self._capacity_checks.get(subnet_id)
+        if pending is not None:  # one provider read answers every create waiting on it
+            return await asyncio.shield(pending)
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._capacity_checks[subnet_id] = future
+        try:
+            ok = await self._ctx.provider.check_subnet_capacity(subnet_id)
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved: waiters re-raise it, nobody else must
+            raise
+        finally:
+            self._capacity_checks.pop(subnet_id, None)
+        future.set_result(ok)
         if ok:
             self._capacity_ok[subnet_id] = now
         else:
@@ -112,86 +134,161 @@ class InstanceOps:
         self, merged: MergedGroupConfig, *, on_demand: bool = False, instance_id: str = ""
     ) -> Created:
         """Create one instance of ``merged``; see the module docstring for the crash-safe ordering."""
+        result = (await self.create_many(merged, 1, on_demand=on_demand, instance_id=instance_id))[0]
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    async def create_many(
+        self, merged: MergedGroupConfig, count: int, *, on_demand: bool = False, instance_id: str = ""
+    ) -> list[Created | BaseException]:
+        """Create ``count`` instances of ``merged``, pipelined in batches; one result per instance.
+
+        Intent is written for a batch at a time (one SQLite transaction, records in parallel), and at
+        most two batches are prepared ahead of the provider calls, so the first VM is asked for
+        promptly and the cache work is spread over the run instead of blocking the loop up front.
+        """
+        ctx = self._ctx
+        batch = max(1, ctx.limiter.max_concurrent)
+        window = asyncio.Semaphore(2 * batch)
+        launches: list[asyncio.Task[Created]] = []
+        failures: list[BaseException] = []
+        remaining = count
+        ramp = 4  # small first batches: the first provider call goes out after a few intents, not 64
+        while remaining > 0:
+            size = min(batch, remaining, ramp)
+            ramp *= 2
+            remaining -= size
+            for _ in range(size):
+                await window.acquire()
+            try:
+                ready = await self._write_intent(merged, size, on_demand=on_demand, instance_id=instance_id)
+            except Exception as exc:  # noqa: BLE001 - reported per instance to the caller
+                for _ in range(size):
+                    window.release()
+                failures.extend([exc] * size)
+                continue
+            for _ in range(size - len(ready)):
+                window.release()
+            for prepared, etag, record in ready:
+                launches.append(asyncio.create_task(self._launch(merged, prepared, etag, record, window)))
+        results: list[Created | BaseException] = list(await asyncio.gather(*launches, return_exceptions=True))
+        return results + failures
+
+    async def _write_intent(
+        self, merged: MergedGroupConfig, size: int, *, on_demand: bool, instance_id: str
+    ) -> list[tuple[PreparedInstance, str, records.InstanceRecord]]:
+        """Prepare ``size`` instances and record the intent for all of them (row + pending record)."""
         ctx = self._ctx
         ctx.fence()
         snapshot = ctx.config.snapshot()
         if snapshot is None:
             raise Unavailable("the shard config is not loaded yet")
         shard_cfg = snapshot.config.shard
-        prepared = await prepare_instance(
-            merged,
-            shard=ctx.identity,
-            nonce_key=ctx.nonce_key,
-            has_capacity=self._has_capacity,
-            subnet_pools={k: list(v) for k, v in shard_cfg.subnet_pools.items()},
-            registration_timeout=shard_cfg.garbage_collection.registration_timeout,
-            clock=ctx.clock,
-            on_demand=on_demand,
-            instance_id=instance_id,
+        pools = {k: list(v) for k, v in shard_cfg.subnet_pools.items()}
+        prepared_list = await asyncio.gather(
+            *(
+                prepare_instance(
+                    merged,
+                    shard=ctx.identity,
+                    nonce_key=ctx.nonce_key,
+                    has_capacity=self._has_capacity,
+                    subnet_pools=pools,
+                    registration_timeout=shard_cfg.garbage_collection.registration_timeout,
+                    clock=ctx.clock,
+                    on_demand=on_demand,
+                    instance_id=instance_id,
+                )
+                for _ in range(size)
+            )
         )
-        request = prepared.request
-        iid = request.instance_id
-        if iid in self.in_flight:
-            raise AlreadyExists(f"instance {iid} is already being created")
-        self.in_flight.add(iid)
-        try:
-            return await self._create_prepared(merged, prepared, on_demand=on_demand)
-        finally:
-            self.in_flight.discard(iid)
-
-    async def _create_prepared(
-        self, merged: MergedGroupConfig, prepared: PreparedInstance, *, on_demand: bool
-    ) -> Created:
-        ctx = self._ctx
-        request = prepared.request
-        iid = request.instance_id
+        ids = [p.request.instance_id for p in prepared_list]
+        busy = [iid for iid in ids if iid in self.in_flight]
+        if busy:
+            raise AlreadyExists(f"instance {busy[0]} is already being created")
         now = ctx.clock.now()
         ctx.fence()
-        with ctx.db.session() as session:
-            repo.insert_instance(
-                session,
-                instance_id=iid,
+        rows = [
+            {
+                "instance_id": p.request.instance_id,
+                "tenant": merged.tenant,
+                "group_key": merged.group,
+                "kind": merged.kind,
+                "template": merged.template,
+                "nonce": p.nonce,
+                "on_demand": on_demand,
+                "subnet_id": p.request.subnet_id,
+                "instance_type": p.request.instance_type,
+                "infra_config_hash": p.infra_hash,
+                "idempotency_token": p.request.idempotency_token,
+                "issued_at": now,
+            }
+            for p in prepared_list
+        ]
+        await asyncio.get_running_loop().run_in_executor(self._db_writer, self._insert_rows, rows, now)
+        self.in_flight.update(ids)
+        config_doc = records.config_document(merged)
+        recs = [
+            records.InstanceRecord(
+                instance_id=p.request.instance_id,
                 tenant=merged.tenant,
-                group_key=merged.group,
-                kind=merged.kind,
-                template=merged.template,
-                nonce=prepared.nonce,
-                now=now,
+                group=merged.group,
                 on_demand=on_demand,
-                subnet_id=request.subnet_id,
-                instance_type=request.instance_type,
-                infra_config_hash=prepared.infra_hash,
-                idempotency_token=request.idempotency_token,
-                issued_at=now,
+                subnet_id=p.request.subnet_id,
+                instance_type=p.request.instance_type,
+                status="pending",
+                created_at=now,
+                last_updated=now,
+                registration_jwt=p.nonce,
+                config=config_doc,
+                tags=dict(p.request.tags),
+                infra_config_hash=p.infra_hash,
             )
-        record = records.InstanceRecord(
-            instance_id=iid,
-            tenant=merged.tenant,
-            group=merged.group,
-            on_demand=on_demand,
-            subnet_id=request.subnet_id,
-            instance_type=request.instance_type,
-            status="pending",
-            created_at=now,
-            last_updated=now,
-            registration_jwt=prepared.nonce,
-            config=records.config_document(merged),
-            tags=dict(request.tags),
-            infra_config_hash=prepared.infra_hash,
+            for p in prepared_list
+        ]
+        etags = await asyncio.gather(
+            *(asyncio.to_thread(records.write_record, ctx.store, r, create_only=True) for r in recs),
+            return_exceptions=True,
         )
-        try:
-            await asyncio.to_thread(records.write_record, ctx.store, record)
-        except BaseException:
+        ready: list[tuple[PreparedInstance, str, records.InstanceRecord]] = []
+        unwritten: list[str] = []
+        for p, etag, r in zip(prepared_list, etags, recs, strict=True):
+            if isinstance(etag, BaseException):
+                unwritten.append(p.request.instance_id)
+                log.warning("instance %s: intent record not written: %s", p.request.instance_id, etag)
+            else:
+                ready.append((p, etag, r))
+        if unwritten:
             with ctx.db.session() as session:
-                repo.soft_delete(session, iid, now=ctx.clock.now())
-            raise
+                for iid in unwritten:
+                    repo.soft_delete(session, iid, now=ctx.clock.now())
+            self.in_flight.difference_update(unwritten)
+            if not ready:
+                raise Unavailable(f"cannot write instance records: {etags[0]}")
+        return ready
+
+    async def _launch(
+        self,
+        merged: MergedGroupConfig,
+        prepared: PreparedInstance,
+        etag: str,
+        record: records.InstanceRecord,
+        window: asyncio.Semaphore,
+    ) -> Created:
+        """Provider create for one recorded intent, then the provider id into record and cache."""
+        ctx = self._ctx
+        iid = prepared.request.instance_id
         try:
-            vm = await self._provider_create(request)
+            try:
+                vm = await self._provider_create(prepared.request)
+            finally:
+                window.release()
         except BaseException as exc:
+            self.in_flight.discard(iid)
             await self._create_failed(merged.tenant, merged.group, iid, exc)
             raise
         fault_point("after-provider-create")
-        await self._record_provider(merged.tenant, iid, vm)
+        await self._record_provider(record, etag, vm)
         ctx.metrics.record_provider_create()
         return Created(iid, vm.status.value)
 
@@ -229,28 +326,92 @@ class InstanceOps:
         except NstanceError as record_exc:
             log.warning("instance %s: cannot mark its record failed: %s", iid, record_exc)
 
-    async def _record_provider(self, tenant: str, iid: str, vm: ProviderInstance) -> None:
+    async def _record_provider(self, record: records.InstanceRecord, etag: str, vm: ProviderInstance) -> None:
+        """Write the provider id into the record (If-Match on the intent's ETag), then into the cache."""
         ctx = self._ctx
+        iid = record.instance_id
         now = ctx.clock.now()
+        updated = dataclasses.replace(
+            record,
+            provider_instance_id=vm.provider_id,
+            status=vm.status.value,
+            private_ipv4=vm.ip4,
+            private_ipv6=vm.ip6,
+            hostname=vm.hostname,
+            last_updated=now,
+        )
         try:
-            await asyncio.to_thread(
-                records.update_record,
-                ctx.store,
-                tenant,
-                iid,
-                provider_instance_id=vm.provider_id,
-                status=vm.status.value,
-                private_ipv4=vm.ip4,
-                private_ipv6=vm.ip6,
-                hostname=vm.hostname,
-                last_updated=now,
-            )
+            try:
+                await asyncio.to_thread(records.write_record_if_match, ctx.store, updated, etag)
+            except PreconditionFailed:
+                # Someone else touched the record meanwhile: merge our fields into theirs.
+                await asyncio.to_thread(
+                    records.update_record,
+                    ctx.store,
+                    record.tenant,
+                    iid,
+                    provider_instance_id=vm.provider_id,
+                    status=vm.status.value,
+                    last_updated=now,
+                )
         except NstanceError as exc:
             # The VM exists and carries our id; the next leader adopts it by tag. Keep going.
             log.warning(
                 "instance %s: created as %s but the record update failed: %s", iid, vm.provider_id, exc
             )
-        self.adopt(iid, vm)
+        await self._adopt_batched(iid, vm)
+
+    def _insert_rows(self, rows: list[dict[str, Any]], now: datetime) -> None:
+        with self._ctx.db.session() as session:
+            repo.insert_instances(session, rows, now=now)
+
+    async def _adopt_batched(self, iid: str, vm: ProviderInstance) -> None:
+        """Store the provider id in the cache; concurrent callers are written in one transaction."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        self._adopt_queue.append((iid, vm, done))
+        if self._adopt_task is None or self._adopt_task.done():
+            self._adopt_task = loop.create_task(self._flush_adoptions())
+        await done
+
+    async def _flush_adoptions(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._adopt_queue:
+            queue, self._adopt_queue = self._adopt_queue, []
+            error: BaseException | None = None
+            try:
+                await loop.run_in_executor(
+                    self._db_writer, self._write_adoptions, [(iid, vm) for iid, vm, _ in queue]
+                )
+            except Exception as exc:  # noqa: BLE001 - handed to every waiter
+                error = exc
+            finally:
+                self.in_flight.difference_update(iid for iid, _, _ in queue)
+            for _, _, done in queue:
+                if not done.done():
+                    if error is None:
+                        done.set_result(None)
+                    else:
+                        done.set_exception(error)
+
+    def _write_adoptions(self, queue: list[tuple[str, ProviderInstance]]) -> None:
+        ctx = self._ctx
+        with ctx.db.session() as session:
+            repo.set_provider_details_many(
+                session,
+                [
+                    {
+                        "instance_id": iid,
+                        "provider_id": vm.provider_id,
+                        "provider_status": vm.status.value,
+                        "hostname": vm.hostname or None,
+                        "ip4": vm.ip4 or None,
+                        "ip6": vm.ip6 or None,
+                    }
+                    for iid, vm in queue
+                ],
+                now=ctx.clock.now(),
+            )
 
     def adopt(self, iid: str, vm: ProviderInstance) -> None:
         """Store what the provider says about one of our VMs in the cache."""

@@ -64,9 +64,7 @@ class Reconciler:
         if snapshot is not None:
             keys.update(snapshot.group_keys())
         with self._ctx.db.read_session() as session:
-            for row in repo.list_instances(session):
-                if not row.on_demand:
-                    keys.add((row.tenant, row.group_key))
+            keys |= repo.groups_with_managed_instances(session)
         return keys
 
     def enqueue_all(self) -> None:
@@ -172,14 +170,16 @@ class Reconciler:
             else:
                 await ops.delete(row, action.reason)
 
-        async def create() -> None:
-            assert merged is not None
-            await ops.create(merged)
+        created: list[object] = []
 
-        tasks = [delete(a) for a in plan.delete]
-        if merged is not None:
-            tasks.extend(create() for _ in range(plan.create))
-        results = await asyncio.gather(*tasks, return_exceptions=True)
+        async def create() -> None:
+            if merged is not None and plan.create:
+                created.extend(await ops.create_many(merged, plan.create))
+
+        results: list[object] = list(
+            await asyncio.gather(create(), *(delete(a) for a in plan.delete), return_exceptions=True)
+        )
+        results.extend(created)
         ok = True
         for result in results:
             if isinstance(result, BaseException):

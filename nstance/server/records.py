@@ -263,6 +263,11 @@ def write_record(store: ObjectStore, r: InstanceRecord, *, create_only: bool = F
         ) from None
 
 
+def write_record_if_match(store: ObjectStore, r: InstanceRecord, etag: str) -> str:
+    """Replace the record only if it still has ``etag`` (PreconditionFailed otherwise); the new ETag."""
+    return store.put_if_match(record_key(r.tenant, r.instance_id), encode_record(r), etag)
+
+
 def read_record(store: ObjectStore, tenant: str, instance_id: str) -> tuple[InstanceRecord, str] | None:
     """``(record, etag)``, or None if there is no record; InvalidArgument if it is corrupt."""
     key = record_key(tenant, instance_id)

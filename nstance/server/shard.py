@@ -172,11 +172,8 @@ class Shard:
             await asyncio.sleep(METRICS_INTERVAL)
 
     def _update_instance_metrics(self) -> None:
-        counts: dict[tuple[str, str, str], int] = {}
         with self.ctx.db.read_session() as session:
-            for row in repo.list_instances(session):
-                label = (row.tenant, row.group_key, status_of(row))
-                counts[label] = counts.get(label, 0) + 1
+            counts = repo.count_instances(session)
         self.ctx.metrics.set_instances(counts)
 
     def _enqueue(self, keys: Iterable[GroupKey]) -> None:
@@ -295,11 +292,13 @@ class Shard:
         self._enqueue(change.changed | change.removed)
 
     async def upsert_group(self, tenant: str, group: str, update: GroupUpdate) -> GroupView:
-        config = self._snapshot().config
+        snapshot = self._snapshot()
+        config = snapshot.config
         dynamic, etag = await asyncio.to_thread(
             edit_dynamic_groups,
             self.ctx.store,
             lambda current: apply_upsert(config, current, tenant, group, update),
+            known=(snapshot.dynamic, snapshot.groups_etag or None),
         )
         self._apply_change(self.ctx.config.replace_dynamic(dynamic, etag))
         return self._group_view(tenant, group)
@@ -316,6 +315,7 @@ class Shard:
             edit_dynamic_groups,
             self.ctx.store,
             lambda current: apply_delete(current, tenant, group),
+            known=(snapshot.dynamic, snapshot.groups_etag or None),
         )
         self._apply_change(self.ctx.config.replace_dynamic(dynamic, etag))
 

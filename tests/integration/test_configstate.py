@@ -462,3 +462,29 @@ def test_edit_that_changes_nothing_does_not_write(shard: ScopedObjectStore) -> N
     _, again = edit_dynamic_groups(store, lambda d: d)
     assert again == etag
     assert store.writes == 1
+
+
+def test_a_stale_known_document_is_caught_by_the_conditional_write(shard: ScopedObjectStore) -> None:
+    cfg = config()
+
+    def add(name: str) -> Callable[[DynamicGroups], DynamicGroups]:
+        return lambda d: apply_upsert(cfg, d, "default", name, GroupUpdate(template="app", size=1))
+
+    first, first_etag = edit_dynamic_groups(shard, add("one"))
+    # another server adds a group; our snapshot still holds the document before that write
+    edit_dynamic_groups(shard, add("two"))
+    result, _ = edit_dynamic_groups(shard, add("three"), known=(first, first_etag))
+    assert sorted(result["default"]) == ["one", "three", "two"]  # nothing lost
+    assert read_dynamic_groups(shard)[0] == result
+    # a fresh guess is used as is: no read before the write
+    reads: list[str] = []
+    current, etag = read_dynamic_groups(shard)
+    original_get = shard.get
+
+    def counting_get(key: str) -> tuple[bytes, str]:
+        reads.append(key)
+        return original_get(key)
+
+    shard.get = counting_get  # type: ignore[method-assign]
+    edit_dynamic_groups(shard, add("four"), known=(current, etag))
+    assert reads == []

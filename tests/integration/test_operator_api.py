@@ -107,7 +107,7 @@ def wait_size(stub: operator_pb2_grpc.OperatorServiceStub, key: str, size: int) 
     deadline = time.monotonic() + 20
     while True:
         for g in stub.ListGroups(Empty(), timeout=10).groups:
-            if g.key == key and g.actual_size == size:
+            if g.key == key and g.actual_size == size and len(g.provider_ids) == size:
                 found: operator_pb2.GroupStatus = g
                 return found
         assert time.monotonic() < deadline, f"{key} never reached {size}"

@@ -149,3 +149,5 @@ async def test_subnet_choice_skips_full_subnets() -> None:
         await choose_subnet(capacity, pools, "default")
     with pytest.raises(FailedPrecondition, match='"other"'):
         await choose_subnet(capacity, pools, "other")
+    # one subnet: nothing to choose, the provider is not asked
+    assert await choose_subnet(capacity, {"solo": ["net-1"]}, "solo") == "net-1"
