@@ -47,6 +47,7 @@ class CreateLimiter:
         if max_concurrent < 1:
             raise ValueError("max_concurrent must be at least 1")
         self._semaphore = asyncio.Semaphore(max_concurrent)
+        self._token_lock = asyncio.Lock()
         spacing = min_spacing.total_seconds()
         self._spacing = TokenBucket(1, 1.0 / spacing, clock) if spacing > 0 else None
         self._bucket = bucket
@@ -63,10 +64,14 @@ class CreateLimiter:
     async def slot(self) -> AsyncIterator[None]:
         """Hold one create slot for the duration of the ``async with``."""
         async with self._semaphore:
-            if self._spacing is not None:
-                await take(self._spacing, self._sleep)
-            if self._bucket is not None:
-                await take(self._bucket, self._sleep)
+            if self._spacing is not None or self._bucket is not None:
+                # One waiter at a time polls the buckets, in arrival order: without this every waiter
+                # wakes at each refill and all but one go back to sleep (a thundering herd).
+                async with self._token_lock:
+                    if self._spacing is not None:
+                        await take(self._spacing, self._sleep)
+                    if self._bucket is not None:
+                        await take(self._bucket, self._sleep)
             self._in_flight += 1
             try:
                 yield
