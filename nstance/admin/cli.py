@@ -26,6 +26,15 @@ from nstance.secrets.cluster_identity import ensure_cluster_identity, identity_s
 from nstance.secrets.keys import generate_encryption_key
 
 from .commands import register
+from .options import (
+    KeyProviderOpt,
+    KeySourceOpt,
+    SecretsPrefixOpt,
+    SecretsProviderOpt,
+    StorageBucketOpt,
+    StoragePrefixOpt,
+    StorageProviderOpt,
+)
 from .stores import StorageOptions, open_cluster_stores
 
 app = typer.Typer(
@@ -40,31 +49,6 @@ app.add_typer(secrets_app, name="secrets")
 
 _state: dict[str, Path] = {"temp_dir": Path("./temp")}
 
-StorageProviderOpt = Annotated[
-    str, typer.Option("--storage-provider", envvar="NSTANCE_STORAGE", help="Object storage: file or s3.")
-]
-StorageBucketOpt = Annotated[
-    str,
-    typer.Option(
-        "--storage-bucket", envvar="NSTANCE_BUCKET", help="Bucket name (s3) or directory (file). Required."
-    ),
-]
-StoragePrefixOpt = Annotated[str, typer.Option("--storage-prefix", help="Key prefix of the cluster scope.")]
-SecretsProviderOpt = Annotated[
-    str,
-    typer.Option(
-        "--secrets-provider",
-        envvar="NSTANCE_SECRETS_PROVIDER",
-        help="object-storage (AES-256-GCM), aws-secrets-manager or memory.",
-    ),
-]
-SecretsPrefixOpt = Annotated[str, typer.Option("--secrets-prefix", help="Name prefix of secrets.")]
-KeyProviderOpt = Annotated[
-    str, typer.Option("--key-provider", help="Where the object-storage encryption key is: env or file.")
-]
-KeySourceOpt = Annotated[
-    str, typer.Option("--key-source", help="Environment variable name (env) or path (file) of the key.")
-]
 ClusterIdOpt = Annotated[str, typer.Option("--cluster-id", help="Cluster identifier. Required.")]
 
 

@@ -65,6 +65,15 @@ from .client import (
     run_on_shards,
     select_shards,
 )
+from .options import (
+    KeyProviderOpt,
+    KeySourceOpt,
+    SecretsPrefixOpt,
+    SecretsProviderOpt,
+    StorageBucketOpt,
+    StoragePrefixOpt,
+    StorageProviderOpt,
+)
 from .stores import StorageOptions, open_cluster_stores
 
 Row = dict[str, Any]
@@ -103,33 +112,6 @@ AllShardsOpt = Annotated[
 TimeoutOpt = Annotated[str, typer.Option("--timeout", help="Per-call timeout as a Go duration (30s, 2m).")]
 OutputOpt = Annotated[str, typer.Option("--output", "-o", help="Output format: table or json.")]
 VarsOpt = Annotated[list[str] | None, typer.Option("--var", help="Template variable KEY=VALUE (repeatable).")]
-
-# The same storage/secrets flags as `cluster init` and `cluster nonce` in cli.py.
-StorageProviderOpt = Annotated[
-    str, typer.Option("--storage-provider", envvar="NSTANCE_STORAGE", help="Object storage: file or s3.")
-]
-StorageBucketOpt = Annotated[
-    str,
-    typer.Option(
-        "--storage-bucket", envvar="NSTANCE_BUCKET", help="Bucket name (s3) or directory (file). Required."
-    ),
-]
-StoragePrefixOpt = Annotated[str, typer.Option("--storage-prefix", help="Key prefix of the cluster scope.")]
-SecretsProviderOpt = Annotated[
-    str,
-    typer.Option(
-        "--secrets-provider",
-        envvar="NSTANCE_SECRETS_PROVIDER",
-        help="object-storage (AES-256-GCM), aws-secrets-manager or memory.",
-    ),
-]
-SecretsPrefixOpt = Annotated[str, typer.Option("--secrets-prefix", help="Name prefix of secrets.")]
-KeyProviderOpt = Annotated[
-    str, typer.Option("--key-provider", help="Where the object-storage encryption key is: env or file.")
-]
-KeySourceOpt = Annotated[
-    str, typer.Option("--key-source", help="Environment variable name (env) or path (file) of the key.")
-]
 
 
 # --- small helpers -----------------------------------------------------------------------------
