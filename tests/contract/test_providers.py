@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -26,6 +26,7 @@ from nstance.providers.base import (
 )
 from nstance.providers.local import LocalProvider
 from nstance.providers.sim import SimProvider
+from nstance.testing.requests import sample_create_request
 
 
 @dataclass
@@ -70,27 +71,7 @@ async def harness(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
 def make_request(
     cluster_id: str = "c1", shard: str = "s1", token: str | None = None, **changes: object
 ) -> CreateRequest:
-    instance_id = new_instance_id("web")
-    request = CreateRequest(
-        cluster_id=cluster_id,
-        shard=shard,
-        tenant="default",
-        group="web",
-        template="web",
-        kind="web",
-        instance_id=instance_id,
-        instance_type="small",
-        subnet_id="subnet-a",
-        arch="amd64",
-        userdata=b"#cloud-config\n",
-        idempotency_token=token or f"tok-{instance_id}",
-        created_at=ManualClock().now(),
-        ca_pem=b"-----BEGIN CERTIFICATE-----\n",
-        nonce="nonce.jwt.value",
-        server_registration_addr="127.0.0.1:9991",
-        server_agent_addr="127.0.0.1:9992",
-    )
-    return replace(request, **changes)  # type: ignore[arg-type]
+    return sample_create_request(cluster_id=cluster_id, shard=shard, token=token, **changes)
 
 
 async def test_created_vm_can_be_fetched_and_is_listed_only_under_its_cluster_and_shard(

@@ -21,26 +21,18 @@ from nstance.core.errors import InvalidArgument
 from nstance.core.ids import new_instance_id
 from nstance.providers.base import CreateRequest, InstanceNotFound, InstanceStatus
 from nstance.providers.local import LocalProvider, local_provider_from_options
+from nstance.testing.requests import sample_create_request
 
 CA_PEM = b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
 
 
 def req(cluster_id: str = "c1", shard: str = "s1") -> CreateRequest:
-    instance_id = new_instance_id("web")
-    return CreateRequest(
+    return sample_create_request(
         cluster_id=cluster_id,
         shard=shard,
-        tenant="default",
-        group="web",
-        template="web",
-        kind="web",
-        instance_id=instance_id,
         instance_type="local",
         subnet_id="lo",
-        arch="amd64",
         userdata=b"#!/bin/sh\necho hello\n",
-        idempotency_token=f"tok-{instance_id}",
-        created_at=ManualClock().now(),
         ca_pem=CA_PEM,
         nonce="eyJhbGciOiJFZERTQSJ9.claims.sig",
         server_registration_addr="127.0.0.1:8991",

@@ -24,7 +24,7 @@ from nstance.db.models import Instance
 from nstance.objectstore.memory import MemoryObjectStore
 from nstance.pki.ca import create_ca
 from nstance.pki.keys import generate_private_key
-from nstance.providers.base import CreateRequest, InstanceStatus
+from nstance.providers.base import InstanceStatus
 from nstance.providers.sim import SimProvider
 from nstance.server.configstate import ConfigState
 from nstance.server.context import ShardContext
@@ -34,6 +34,7 @@ from nstance.server.metrics import Metrics
 from nstance.server.reconciler import Reconciler
 from nstance.server.recovery import rebuild_cache
 from nstance.server.shard import Shard
+from nstance.testing.requests import sample_create_request
 from nstance.testing.shardproc import server_addrs, shard_config
 
 KEY = ("default", "web")
@@ -184,19 +185,14 @@ async def test_stopped_vm_is_replaced_after_the_next_sync(h: Harness) -> None:
 async def test_vm_created_out_of_band_is_deleted_by_the_periodic_relist(h: Harness) -> None:
     await h.reconcile()
     stray = await h.sim.create_instance(
-        CreateRequest(
+        sample_create_request(
             cluster_id="test",
             shard="zone-a",
-            tenant="default",
-            group="web",
-            template="app",
-            kind="app",
+            token="stray",
             instance_id="app06h0hk4z9hsr93qmg461rr6zrm",
-            instance_type="",
+            kind="app",
+            template="app",
             subnet_id="net-1",
-            arch="amd64",
-            userdata=b"",
-            idempotency_token="stray",
             created_at=h.clock.now(),
         )
     )

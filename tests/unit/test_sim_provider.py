@@ -11,7 +11,6 @@ import pytest
 from nstance.config.shard import InfraConfig
 from nstance.core.clock import ManualClock
 from nstance.core.errors import FailedPrecondition, InvalidArgument
-from nstance.core.ids import new_instance_id
 from nstance.providers.base import (
     CreateRequest,
     InstanceNotFound,
@@ -22,25 +21,11 @@ from nstance.providers.base import (
 from nstance.providers.factory import create_provider
 from nstance.providers.local import LocalProvider
 from nstance.providers.sim import SimProvider, sim_provider_from_options
+from nstance.testing.requests import sample_create_request
 
 
 def req(token: str | None = None, cluster_id: str = "c1", shard: str = "s1") -> CreateRequest:
-    instance_id = new_instance_id("web")
-    return CreateRequest(
-        cluster_id=cluster_id,
-        shard=shard,
-        tenant="default",
-        group="web",
-        template="web",
-        kind="web",
-        instance_id=instance_id,
-        instance_type="small",
-        subnet_id="subnet-a",
-        arch="amd64",
-        userdata=b"",
-        idempotency_token=token or f"tok-{instance_id}",
-        created_at=ManualClock().now(),
-    )
+    return sample_create_request(cluster_id=cluster_id, shard=shard, token=token, userdata=b"")
 
 
 class RecordingSleep:
