@@ -47,6 +47,7 @@ from nstance.pki.keys import (
     public_keys_equal,
     require_public_key,
 )
+from nstance.pki.operator_record import operator_record, operator_record_key
 from nstance.rpc import operator_pb2
 from nstance.secrets.cluster_identity import load_cluster_identity
 
@@ -795,20 +796,18 @@ def cluster_register_operator(
     except OSError as exc:
         raise _fail(f"cannot create --output-dir {directory}: {exc.strerror or exc}") from None
 
-    record_key = f"operator/{tenant}.{cluster_id}.json"
-    record = {
-        "cluster_id": cluster_id,
-        "tenant": tenant,
-        "operator_id": op_id,
-        "public_key": public_key_to_pem(public_key).decode("ascii"),
-        "cert_serial": issued.serial_hex,
-        "expires_at": _rfc3339(issued.not_after),
-        "renewed_at": _rfc3339(datetime.now(UTC)),
-        "type": "operator",
-    }
+    record_key = operator_record_key(tenant, cluster_id)
+    record = operator_record(
+        cluster_id=cluster_id,
+        tenant=tenant,
+        operator_id=op_id,
+        public_key_pem=public_key_to_pem(public_key).decode("ascii"),
+        issued=issued,
+        now=datetime.now(UTC),
+    )
     with _expected_errors():
         replaced = stores.cluster.exists(record_key)
-        stores.cluster.put(record_key, (json.dumps(record, indent=2) + "\n").encode("utf-8"))
+        stores.cluster.put(record_key, record)
 
     written = [directory / CA_FILE]
     try:

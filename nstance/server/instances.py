@@ -283,9 +283,9 @@ class InstanceOps:
                 vm = await self._provider_create(prepared.request)
             finally:
                 window.release()
-        except BaseException as exc:
+        except BaseException:
             self.in_flight.discard(iid)
-            await self._create_failed(merged.tenant, merged.group, iid, exc)
+            await self._create_failed(merged.tenant, iid)
             raise
         fault_point("after-provider-create")
         await self._record_provider(record, etag, vm)
@@ -313,7 +313,7 @@ class InstanceOps:
                     )
             await asyncio.sleep(self._backoff.delay(attempt - 1))
 
-    async def _create_failed(self, tenant: str, group: str, iid: str, exc: BaseException) -> None:
+    async def _create_failed(self, tenant: str, iid: str) -> None:
         """The create did not succeed: the row stops counting; any VM it made is found by the re-list."""
         ctx = self._ctx
         now = ctx.clock.now()
@@ -415,18 +415,7 @@ class InstanceOps:
 
     def adopt(self, iid: str, vm: ProviderInstance) -> None:
         """Store what the provider says about one of our VMs in the cache."""
-        ctx = self._ctx
-        with ctx.db.session() as session:
-            repo.set_provider_details(
-                session,
-                iid,
-                provider_id=vm.provider_id,
-                now=ctx.clock.now(),
-                provider_status=vm.status.value,
-                hostname=vm.hostname or None,
-                ip4=vm.ip4 or None,
-                ip6=vm.ip6 or None,
-            )
+        self._write_adoptions([(iid, vm)])
 
     # --- delete and drain -------------------------------------------------------------------
 

@@ -12,10 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
 from collections.abc import Iterable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from nstance.config import (
     GroupUpdate,
@@ -30,6 +29,7 @@ from nstance.core.backoff import Backoff
 from nstance.core.errors import FailedPrecondition, InvalidArgument, NotFound, NstanceError, Unavailable
 from nstance.db import repo
 from nstance.pki.certs import issue_client_certificate
+from nstance.pki.operator_record import operator_record, operator_record_key
 from nstance.server.api import (
     ConfigStatusView,
     GroupView,
@@ -162,6 +162,9 @@ class Shard:
                 report = await gc_cycle(self.ctx, self.ops)
             except NstanceError as exc:
                 log.warning("gc cycle failed: %s", exc)
+                continue
+            except Exception:
+                log.exception("gc cycle failed unexpectedly; the next cycle runs as usual")
                 continue
             for key in report.groups:
                 reconciler.enqueue(key)
@@ -410,18 +413,14 @@ class Shard:
             ttl=timedelta(hours=self._operator_cert_ttl_hours),
             clock=self.ctx.clock,
         )
-        now = self.ctx.clock.now()
-        record = {
-            "cluster_id": self.ctx.identity.cluster_id,
-            "tenant": tenant,
-            "operator_id": client_id,
-            "public_key": public_key_pem.decode("ascii"),
-            "cert_serial": issued.serial_hex,
-            "expires_at": issued.not_after.astimezone(UTC).isoformat().replace("+00:00", "Z"),
-            "renewed_at": now.astimezone(UTC).isoformat().replace("+00:00", "Z"),
-            "type": "operator",
-        }
-        key = f"operator/{tenant}.{self.ctx.identity.cluster_id}.json"
-        data = (json.dumps(record, indent=2) + "\n").encode("utf-8")
+        key = operator_record_key(tenant, self.ctx.identity.cluster_id)
+        data = operator_record(
+            cluster_id=self.ctx.identity.cluster_id,
+            tenant=tenant,
+            operator_id=client_id,
+            public_key_pem=public_key_pem.decode("ascii"),
+            issued=issued,
+            now=self.ctx.clock.now(),
+        )
         await asyncio.to_thread(self.ctx.cluster_store.put, key, data)
         return IssuedCert(cert_pem=issued.cert_pem, expires_at=issued.not_after)
