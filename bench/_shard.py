@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from nstance.providers.sim import SimProvider
-from nstance.server.app import ServerApp, ServerOptions
+from nstance.server.app import ServerApp, ServerOptions, tune_gc
 from nstance.server.metrics import InstrumentedProvider
 from nstance.server.shard import Shard
 from nstance.testing.shardproc import (
@@ -123,6 +123,7 @@ async def running_server(
 
     ``cluster`` must already be initialised (``cluster.init()``).
     """
+    tune_gc()  # as the daemon does (nstance.server.app.serve)
     cluster.write_config(SHARD, config)
     if dynamic_groups is not None:
         cluster.shard_store(SHARD).put("groups.jsonc", dynamic_groups)

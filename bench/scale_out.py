@@ -10,7 +10,9 @@ the sim acknowledged the last create (``max(sim.create_times)`` minus the start,
 object storage, limiter, provider call, record and row updated. The run checks ``launch_count == 1000``
 and that no instance id was launched twice. Extras: ``first_ack_s`` / ``half_ack_s`` (first and 500th
 create acknowledged), ``converged_s`` (the group view first reported 1000 serving instances with
-provider ids: records and cache updated), ``capacity_checks`` (subnet-capacity reads the server made)
+provider ids: the cache updated), ``records_settled_s`` (every instance record in object storage
+carries its provider id: the follow-up writes of ``nstance.server.followups``, which wait for the
+burst to end, are done), ``capacity_checks`` (subnet-capacity reads the server made)
 and ``throttled_calls`` (calls the sim refused).
 
 Cases, each against an analytic baseline computed from its parameters:
@@ -94,6 +96,7 @@ class Outcome:
     first_ack_s: float
     half_ack_s: float
     converged_s: float
+    records_settled_s: float
     launch_count: int
     throttled_calls: int
     create_calls: int
@@ -132,6 +135,11 @@ async def scale_once(
 
             await wait_until(converged, RUN_TIMEOUT_S, "the group view to show 1000 instances", poll=0.02)
             converged_s = time.monotonic() - start
+            followups = r.shard.ops.followups
+            await wait_until(
+                lambda: followups.pending == 0, RUN_TIMEOUT_S, "the records to be finished", poll=0.02
+            )
+            records_settled_s = time.monotonic() - start
             await asyncio.sleep(0.5)  # a late duplicate create would land here
             launched = [vm.instance_id for vm in sim.vms.values()]
             if len(launched) != INSTANCES or sim.launch_count != INSTANCES:
@@ -143,6 +151,7 @@ async def scale_once(
                 first_ack_s=acks[0],
                 half_ack_s=acks[INSTANCES // 2 - 1],
                 converged_s=converged_s,
+                records_settled_s=records_settled_s,
                 launch_count=sim.launch_count,
                 throttled_calls=sim.throttled_calls,
                 create_calls=sim.calls["create_instance"],
@@ -166,6 +175,7 @@ def result(
         "first_ack_s": round(outcome.first_ack_s, 4),
         "half_ack_s": round(outcome.half_ack_s, 4),
         "converged_s": round(outcome.converged_s, 4),
+        "records_settled_s": round(outcome.records_settled_s, 4),
         "launch_count": outcome.launch_count,
         "create_calls": outcome.create_calls,
         "throttled_calls": outcome.throttled_calls,

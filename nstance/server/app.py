@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -435,8 +436,27 @@ class ServerApp:
         log.info("stopped")
 
 
+#: Allocations between young-generation collections in the daemon (CPython's default is 700).
+GC_YOUNG_THRESHOLD = 20_000
+
+
+def tune_gc() -> None:
+    """Make the cyclic garbage collector cheaper for a long-running server process.
+
+    Everything allocated at start-up (modules, config, protobuf descriptors) is frozen out of the
+    collector's view, and young collections run every 20,000 allocations instead of 700: during a
+    burst of creates the default threshold fires a collection every few instances, and each one walks
+    every tracked object. Reference counting still frees almost everything at once; only cycles wait.
+    """
+    gc.collect()
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
+
+
 async def serve(opts: ServerOptions) -> int:
     """Run a server until SIGTERM or SIGINT."""
+    tune_gc()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

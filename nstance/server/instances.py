@@ -2,7 +2,8 @@
 
 The create path writes its intent before acting: a SQLite row and a ``pending`` record in object storage,
 then - fenced by leadership and admitted by the create limiter - the provider call with the instance id
-as idempotency token, then the provider id into the record and the row. A crash at any point leaves
+as idempotency token, then the provider id into the row at once and into the record shortly after
+(``followups``: those writes wait for a burst of creates to end). A crash at any point leaves
 either nothing at the provider (the pending record is cleaned up) or a VM tagged with an id that the
 records explain (adopted on restart, see ``recovery``). Deletes mark the record ``deleting`` before the
 provider call and ``deleted`` after, so an interrupted delete is finished by the next leader.
@@ -26,7 +27,6 @@ from nstance.core.errors import AlreadyExists, NstanceError, Unavailable
 from nstance.core.plan import Member
 from nstance.db import repo
 from nstance.db.models import RECORD_FAILED, Instance
-from nstance.objectstore.base import PreconditionFailed
 from nstance.providers.base import (
     UNHEALTHY_STATUSES,
     InstanceStatus,
@@ -37,6 +37,7 @@ from nstance.providers.base import (
 from nstance.server import records
 from nstance.server.context import ShardContext, fault_point
 from nstance.server.events import ErrorEventData, InstanceEventData
+from nstance.server.followups import RecordFollowUps
 from nstance.server.provisioning import PreparedInstance, prepare_instance
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,9 @@ class InstanceOps:
         # One thread for the batch cache writes: SQLite has one writer anyway, and the event loop keeps
         # serving provider completions while a batch is written.
         self._db_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nstance-db")
+        #: ``create_many`` calls running; while any is, record follow-ups wait (see ``followups``).
+        self._creating = 0
+        self.followups = RecordFollowUps(ctx.store, busy=lambda: self._creating > 0, fence=ctx.fence)
 
     async def _has_capacity(self, subnet_id: str) -> bool:
         """Subnet capacity, asking the provider at most once per ``CAPACITY_TTL`` while it has room.
@@ -148,6 +152,17 @@ class InstanceOps:
         most two batches are prepared ahead of the provider calls, so the first VM is asked for
         promptly and the cache work is spread over the run instead of blocking the loop up front.
         """
+        self._creating += 1
+        try:
+            return await self._create_pipelined(merged, count, on_demand=on_demand, instance_id=instance_id)
+        finally:
+            self._creating -= 1
+            if not self._creating:
+                self.followups.wake()
+
+    async def _create_pipelined(
+        self, merged: MergedGroupConfig, count: int, *, on_demand: bool, instance_id: str
+    ) -> list[Created | BaseException]:
         ctx = self._ctx
         batch = max(1, ctx.limiter.max_concurrent)
         window = asyncio.Semaphore(2 * batch)
@@ -327,10 +342,7 @@ class InstanceOps:
             log.warning("instance %s: cannot mark its record failed: %s", iid, record_exc)
 
     async def _record_provider(self, record: records.InstanceRecord, etag: str, vm: ProviderInstance) -> None:
-        """Write the provider id into the record (If-Match on the intent's ETag), then into the cache."""
-        ctx = self._ctx
-        iid = record.instance_id
-        now = ctx.clock.now()
+        """The provider's answer into the cache now, and queued for the record (``followups``)."""
         updated = dataclasses.replace(
             record,
             provider_instance_id=vm.provider_id,
@@ -338,28 +350,10 @@ class InstanceOps:
             private_ipv4=vm.ip4,
             private_ipv6=vm.ip6,
             hostname=vm.hostname,
-            last_updated=now,
+            last_updated=self._ctx.clock.now(),
         )
-        try:
-            try:
-                await asyncio.to_thread(records.write_record_if_match, ctx.store, updated, etag)
-            except PreconditionFailed:
-                # Someone else touched the record meanwhile: merge our fields into theirs.
-                await asyncio.to_thread(
-                    records.update_record,
-                    ctx.store,
-                    record.tenant,
-                    iid,
-                    provider_instance_id=vm.provider_id,
-                    status=vm.status.value,
-                    last_updated=now,
-                )
-        except NstanceError as exc:
-            # The VM exists and carries our id; the next leader adopts it by tag. Keep going.
-            log.warning(
-                "instance %s: created as %s but the record update failed: %s", iid, vm.provider_id, exc
-            )
-        await self._adopt_batched(iid, vm)
+        await self._adopt_batched(record.instance_id, vm)
+        self.followups.add(updated, etag)
 
     def _insert_rows(self, rows: list[dict[str, Any]], now: datetime) -> None:
         with self._ctx.db.session() as session:

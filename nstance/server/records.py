@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -348,13 +349,32 @@ def update_record(
         raise InvalidArgument(
             f"instance record field(s) {', '.join(fixed)} cannot change (they name the record)"
         )
+    return modify_record(
+        store, tenant, instance_id, lambda current: dataclasses.replace(current, **changes), attempts=attempts
+    )
+
+
+def modify_record(
+    store: ObjectStore,
+    tenant: str,
+    instance_id: str,
+    change: Callable[[InstanceRecord], InstanceRecord],
+    *,
+    attempts: int = UPDATE_ATTEMPTS,
+) -> InstanceRecord:
+    """Read the record, apply ``change`` to it, write it back with If-Match; retry when someone wrote first.
+
+    ``change`` sees the current record each round, so it can decide from what is there (for example,
+    set a status only if the record still has the one it expects). NotFound if there is no record;
+    Unavailable if the record kept changing for ``attempts`` rounds.
+    """
     key = record_key(tenant, instance_id)
     for _ in range(max(1, attempts)):
         found = read_record(store, tenant, instance_id)
         if found is None:
             raise NotFound(f'instance {instance_id} of tenant "{tenant}" has no record ({key})')
         current, etag = found
-        updated = dataclasses.replace(current, **changes)
+        updated = change(current)
         try:
             store.put_if_match(key, encode_record(updated), etag)
         except PreconditionFailed:

@@ -148,6 +148,14 @@ class Shard:
                     await task
             if pending:
                 log.warning("%d in-flight tasks were cancelled after %.1fs", len(pending), timeout)
+            try:
+                await asyncio.wait_for(self.ops.followups.flush(), timeout=max(timeout, 0.01))
+            except TimeoutError:
+                log.warning(
+                    "%d instance records not finished within %.1fs; the next leader adopts those VMs by tag",
+                    self.ops.followups.pending,
+                    timeout,
+                )
             self.reconciler = None
             log.info("shard %s: no longer leading", self.ctx.identity.shard)
 

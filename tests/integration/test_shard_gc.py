@@ -129,6 +129,8 @@ async def test_reconcile_creates_with_records_and_provider_ids(h: Harness) -> No
     rows = h.rows()
     assert len(rows) == 2
     assert set(h.live()) == {r.id for r in rows}
+    assert all(row.provider_id for row in rows)  # the cache has the provider ids at once
+    await h.shard.ops.followups.settled()  # the records get them once the burst is over
     for row in rows:
         rec = h.record(row.id)
         assert rec is not None
@@ -232,6 +234,9 @@ async def test_deleted_records_are_purged_after_retention(h: Harness) -> None:
 
 async def test_rebuild_cache_from_records_after_losing_sqlite(h: Harness, tmp_path: Path) -> None:
     await h.reconcile()
+    await (
+        h.shard.ops.followups.settled()
+    )  # provider ids in the records (a VM whose record lacks it: adopted by tag)
     before = {r.id: r.provider_id for r in h.rows()}
     h.db.close()
     (tmp_path / "db" / "nstance.db").unlink()
