@@ -26,7 +26,7 @@ from google.protobuf import empty_pb2 as google_dot_protobuf_dot_empty__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17nstance/rpc/agent.proto\x12\nnstance.v1\x1a\x1bgoogle/protobuf/empty.proto\x1a\x1fgoogle/protobuf/timestamp.proto\")\n\x14KeyGenerationRequest\x12\x11\n\tkey_names\x18\x01 \x03(\t\"W\n\x11PublicKeysRequest\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12-\n\x04keys\x18\x02 \x03(\x0b\x32\x1f.nstance.v1.PublicKeySubmission\"?\n\x13PublicKeySubmission\x12\x10\n\x08\x66ilename\x18\x01 \x01(\t\x12\x16\n\x0epublic_key_pem\x18\x02 \x01(\x0c\"\x80\x03\n\x13HealthReportRequest\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12-\n\ttimestamp\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x63ount\x18\x04 \x01(\x03\x12\x0e\n\x06uptime\x18\x05 \x01(\t\x12$\n\x07metrics\x18\x06 \x01(\x0b\x32\x13.nstance.v1.Metrics\x12\x39\n\x05\x66iles\x18\x07 \x03(\x0b\x32*.nstance.v1.HealthReportRequest.FilesEntry\x12\x39\n\x12termination_notice\x18\x08 \x01(\x0b\x32\x1d.nstance.v1.TerminationNotice\x12\x13\n\x0b\x63onfig_hash\x18\t \x01(\t\x1a\x44\n\nFilesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12%\n\x05value\x18\x02 \x01(\x0b\x32\x16.nstance.v1.FileStatus:\x02\x38\x01\"\xb6\x04\n\x07Metrics\x12\x16\n\tcpu_usage\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x16\n\x0e\x63pu_core_usage\x18\x02 \x03(\x01\x12\x19\n\x0cmemory_usage\x18\x03 \x01(\x01H\x01\x88\x01\x01\x12<\n\x11network_interface\x18\x04 \x01(\x0b\x32\x1c.nstance.v1.InterfaceMetricsH\x02\x88\x01\x01\x12$\n\x17network_interface_error\x18\x05 \x01(\tH\x03\x88\x01\x01\x12<\n\rebpf_counters\x18\x06 \x03(\x0b\x32%.nstance.v1.Metrics.EbpfCountersEntry\x12\x17\n\nebpf_error\x18\x07 \x01(\tH\x04\x88\x01\x01\x12\x1c\n\x0f\x63onntrack_count\x18\x08 \x01(\x04H\x05\x88\x01\x01\x12\x1a\n\rconntrack_max\x18\t \x01(\x04H\x06\x88\x01\x01\x12\x1c\n\x0f\x63onntrack_error\x18\n \x01(\tH\x07\x88\x01\x01\x1a\x33\n\x11\x45\x62pfCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x42\x0c\n\n_cpu_usageB\x0f\n\r_memory_usageB\x14\n\x12_network_interfaceB\x1a\n\x18_network_interface_errorB\r\n\x0b_ebpf_errorB\x12\n\x10_conntrack_countB\x10\n\x0e_conntrack_maxB\x12\n\x10_conntrack_error\"\x9a\x01\n\x10InterfaceMetrics\x12\x16\n\x0einterface_name\x18\x01 \x01(\t\x12\x10\n\x08rx_bytes\x18\x02 \x01(\x04\x12\x10\n\x08tx_bytes\x18\x03 \x01(\x04\x12\x12\n\nrx_packets\x18\x04 \x01(\x04\x12\x12\n\ntx_packets\x18\x05 \x01(\x04\x12\x10\n\x08rx_drops\x18\x06 \x01(\x04\x12\x10\n\x08tx_drops\x18\x07 \x01(\x04\"\\\n\nFileStatus\x12\x33\n\rlast_modified\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.TimestampH\x00\x12\x0f\n\x05\x65rror\x18\x02 \x01(\tH\x00\x42\x08\n\x06status\"Q\n\x11TerminationNotice\x12\x0e\n\x06\x61\x63tion\x18\x01 \x01(\t\x12,\n\x08\x64\x65\x61\x64line\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"y\n\x0c\x46ileTransfer\x12\x10\n\x08\x66ilename\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\x0c\x12\x31\n\rlast_modified\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0b\x63onfig_hash\x18\x04 \x01(\t2\xc0\x02\n\x0c\x41gentService\x12P\n\x12ReceiveKeyRequests\x12\x16.google.protobuf.Empty\x1a .nstance.v1.KeyGenerationRequest0\x01\x12I\n\x10SubmitPublicKeys\x12\x1d.nstance.v1.PublicKeysRequest\x1a\x16.google.protobuf.Empty\x12O\n\x12SubmitHealthReport\x12\x1f.nstance.v1.HealthReportRequest\x1a\x16.google.protobuf.Empty(\x01\x12\x42\n\x0cReceiveFiles\x12\x16.google.protobuf.Empty\x1a\x18.nstance.v1.FileTransfer0\x01\x42\x32Z0github.com/nstance-dev/nstance/v2/internal/protob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17nstance/rpc/agent.proto\x12\nnstance.v1\x1a\x1bgoogle/protobuf/empty.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"6\n\x1cRenewAgentCertificateRequest\x12\x16\n\x0epublic_key_pem\x18\x01 \x01(\x0c\"o\n\x1dRenewAgentCertificateResponse\x12\x1e\n\x16\x63lient_certificate_pem\x18\x01 \x01(\x0c\x12.\n\nexpires_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\")\n\x14KeyGenerationRequest\x12\x11\n\tkey_names\x18\x01 \x03(\t\"W\n\x11PublicKeysRequest\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12-\n\x04keys\x18\x02 \x03(\x0b\x32\x1f.nstance.v1.PublicKeySubmission\"?\n\x13PublicKeySubmission\x12\x10\n\x08\x66ilename\x18\x01 \x01(\t\x12\x16\n\x0epublic_key_pem\x18\x02 \x01(\x0c\"\x80\x03\n\x13HealthReportRequest\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12-\n\ttimestamp\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x63ount\x18\x04 \x01(\x03\x12\x0e\n\x06uptime\x18\x05 \x01(\t\x12$\n\x07metrics\x18\x06 \x01(\x0b\x32\x13.nstance.v1.Metrics\x12\x39\n\x05\x66iles\x18\x07 \x03(\x0b\x32*.nstance.v1.HealthReportRequest.FilesEntry\x12\x39\n\x12termination_notice\x18\x08 \x01(\x0b\x32\x1d.nstance.v1.TerminationNotice\x12\x13\n\x0b\x63onfig_hash\x18\t \x01(\t\x1a\x44\n\nFilesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12%\n\x05value\x18\x02 \x01(\x0b\x32\x16.nstance.v1.FileStatus:\x02\x38\x01\"\xb6\x04\n\x07Metrics\x12\x16\n\tcpu_usage\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x16\n\x0e\x63pu_core_usage\x18\x02 \x03(\x01\x12\x19\n\x0cmemory_usage\x18\x03 \x01(\x01H\x01\x88\x01\x01\x12<\n\x11network_interface\x18\x04 \x01(\x0b\x32\x1c.nstance.v1.InterfaceMetricsH\x02\x88\x01\x01\x12$\n\x17network_interface_error\x18\x05 \x01(\tH\x03\x88\x01\x01\x12<\n\rebpf_counters\x18\x06 \x03(\x0b\x32%.nstance.v1.Metrics.EbpfCountersEntry\x12\x17\n\nebpf_error\x18\x07 \x01(\tH\x04\x88\x01\x01\x12\x1c\n\x0f\x63onntrack_count\x18\x08 \x01(\x04H\x05\x88\x01\x01\x12\x1a\n\rconntrack_max\x18\t \x01(\x04H\x06\x88\x01\x01\x12\x1c\n\x0f\x63onntrack_error\x18\n \x01(\tH\x07\x88\x01\x01\x1a\x33\n\x11\x45\x62pfCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x42\x0c\n\n_cpu_usageB\x0f\n\r_memory_usageB\x14\n\x12_network_interfaceB\x1a\n\x18_network_interface_errorB\r\n\x0b_ebpf_errorB\x12\n\x10_conntrack_countB\x10\n\x0e_conntrack_maxB\x12\n\x10_conntrack_error\"\x9a\x01\n\x10InterfaceMetrics\x12\x16\n\x0einterface_name\x18\x01 \x01(\t\x12\x10\n\x08rx_bytes\x18\x02 \x01(\x04\x12\x10\n\x08tx_bytes\x18\x03 \x01(\x04\x12\x12\n\nrx_packets\x18\x04 \x01(\x04\x12\x12\n\ntx_packets\x18\x05 \x01(\x04\x12\x10\n\x08rx_drops\x18\x06 \x01(\x04\x12\x10\n\x08tx_drops\x18\x07 \x01(\x04\"\\\n\nFileStatus\x12\x33\n\rlast_modified\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.TimestampH\x00\x12\x0f\n\x05\x65rror\x18\x02 \x01(\tH\x00\x42\x08\n\x06status\"Q\n\x11TerminationNotice\x12\x0e\n\x06\x61\x63tion\x18\x01 \x01(\t\x12,\n\x08\x64\x65\x61\x64line\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"y\n\x0c\x46ileTransfer\x12\x10\n\x08\x66ilename\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\x0c\x12\x31\n\rlast_modified\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0b\x63onfig_hash\x18\x04 \x01(\t2\xae\x03\n\x0c\x41gentService\x12P\n\x12ReceiveKeyRequests\x12\x16.google.protobuf.Empty\x1a .nstance.v1.KeyGenerationRequest0\x01\x12I\n\x10SubmitPublicKeys\x12\x1d.nstance.v1.PublicKeysRequest\x1a\x16.google.protobuf.Empty\x12O\n\x12SubmitHealthReport\x12\x1f.nstance.v1.HealthReportRequest\x1a\x16.google.protobuf.Empty(\x01\x12\x42\n\x0cReceiveFiles\x12\x16.google.protobuf.Empty\x1a\x18.nstance.v1.FileTransfer0\x01\x12l\n\x15RenewAgentCertificate\x12(.nstance.v1.RenewAgentCertificateRequest\x1a).nstance.v1.RenewAgentCertificateResponseB2Z0github.com/nstance-dev/nstance/v2/internal/protob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,28 +38,32 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HEALTHREPORTREQUEST_FILESENTRY']._serialized_options = b'8\001'
   _globals['_METRICS_EBPFCOUNTERSENTRY']._loaded_options = None
   _globals['_METRICS_EBPFCOUNTERSENTRY']._serialized_options = b'8\001'
-  _globals['_KEYGENERATIONREQUEST']._serialized_start=101
-  _globals['_KEYGENERATIONREQUEST']._serialized_end=142
-  _globals['_PUBLICKEYSREQUEST']._serialized_start=144
-  _globals['_PUBLICKEYSREQUEST']._serialized_end=231
-  _globals['_PUBLICKEYSUBMISSION']._serialized_start=233
-  _globals['_PUBLICKEYSUBMISSION']._serialized_end=296
-  _globals['_HEALTHREPORTREQUEST']._serialized_start=299
-  _globals['_HEALTHREPORTREQUEST']._serialized_end=683
-  _globals['_HEALTHREPORTREQUEST_FILESENTRY']._serialized_start=615
-  _globals['_HEALTHREPORTREQUEST_FILESENTRY']._serialized_end=683
-  _globals['_METRICS']._serialized_start=686
-  _globals['_METRICS']._serialized_end=1252
-  _globals['_METRICS_EBPFCOUNTERSENTRY']._serialized_start=1047
-  _globals['_METRICS_EBPFCOUNTERSENTRY']._serialized_end=1098
-  _globals['_INTERFACEMETRICS']._serialized_start=1255
-  _globals['_INTERFACEMETRICS']._serialized_end=1409
-  _globals['_FILESTATUS']._serialized_start=1411
-  _globals['_FILESTATUS']._serialized_end=1503
-  _globals['_TERMINATIONNOTICE']._serialized_start=1505
-  _globals['_TERMINATIONNOTICE']._serialized_end=1586
-  _globals['_FILETRANSFER']._serialized_start=1588
-  _globals['_FILETRANSFER']._serialized_end=1709
-  _globals['_AGENTSERVICE']._serialized_start=1712
-  _globals['_AGENTSERVICE']._serialized_end=2032
+  _globals['_RENEWAGENTCERTIFICATEREQUEST']._serialized_start=101
+  _globals['_RENEWAGENTCERTIFICATEREQUEST']._serialized_end=155
+  _globals['_RENEWAGENTCERTIFICATERESPONSE']._serialized_start=157
+  _globals['_RENEWAGENTCERTIFICATERESPONSE']._serialized_end=268
+  _globals['_KEYGENERATIONREQUEST']._serialized_start=270
+  _globals['_KEYGENERATIONREQUEST']._serialized_end=311
+  _globals['_PUBLICKEYSREQUEST']._serialized_start=313
+  _globals['_PUBLICKEYSREQUEST']._serialized_end=400
+  _globals['_PUBLICKEYSUBMISSION']._serialized_start=402
+  _globals['_PUBLICKEYSUBMISSION']._serialized_end=465
+  _globals['_HEALTHREPORTREQUEST']._serialized_start=468
+  _globals['_HEALTHREPORTREQUEST']._serialized_end=852
+  _globals['_HEALTHREPORTREQUEST_FILESENTRY']._serialized_start=784
+  _globals['_HEALTHREPORTREQUEST_FILESENTRY']._serialized_end=852
+  _globals['_METRICS']._serialized_start=855
+  _globals['_METRICS']._serialized_end=1421
+  _globals['_METRICS_EBPFCOUNTERSENTRY']._serialized_start=1216
+  _globals['_METRICS_EBPFCOUNTERSENTRY']._serialized_end=1267
+  _globals['_INTERFACEMETRICS']._serialized_start=1424
+  _globals['_INTERFACEMETRICS']._serialized_end=1578
+  _globals['_FILESTATUS']._serialized_start=1580
+  _globals['_FILESTATUS']._serialized_end=1672
+  _globals['_TERMINATIONNOTICE']._serialized_start=1674
+  _globals['_TERMINATIONNOTICE']._serialized_end=1755
+  _globals['_FILETRANSFER']._serialized_start=1757
+  _globals['_FILETRANSFER']._serialized_end=1878
+  _globals['_AGENTSERVICE']._serialized_start=1881
+  _globals['_AGENTSERVICE']._serialized_end=2311
 # @@protoc_insertion_point(module_scope)

@@ -24,6 +24,56 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
+class RenewAgentCertificateRequest(_message.Message):
+    """RenewAgentCertificateRequest carries the key the renewed certificate is for."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PUBLIC_KEY_PEM_FIELD_NUMBER: _builtins.int
+    public_key_pem: _builtins.bytes
+    """PEM-encoded PKIX public key (ECDSA P-256); the current key or a new one."""
+    def __init__(
+        self,
+        *,
+        public_key_pem: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["public_key_pem", b"public_key_pem"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RenewAgentCertificateRequest: _TypeAlias = RenewAgentCertificateRequest  # noqa: Y015
+
+@_typing.final
+class RenewAgentCertificateResponse(_message.Message):
+    """RenewAgentCertificateResponse returns the renewed certificate."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIENT_CERTIFICATE_PEM_FIELD_NUMBER: _builtins.int
+    EXPIRES_AT_FIELD_NUMBER: _builtins.int
+    client_certificate_pem: _builtins.bytes
+    """PEM-encoded client certificate chaining to the cluster CA."""
+    @_builtins.property
+    def expires_at(self) -> _timestamp_pb2.Timestamp:
+        """Moment the certificate stops being valid."""
+
+    def __init__(
+        self,
+        *,
+        client_certificate_pem: _builtins.bytes = ...,
+        expires_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expires_at", b"expires_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_certificate_pem", b"client_certificate_pem", "expires_at", b"expires_at"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RenewAgentCertificateResponse: _TypeAlias = RenewAgentCertificateResponse  # noqa: Y015
+
+@_typing.final
 class KeyGenerationRequest(_message.Message):
     """KeyGenerationRequest names the key pairs the agent should create."""
 

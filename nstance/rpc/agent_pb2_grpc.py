@@ -57,6 +57,11 @@ class AgentServiceStub:
                 request_serializer=google_dot_protobuf_dot_empty__pb2.Empty.SerializeToString,
                 response_deserializer=nstance_dot_rpc_dot_agent__pb2.FileTransfer.FromString,
                 _registered_method=True)
+        self.RenewAgentCertificate = channel.unary_unary(
+                '/nstance.v1.AgentService/RenewAgentCertificate',
+                request_serializer=nstance_dot_rpc_dot_agent__pb2.RenewAgentCertificateRequest.SerializeToString,
+                response_deserializer=nstance_dot_rpc_dot_agent__pb2.RenewAgentCertificateResponse.FromString,
+                _registered_method=True)
 
 
 class AgentServiceServicer:
@@ -96,6 +101,16 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RenewAgentCertificate(self, request, context):
+        """RenewAgentCertificate issues a fresh client certificate for the calling
+        agent (same instance ID, tenant and role) before the current one expires.
+        Added by the Python implementation; the Go server answers UNIMPLEMENTED,
+        and an agent then keeps its certificate until the instance is rotated.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -118,6 +133,11 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     servicer.ReceiveFiles,
                     request_deserializer=google_dot_protobuf_dot_empty__pb2.Empty.FromString,
                     response_serializer=nstance_dot_rpc_dot_agent__pb2.FileTransfer.SerializeToString,
+            ),
+            'RenewAgentCertificate': grpc.unary_unary_rpc_method_handler(
+                    servicer.RenewAgentCertificate,
+                    request_deserializer=nstance_dot_rpc_dot_agent__pb2.RenewAgentCertificateRequest.FromString,
+                    response_serializer=nstance_dot_rpc_dot_agent__pb2.RenewAgentCertificateResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -230,6 +250,33 @@ class AgentService:
             '/nstance.v1.AgentService/ReceiveFiles',
             google_dot_protobuf_dot_empty__pb2.Empty.SerializeToString,
             nstance_dot_rpc_dot_agent__pb2.FileTransfer.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RenewAgentCertificate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nstance.v1.AgentService/RenewAgentCertificate',
+            nstance_dot_rpc_dot_agent__pb2.RenewAgentCertificateRequest.SerializeToString,
+            nstance_dot_rpc_dot_agent__pb2.RenewAgentCertificateResponse.FromString,
             options,
             channel_credentials,
             insecure,

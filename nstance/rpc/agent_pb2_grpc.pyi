@@ -56,6 +56,12 @@ class AgentServiceStub:
     """ReceiveFiles is a long-lived stream on which the server delivers
     certificates, secrets and rendered configuration files.
     """
+    RenewAgentCertificate: _grpc.UnaryUnaryMultiCallable[_agent_pb2.RenewAgentCertificateRequest, _agent_pb2.RenewAgentCertificateResponse]
+    """RenewAgentCertificate issues a fresh client certificate for the calling
+    agent (same instance ID, tenant and role) before the current one expires.
+    Added by the Python implementation; the Go server answers UNIMPLEMENTED,
+    and an agent then keeps its certificate until the instance is rotated.
+    """
 
 @_typing.type_check_only
 class AgentServiceAsyncStub(AgentServiceStub):
@@ -79,6 +85,12 @@ class AgentServiceAsyncStub(AgentServiceStub):
     ReceiveFiles: _aio.UnaryStreamMultiCallable[_empty_pb2.Empty, _agent_pb2.FileTransfer]  # type: ignore[assignment]
     """ReceiveFiles is a long-lived stream on which the server delivers
     certificates, secrets and rendered configuration files.
+    """
+    RenewAgentCertificate: _aio.UnaryUnaryMultiCallable[_agent_pb2.RenewAgentCertificateRequest, _agent_pb2.RenewAgentCertificateResponse]  # type: ignore[assignment]
+    """RenewAgentCertificate issues a fresh client certificate for the calling
+    agent (same instance ID, tenant and role) before the current one expires.
+    Added by the Python implementation; the Go server answers UNIMPLEMENTED,
+    and an agent then keeps its certificate until the instance is rotated.
     """
 
 class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -124,6 +136,18 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_abc.Iterator[_agent_pb2.FileTransfer], _abc.AsyncIterator[_agent_pb2.FileTransfer]]:
         """ReceiveFiles is a long-lived stream on which the server delivers
         certificates, secrets and rendered configuration files.
+        """
+
+    @_abc_1.abstractmethod
+    def RenewAgentCertificate(
+        self,
+        request: _agent_pb2.RenewAgentCertificateRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_agent_pb2.RenewAgentCertificateResponse, _abc.Awaitable[_agent_pb2.RenewAgentCertificateResponse]]:
+        """RenewAgentCertificate issues a fresh client certificate for the calling
+        agent (same instance ID, tenant and role) before the current one expires.
+        Added by the Python implementation; the Go server answers UNIMPLEMENTED,
+        and an agent then keeps its certificate until the instance is rotated.
         """
 
 def add_AgentServiceServicer_to_server(servicer: AgentServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
