@@ -25,6 +25,7 @@ from nstance.pki.nonce import operator_nonce_claims, sign_nonce
 from nstance.secrets.cluster_identity import ensure_cluster_identity, identity_state, load_cluster_identity
 from nstance.secrets.keys import generate_encryption_key
 
+from .certs import register_certs
 from .commands import register
 from .options import (
     KeyProviderOpt,
@@ -35,6 +36,7 @@ from .options import (
     StoragePrefixOpt,
     StorageProviderOpt,
 )
+from .plan import register_plan
 from .stores import StorageOptions, open_cluster_stores
 
 app = typer.Typer(
@@ -297,6 +299,8 @@ def secrets_generate_key() -> None:
 # --- shard commands and cluster register-operator (commands.py) --------------------------------
 
 register(app, cluster_app, config_app)
+register_plan(config_app)
+register_certs(app)
 
 
 def main() -> None:

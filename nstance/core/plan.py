@@ -6,6 +6,10 @@ the next reconcile (level-triggered) sees the result. Rules:
 
 * **Gone or broken members are replaced.** A member the provider reports stopped/suspended/repairing
   (``unhealthy``) or whose create failed is deleted at once, without drain, and does not count.
+* **Silent or doomed members are replaced, then drained.** A registered member whose agent has not
+  reported for ``silence_limit`` (three health intervals) while the VM runs, or whose agent reported a
+  spot termination notice, does not count: a replacement is created and the member is drained (deleted
+  at once when the group has no drain timeout). All of them at once - they are broken, not rotations.
 * **Serving members count.** Everything else except draining members counts toward ``size``; draining
   members are already leaving, so a scale-down removes them before anything else (by not replacing
   them), and a drain that completes (acknowledged or past its deadline) turns into a delete.
@@ -18,7 +22,8 @@ the next reconcile (level-triggered) sees the result. Rules:
   ``eligible_age`` only when nothing is draining. One per reconcile.
 * ``desired is None`` means the group no longer exists: every member goes (drained if possible).
 
-On-demand instances are never passed in: they are not counted and never scaled down.
+On-demand instances are never passed to ``plan_group``: they are not counted and never scaled down.
+``plan_on_demand`` expires them (drain, no replacement) once they are older than ``ondemand_age``.
 """
 
 from __future__ import annotations
@@ -37,6 +42,9 @@ REASON_FORCED_EXPIRY = "forced-expiry"
 REASON_ELIGIBLE_EXPIRY = "eligible-expiry"
 REASON_DRAIN_COMPLETE = "drain-complete"
 REASON_DRAIN_TIMEOUT = "drain-timeout"
+REASON_SILENT = "health-reports-missed"
+REASON_SPOT = "spot-termination"
+REASON_ONDEMAND_EXPIRY = "ondemand-expiry"
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +60,10 @@ class Member:
     drain_acked: bool = False
     delete_at: datetime | None = None
     infra_hash: str | None = None
+    #: Last sign of life from the agent: its last health report, else its registration.
+    last_seen: datetime | None = None
+    #: The agent reported a spot/preemption termination notice.
+    spot_notice: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,11 +98,20 @@ class PlanInput:
     drain_timeout: timedelta = timedelta(0)
     eligible_age: timedelta | None = None
     forced_age: timedelta | None = None
+    #: A registered member silent this long (while its VM runs) is replaced; None: never.
+    silence_limit: timedelta | None = None
 
 
 def _victim_order(member: Member) -> tuple[bool, datetime, str]:
     # never-registered before registered; within each, oldest first
     return (member.registered, member.created_at, member.instance_id)
+
+
+def is_silent(member: Member, silence_limit: timedelta | None, now: datetime) -> bool:
+    """Whether a registered member's agent has been quiet for ``silence_limit`` or longer."""
+    if silence_limit is None or not member.registered or member.last_seen is None:
+        return False
+    return now - member.last_seen >= silence_limit
 
 
 def plan_group(spec: PlanInput, members: Sequence[Member], now: datetime) -> GroupPlan:
@@ -101,6 +122,7 @@ def plan_group(spec: PlanInput, members: Sequence[Member], now: datetime) -> Gro
 
     serving: list[Member] = []
     draining: list[Member] = []
+    doomed: list[tuple[Member, str]] = []
     for member in members:
         if member.failed:
             deletes.append(Action(member.instance_id, REASON_CREATE_FAILED))
@@ -113,6 +135,10 @@ def plan_group(spec: PlanInput, members: Sequence[Member], now: datetime) -> Gro
                 deletes.append(Action(member.instance_id, REASON_DRAIN_TIMEOUT))
             else:
                 draining.append(member)
+        elif member.spot_notice:
+            doomed.append((member, REASON_SPOT))
+        elif is_silent(member, spec.silence_limit, now):
+            doomed.append((member, REASON_SILENT))
         else:
             serving.append(member)
 
@@ -122,6 +148,9 @@ def plan_group(spec: PlanInput, members: Sequence[Member], now: datetime) -> Gro
                 drains.append(Action(victim.instance_id, reason))
             else:
                 deletes.append(Action(victim.instance_id, reason))
+
+    for member, reason in doomed:
+        retire([member], reason)
 
     if spec.desired is None:
         retire(sorted(serving, key=_victim_order), REASON_GROUP_DELETED)
@@ -134,7 +163,8 @@ def plan_group(spec: PlanInput, members: Sequence[Member], now: datetime) -> Gro
         keep = len(serving) - len(victims)
         return GroupPlan(delete=tuple(deletes), drain=tuple(drains), serving=keep)
 
-    rotation = _rotation(spec, serving, draining, now)
+    leaving = [*draining, *(member for member, _ in doomed)]
+    rotation = _rotation(spec, serving, leaving, now)
     if rotation is not None:
         member, reason = rotation
         retire([member], reason)
@@ -180,4 +210,49 @@ def next_wakeup(spec: PlanInput, members: Sequence[Member], now: datetime) -> da
             for age in (spec.eligible_age, spec.forced_age):
                 if age is not None and member.created_at + age > now:
                     candidates.append(member.created_at + age)
+            if spec.silence_limit is not None and member.registered and member.last_seen is not None:
+                silent_at = member.last_seen + spec.silence_limit
+                if silent_at > now:
+                    candidates.append(silent_at)
+    return min(candidates) if candidates else None
+
+
+def plan_on_demand(
+    members: Sequence[Member], *, ondemand_age: timedelta | None, drain_timeout: timedelta, now: datetime
+) -> GroupPlan:
+    """Expire on-demand members older than ``ondemand_age``: drained (or deleted), never replaced.
+
+    Drains that completed (acknowledged or past their deadline) become deletes, as in ``plan_group``;
+    a member the provider reports gone or broken is deleted. Nothing is created.
+    """
+    deletes: list[Action] = []
+    drains: list[Action] = []
+    for member in members:
+        if member.failed:
+            deletes.append(Action(member.instance_id, REASON_CREATE_FAILED))
+        elif member.unhealthy:
+            deletes.append(Action(member.instance_id, REASON_UNHEALTHY))
+        elif member.draining:
+            if member.drain_acked:
+                deletes.append(Action(member.instance_id, REASON_DRAIN_COMPLETE))
+            elif member.delete_at is not None and member.delete_at <= now:
+                deletes.append(Action(member.instance_id, REASON_DRAIN_TIMEOUT))
+        elif ondemand_age is not None and now - member.created_at >= ondemand_age:
+            if drain_timeout > timedelta(0) and member.registered:
+                drains.append(Action(member.instance_id, REASON_ONDEMAND_EXPIRY))
+            else:
+                deletes.append(Action(member.instance_id, REASON_ONDEMAND_EXPIRY))
+    return GroupPlan(delete=tuple(deletes), drain=tuple(drains))
+
+
+def next_on_demand_wakeup(
+    members: Sequence[Member], *, ondemand_age: timedelta | None, now: datetime
+) -> datetime | None:
+    """When the next on-demand member expires or a drain deadline passes."""
+    candidates: list[datetime] = []
+    for member in members:
+        if member.draining and member.delete_at is not None and member.delete_at > now:
+            candidates.append(member.delete_at)
+        elif not member.draining and ondemand_age is not None and member.created_at + ondemand_age > now:
+            candidates.append(member.created_at + ondemand_age)
     return min(candidates) if candidates else None

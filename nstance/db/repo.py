@@ -155,6 +155,36 @@ def set_provider_status(session: Session, instance_id: str, status: str, *, now:
     return _rowcount(session, statement) == 1
 
 
+def record_health_many(session: Session, items: list[dict[str, Any]]) -> None:
+    """Store many agents' health reports as one executemany UPDATE (deleted rows are skipped).
+
+    Each item has ``instance_id``, ``health_at``, ``health`` (JSON) and ``runtime_config_hash``
+    (None keeps the stored hash).
+    """
+    if not items:
+        return
+    c = _INSTANCES.c
+    statement = (
+        _INSTANCES.update()
+        .where(c.id == bindparam("b_id"), c.deleted_at.is_(None))
+        .values(
+            health_at=bindparam("b_health_at"),
+            health=bindparam("b_health"),
+            runtime_config_hash=func.coalesce(bindparam("b_hash"), c.runtime_config_hash),
+        )
+    )
+    rows = [
+        {
+            "b_id": item["instance_id"],
+            "b_health_at": item["health_at"],
+            "b_health": item["health"],
+            "b_hash": item.get("runtime_config_hash"),
+        }
+        for item in items
+    ]
+    session.execute(statement, rows)
+
+
 def mark_registered_atomically(
     session: Session,
     *,
@@ -679,3 +709,90 @@ def list_operators(session: Session, *, tenant: str | None = None) -> list[Opera
     if tenant is not None:
         statement = statement.where(Operator.tenant == tenant)
     return list(session.scalars(statement))
+
+
+# --- registration (agents) ---------------------------------------------------------------------
+
+
+def set_reported_addresses(
+    session: Session,
+    instance_id: str,
+    *,
+    now: datetime,
+    ip4: str = "",
+    ip6: str = "",
+    hostname: str = "",
+) -> bool:
+    """Store the addresses and host name an agent reported about itself; empty values are left alone.
+
+    True if the (not deleted) instance exists. Agent-reported values are authoritative over the
+    provider's view.
+    """
+    values: dict[str, Any] = {"updated_at": now}
+    if ip4:
+        values["ip4"] = ip4
+    if ip6:
+        values["ip6"] = ip6
+    if hostname:
+        values["hostname"] = hostname
+    statement = (
+        update(Instance).where(Instance.id == instance_id, Instance.deleted_at.is_(None)).values(**values)
+    )
+    return _rowcount(session, statement) == 1
+
+
+def unmark_registered(session: Session, *, instance_id: str, cert_serial: int | str, now: datetime) -> bool:
+    """Undo ``mark_registered_atomically`` (the registration could not be recorded in object storage).
+
+    Guarded by the certificate serial the claim stored, so only the claim's own caller can undo it and
+    a later successful registration is never reverted. True if the claim was undone.
+    """
+    statement = (
+        update(Instance)
+        .where(
+            Instance.id == instance_id,
+            Instance.registered_at.is_not(None),
+            Instance.cert_serial == normalize_serial(cert_serial),
+        )
+        .values(registered_at=None, instance_pub=None, cert_serial=None, cert_expires_at=None, updated_at=now)
+    )
+    return _rowcount(session, statement) == 1
+
+
+def replace_agent_certificate(
+    session: Session,
+    *,
+    instance_id: str,
+    expected_serial: int | str,
+    public_key_pem: str,
+    cert_serial: int | str,
+    cert_expires_at: datetime,
+    now: datetime,
+) -> bool:
+    """Swap a registered instance's identity certificate, only if its current serial is ``expected_serial``.
+
+    One conditional UPDATE (compare-and-swap on the serial): of two renewals presenting the same
+    certificate exactly one wins, and a superseded certificate can never renew. False when the
+    instance is unknown, deleted, unregistered or has another current serial.
+    """
+    statement = (
+        update(Instance)
+        .where(
+            Instance.id == instance_id,
+            Instance.deleted_at.is_(None),
+            Instance.registered_at.is_not(None),
+            Instance.cert_serial == normalize_serial(expected_serial),
+        )
+        .values(
+            instance_pub=public_key_pem,
+            cert_serial=normalize_serial(cert_serial),
+            cert_expires_at=cert_expires_at,
+            updated_at=now,
+        )
+    )
+    return _rowcount(session, statement) == 1
+
+
+def count_operators(session: Session) -> int:
+    """How many operator rows the cache holds (0 means: backfill from object storage)."""
+    return int(session.scalar(select(func.count()).select_from(Operator)) or 0)

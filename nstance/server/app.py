@@ -40,7 +40,8 @@ from nstance.objectstore.factory import StorageScopes, open_scopes, open_store
 from nstance.objectstore.file import FileObjectStore
 from nstance.objectstore.scoped import ScopedObjectStore
 from nstance.providers.factory import create_provider
-from nstance.rpc import operator_pb2_grpc
+from nstance.rpc import agent_pb2_grpc, operator_pb2_grpc, registration_pb2_grpc
+from nstance.secrets.base import SecretStore
 from nstance.secrets.cluster_identity import (
     ClusterIdentity,
     ensure_cluster_identity,
@@ -57,7 +58,11 @@ from nstance.server.interceptors import ServerInterceptor
 from nstance.server.limits import CreateLimiter
 from nstance.server.metrics import InstrumentedProvider, Metrics
 from nstance.server.provisioning import ShardIdentity
+from nstance.server.registration import Registrar
+from nstance.server.revocations import revocation_loop
+from nstance.server.servicers.agent import AgentServicer
 from nstance.server.servicers.operator import OperatorServicer
+from nstance.server.servicers.registration import RegistrationServicer
 from nstance.server.shard import Shard
 from nstance.server.tls import advertised_hosts, server_credentials
 
@@ -66,6 +71,24 @@ log = logging.getLogger("nstance.server")
 DEFAULT_HEALTH_ADDR = ":8990"
 #: Worker threads for blocking I/O (object storage, userdata fetches).
 IO_THREADS = 64
+#: Seconds between reads of the revocation list in cluster storage (``revoked/``).
+REVOCATION_SYNC_INTERVAL = 30.0
+#: Largest message any API accepts or sends (upstream's limit).
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+GRPC_OPTIONS: list[tuple[str, int]] = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+]
+#: Agent streams live for days: ping after 20 s idle, give up after 10 s without an answer, and let
+#: agents ping every 10 s even without an active call (upstream's settings).
+AGENT_GRPC_OPTIONS: list[tuple[str, int]] = [
+    *GRPC_OPTIONS,
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+]
 
 
 @dataclass(frozen=True)
@@ -158,6 +181,7 @@ class ServerApp:
         self._cluster_elector: Elector | None = None
         self.shard: Shard | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._secrets: SecretStore | None = None
 
     # --- HealthSource -----------------------------------------------------------------------
 
@@ -242,6 +266,7 @@ class ServerApp:
             prefix=secrets_cfg.prefix or None,
             keys=keys,
         )
+        self._secrets = secrets
         backoff = Backoff(base=1.0, cap=15.0)
         attempt = 0
         while not stop.is_set():
@@ -286,7 +311,8 @@ class ServerApp:
         host, port = _host_port(health_addr, "--health-addr")
         self.health_port = await health.start(host, port)
         log.info("health endpoint on %s:%d", host, self.health_port)
-        grpc_server: grpc.aio.Server | None = None
+        grpc_servers: list[grpc.aio.Server] = []
+        background: list[asyncio.Task[None]] = []
         electors: list[asyncio.Task[None]] = []
         provider = None
         try:
@@ -367,36 +393,65 @@ class ServerApp:
                 leadership=_Leadership(elector),
                 metrics=self.metrics,
                 cluster_leadership=_Leadership(self._cluster_elector),
+                secrets=self._secrets,
             )
             self.shard = Shard(ctx)
+            registrar = Registrar(ctx)
+            restored = await registrar.backfill_operators()
+            if restored:
+                log.info("restored %d operator registrations from cluster storage", restored)
 
             def is_revoked(serial: str) -> bool:
                 with db.read_session() as session:
                     return repo.is_serial_revoked(session, serial)
 
-            grpc_server = grpc.aio.server(
-                interceptors=[
-                    ServerInterceptor(
-                        ca=identity.ca, clock=self.clock, is_revoked=is_revoked, metrics=self.metrics
-                    )
-                ]
+            interceptor = ServerInterceptor(
+                ca=identity.ca, clock=self.clock, is_revoked=is_revoked, metrics=self.metrics
             )
-            operator_pb2_grpc.add_OperatorServiceServicer_to_server(OperatorServicer(self.shard), grpc_server)
             hosts = advertised_hosts([*advertise.values(), *bind.values()])
-            creds, _ = server_credentials(identity.ca, hosts=hosts, clock=self.clock)
-            op_host, op_port = _host_port(bind["operator_addr"], "shard.bind.operator_addr")
-            bound = grpc_server.add_secure_port(f"{op_host}:{op_port}", creds)
-            if bound == 0:
-                raise FailedPrecondition(f"cannot listen on shard.bind.operator_addr {bind['operator_addr']}")
-            await grpc_server.start()
-            log.info("operator API (mTLS) on %s:%d", op_host, bound)
+            mtls, _ = server_credentials(identity.ca, hosts=hosts, clock=self.clock)
+            server_auth, _ = server_credentials(
+                identity.ca, hosts=hosts, clock=self.clock, require_client_cert=False
+            )
+            operator_server = grpc.aio.server(interceptors=[interceptor], options=GRPC_OPTIONS)
+            operator_pb2_grpc.add_OperatorServiceServicer_to_server(
+                OperatorServicer(self.shard), operator_server
+            )
+            registration_server = grpc.aio.server(interceptors=[interceptor], options=GRPC_OPTIONS)
+            registration_pb2_grpc.add_RegistrationServiceServicer_to_server(
+                RegistrationServicer(registrar), registration_server
+            )
+            agent_server = grpc.aio.server(interceptors=[interceptor], options=AGENT_GRPC_OPTIONS)
+            agent_pb2_grpc.add_AgentServiceServicer_to_server(
+                AgentServicer(self.shard.agents, registrar), agent_server
+            )
+            for server, field, creds, what in (
+                (operator_server, "operator_addr", mtls, "operator API (mTLS)"),
+                (registration_server, "registration_addr", server_auth, "registration (TLS)"),
+                (agent_server, "agent_addr", mtls, "agent API (mTLS)"),
+            ):
+                host, port = _host_port(bind[field], f"shard.bind.{field}")
+                bound = server.add_secure_port(f"{host}:{port}", creds)
+                if bound == 0:
+                    raise FailedPrecondition(f"cannot listen on shard.bind.{field} {bind[field]}")
+                await server.start()
+                grpc_servers.append(server)
+                log.info("%s on %s:%d", what, host, bound)
+            background.append(
+                asyncio.create_task(
+                    revocation_loop(cluster_store, db, clock=self.clock, interval=REVOCATION_SYNC_INTERVAL),
+                    name="revocations",
+                )
+            )
 
             electors.append(asyncio.create_task(elector.run(), name="shard-election"))
             await stop.wait()
             log.info("shutting down")
             return 0
         finally:
-            await self._shutdown(grpc_server, electors, provider, health, db)
+            for task in background:
+                task.cancel()
+            await self._shutdown(grpc_servers, electors, provider, health, db)
 
     def _on_shard_leadership(self, leading: bool) -> None:
         shard = self.shard
@@ -410,7 +465,7 @@ class ServerApp:
 
     async def _shutdown(
         self,
-        grpc_server: grpc.aio.Server | None,
+        grpc_servers: list[grpc.aio.Server],
         electors: list[asyncio.Task[None]],
         provider: InstrumentedProvider | None,
         health: HealthServer,
@@ -419,8 +474,8 @@ class ServerApp:
         if self.shard is not None:
             await self.shard.stop_leading()
             self.shard.events.close_all()
-        if grpc_server is not None:
-            await grpc_server.stop(grace=2.0)
+            await self.shard.agents.close()
+        await asyncio.gather(*(server.stop(grace=2.0) for server in grpc_servers))
         for task in electors:
             task.cancel()
         for task in electors:

@@ -20,6 +20,7 @@ from nstance.db.engine import Database
 from nstance.objectstore.base import ObjectStore
 from nstance.pki.ca import CertificateAuthority
 from nstance.providers.base import Provider
+from nstance.secrets.base import SecretStore
 from nstance.server.configstate import ConfigState
 from nstance.server.events import Events
 from nstance.server.limits import CreateLimiter
@@ -67,6 +68,8 @@ class ShardContext:
     metrics: Metrics
     events: Events = field(default_factory=Events)
     cluster_leadership: Leadership | None = None
+    #: The cluster's secret store (``secret`` files pushed to agents); None where no secrets are used.
+    secrets: SecretStore | None = None
 
     def is_leader(self) -> bool:
         return self.leadership.is_leader()

@@ -69,6 +69,8 @@ def member_of(row: Instance) -> Member:
         drain_acked=row.drain_acked_at is not None,
         delete_at=row.delete_at,
         infra_hash=row.infra_config_hash,
+        last_seen=row.health_at or row.registered_at,
+        spot_notice=bool((row.health or {}).get("termination_notice")),
     )
 
 
@@ -80,7 +82,13 @@ def status_of(row: Instance) -> str:
         return "draining"
     if row.record_state == RECORD_FAILED:
         return "failed"
-    return row.provider_status or "pending"
+    status = row.provider_status or "pending"
+    if status == InstanceStatus.RUNNING.value:
+        if row.health_at is not None:
+            return "healthy"
+        if row.registered_at is not None:
+            return "registered"
+    return status
 
 
 class InstanceOps:
@@ -97,7 +105,7 @@ class InstanceOps:
         self._adopt_task: asyncio.Task[None] | None = None
         # One thread for the batch cache writes: SQLite has one writer anyway, and the event loop keeps
         # serving provider completions while a batch is written.
-        self._db_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nstance-db")
+        self.db_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nstance-db")
         #: ``create_many`` calls running; while any is, record follow-ups wait (see ``followups``).
         self._creating = 0
         self.followups = RecordFollowUps(ctx.store, busy=lambda: self._creating > 0, fence=ctx.fence)
@@ -240,7 +248,7 @@ class InstanceOps:
             }
             for p in prepared_list
         ]
-        await asyncio.get_running_loop().run_in_executor(self._db_writer, self._insert_rows, rows, now)
+        await asyncio.get_running_loop().run_in_executor(self.db_writer, self._insert_rows, rows, now)
         self.in_flight.update(ids)
         config_doc = records.config_document(merged)
         recs = [
@@ -375,7 +383,7 @@ class InstanceOps:
             error: BaseException | None = None
             try:
                 await loop.run_in_executor(
-                    self._db_writer, self._write_adoptions, [(iid, vm) for iid, vm, _ in queue]
+                    self.db_writer, self._write_adoptions, [(iid, vm) for iid, vm, _ in queue]
                 )
             except Exception as exc:  # noqa: BLE001 - handed to every waiter
                 error = exc

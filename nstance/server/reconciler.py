@@ -18,16 +18,32 @@ from datetime import timedelta
 
 from nstance.config import MergedGroupConfig, infra_hash
 from nstance.core.backoff import Backoff
-from nstance.core.plan import Action, GroupPlan, PlanInput, next_wakeup, plan_group
+from nstance.core.plan import (
+    REASON_DRIFT,
+    REASON_ELIGIBLE_EXPIRY,
+    REASON_FORCED_EXPIRY,
+    Action,
+    GroupPlan,
+    PlanInput,
+    next_on_demand_wakeup,
+    next_wakeup,
+    plan_group,
+    plan_on_demand,
+)
 from nstance.db import repo
 from nstance.db.models import Instance
 from nstance.server.context import ShardContext
-from nstance.server.instances import InstanceOps, member_of
+from nstance.server.instances import Created, InstanceOps, member_of
 from nstance.server.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 
 GroupKey = tuple[str, str]
+
+#: Drains that are planned rotations (not repairs): they wait until the replacement create succeeded.
+ROTATION_REASONS = frozenset({REASON_DRIFT, REASON_ELIGIBLE_EXPIRY, REASON_FORCED_EXPIRY})
+#: Health intervals an agent may miss (while its VM runs) before the instance is replaced.
+MISSED_REPORTS = 3
 
 
 class Reconciler:
@@ -100,7 +116,19 @@ class Reconciler:
             drain_timeout=merged.drain_timeout,
             eligible_age=expiry.eligible_age if expiry else None,
             forced_age=expiry.forced_age if expiry else None,
+            silence_limit=self._silence_limit(),
         )
+
+    def _silence_limit(self) -> timedelta | None:
+        """Three missed health intervals: then a registered agent that went quiet is replaced."""
+        snapshot = self._ctx.config.snapshot()
+        if snapshot is None:
+            return None
+        return MISSED_REPORTS * snapshot.config.shard.health_check_interval
+
+    def _ondemand_age(self) -> timedelta | None:
+        snapshot = self._ctx.config.snapshot()
+        return snapshot.config.shard.expiry.ondemand_age if snapshot is not None else None
 
     async def reconcile(self, key: GroupKey) -> None:
         """Bring one group toward its wanted state (level-triggered: safe to call any time)."""
@@ -112,12 +140,24 @@ class Reconciler:
         snapshot = ctx.config.snapshot()
         merged = snapshot.merged(tenant, group) if snapshot is not None else None
         with ctx.db.read_session() as session:
-            rows = repo.list_active_instances(session, tenant=tenant, group_key=group, managed_only=True)
-        by_id = {row.id: row for row in rows}
+            all_rows = repo.list_active_instances(session, tenant=tenant, group_key=group)
+        rows = [row for row in all_rows if not row.on_demand]
+        by_id = {row.id: row for row in all_rows}
         members = [member_of(row) for row in rows]
+        on_demand = [member_of(row) for row in all_rows if row.on_demand]
         spec = self._spec(merged)
         now = ctx.clock.now()
         plan = plan_group(spec, members, now)
+        ondemand_age = self._ondemand_age()
+        drain_timeout = merged.drain_timeout if merged is not None else timedelta(0)
+        if on_demand:
+            extra = plan_on_demand(on_demand, ondemand_age=ondemand_age, drain_timeout=drain_timeout, now=now)
+            plan = GroupPlan(
+                create=plan.create,
+                delete=plan.delete + extra.delete,
+                drain=plan.drain + extra.drain,
+                serving=plan.serving,
+            )
         started = time.perf_counter()
         self.reconciles += 1
         ok = True
@@ -143,7 +183,10 @@ class Reconciler:
             delay = self._backoff.delay(attempt)
             log.info("reconcile %s/%s had errors; retrying in %.1fs", tenant, group, delay)
             self.queue.add_after(key, delay)
-        wake = next_wakeup(spec, members, now)
+        wakes = [next_wakeup(spec, members, now)]
+        if on_demand:
+            wakes.append(next_on_demand_wakeup(on_demand, ondemand_age=ondemand_age, now=now))
+        wake = min((w for w in wakes if w is not None), default=None)
         if wake is not None:
             self.queue.add_after(key, max(0.0, (wake - now).total_seconds()) + 0.5)
         log.debug("reconcile %s/%s took %.3fs", tenant, group, elapsed)
@@ -158,10 +201,6 @@ class Reconciler:
         tenant, group = key
         ops = self._ops
         drain_timeout = merged.drain_timeout if merged is not None else timedelta(0)
-        for action in plan.drain:
-            ops.drain(rows[action.instance_id], action.reason, drain_timeout)
-        if plan.drain:
-            self.queue.add_after(key, drain_timeout.total_seconds() + 0.5)
 
         async def delete(action: Action) -> None:
             row = rows[action.instance_id]
@@ -170,16 +209,26 @@ class Reconciler:
             else:
                 await ops.delete(row, action.reason)
 
-        created: list[object] = []
+        created: list[Created | BaseException] = []
 
         async def create() -> None:
             if merged is not None and plan.create:
                 created.extend(await ops.create_many(merged, plan.create))
 
+        # Replacements first: a drained instance leaves only once its successor has been asked for.
         results: list[object] = list(
             await asyncio.gather(create(), *(delete(a) for a in plan.delete), return_exceptions=True)
         )
         results.extend(created)
+        creates_failed = any(isinstance(r, BaseException) for r in created) or isinstance(
+            results[0], BaseException
+        )
+        for action in plan.drain:
+            if creates_failed and action.reason in ROTATION_REASONS:
+                continue  # a planned rotation waits for a successful replacement; retried with backoff
+            ops.drain(rows[action.instance_id], action.reason, drain_timeout)
+        if plan.drain:
+            self.queue.add_after(key, drain_timeout.total_seconds() + 0.5)
         ok = True
         for result in results:
             if isinstance(result, BaseException):

@@ -30,6 +30,7 @@ from nstance.core.errors import FailedPrecondition, InvalidArgument, NotFound, N
 from nstance.db import repo
 from nstance.pki.certs import issue_client_certificate
 from nstance.pki.operator_record import operator_record, operator_record_key
+from nstance.server.agents import AgentHub
 from nstance.server.api import (
     ConfigStatusView,
     GroupView,
@@ -68,6 +69,8 @@ class Shard:
         self.ctx = ctx
         self.events: Events = ctx.events
         self.ops = InstanceOps(ctx)
+        self.agents = AgentHub(ctx, db_writer=self.ops.db_writer, secrets=ctx.secrets)
+        self.agents.on_group_change = self._group_changed
         self._workers = workers
         self._resync_interval = resync_interval
         self._operator_cert_ttl_hours = operator_cert_ttl_hours
@@ -80,6 +83,10 @@ class Shard:
 
     def is_leader(self) -> bool:
         return self.ctx.is_leader()
+
+    def _group_changed(self, key: GroupKey) -> None:
+        if self.reconciler is not None:
+            self.reconciler.enqueue(key)
 
     def leader_address(self) -> str:
         return self.ctx.leadership.leader_address()

@@ -29,7 +29,7 @@ from nstance.objectstore.file import FileObjectStore
 from nstance.objectstore.scoped import ScopedObjectStore
 from nstance.pki.certs import issue_client_certificate
 from nstance.pki.keys import generate_private_key, private_key_to_pem
-from nstance.rpc import operator_pb2_grpc
+from nstance.rpc import agent_pb2_grpc, operator_pb2_grpc
 from nstance.secrets.cluster_identity import ClusterIdentity, ensure_cluster_identity
 from nstance.secrets.objectstorage import ObjectStorageSecretStore
 
@@ -61,8 +61,12 @@ def shard_config(
     groups: Mapping[str, Mapping[str, Any]] | None = None,
     election: Mapping[str, str] | None = None,
     shard_extra: Mapping[str, Any] | None = None,
+    template_extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A complete config.jsonc document (as a dict) for tests: one template ``app`` of kind ``app``."""
+    """A complete config.jsonc document (as a dict) for tests: one template ``app`` of kind ``app``.
+
+    ``shard_extra`` and ``template_extra`` are merged into the shard section and the template.
+    """
     shard_doc: dict[str, Any] = {
         "id": shard,
         "infra": {
@@ -98,6 +102,7 @@ def shard_config(
                 "arch": "amd64",
                 "subnet_pool": "default",
                 "userdata": {"content": "#!/bin/sh\n# {{ Instance.ID }}\n"},
+                **dict(template_extra or {}),
             }
         },
         "groups": {
@@ -131,12 +136,12 @@ class LocalCluster:
     def write_config(self, shard: str, config: Mapping[str, Any]) -> None:
         self.shard_store(shard).put("config.jsonc", json.dumps(config, indent=2).encode("utf-8"))
 
-    def operator_identity(self, directory: Path, *, tenant: str = "default") -> Path:
-        """Write ca.crt, identity.key, identity.crt for an operator of ``tenant`` into ``directory``."""
+    def client_identity(self, directory: Path, *, client_id: str, tenant: str, role: str) -> Path:
+        """Write ca.crt, identity.key, identity.crt for a client of ``role`` into ``directory``."""
         identity = self.identity or self.init()
         key = generate_private_key("ecdsa-p256")
         issued = issue_client_certificate(
-            identity.ca, key.public_key(), client_id=self.cluster_id, tenant=tenant, role="operator"
+            identity.ca, key.public_key(), client_id=client_id, tenant=tenant, role=role
         )
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "ca.crt").write_bytes(identity.ca.cert_pem)
@@ -145,17 +150,33 @@ class LocalCluster:
         os.chmod(directory / "identity.key", 0o600)
         return directory
 
-    def operator_stub(self, directory: Path, target: str) -> operator_pb2_grpc.OperatorServiceStub:
-        """A synchronous OperatorService stub over mTLS with the identity in ``directory``."""
+    def operator_identity(self, directory: Path, *, tenant: str = "default") -> Path:
+        """An operator identity of ``tenant`` (CN = cluster id) in ``directory``."""
+        return self.client_identity(directory, client_id=self.cluster_id, tenant=tenant, role="operator")
+
+    def agent_identity(self, directory: Path, instance_id: str, *, tenant: str = "default") -> Path:
+        """An agent identity for ``instance_id`` in ``directory``, as registration would issue it."""
+        return self.client_identity(directory, client_id=instance_id, tenant=tenant, role="agent")
+
+    @staticmethod
+    def channel(directory: Path, target: str) -> grpc.Channel:
+        """A synchronous mTLS channel with the identity in ``directory``."""
         credentials = grpc.ssl_channel_credentials(
             root_certificates=(directory / "ca.crt").read_bytes(),
             private_key=(directory / "identity.key").read_bytes(),
             certificate_chain=(directory / "identity.crt").read_bytes(),
         )
-        channel = grpc.secure_channel(
+        return grpc.secure_channel(
             target, credentials, options=[("grpc.ssl_target_name_override", "nstance-server")]
         )
-        return operator_pb2_grpc.OperatorServiceStub(channel)
+
+    def operator_stub(self, directory: Path, target: str) -> operator_pb2_grpc.OperatorServiceStub:
+        """A synchronous OperatorService stub over mTLS with the identity in ``directory``."""
+        return operator_pb2_grpc.OperatorServiceStub(self.channel(directory, target))
+
+    def agent_stub(self, directory: Path, target: str) -> agent_pb2_grpc.AgentServiceStub:
+        """A synchronous AgentService stub over mTLS with the identity in ``directory``."""
+        return agent_pb2_grpc.AgentServiceStub(self.channel(directory, target))
 
 
 @dataclass

@@ -12,13 +12,18 @@ from nstance.core.plan import (
     REASON_ELIGIBLE_EXPIRY,
     REASON_FORCED_EXPIRY,
     REASON_GROUP_DELETED,
+    REASON_ONDEMAND_EXPIRY,
     REASON_SCALE_DOWN,
+    REASON_SILENT,
+    REASON_SPOT,
     REASON_UNHEALTHY,
     Action,
     Member,
     PlanInput,
+    next_on_demand_wakeup,
     next_wakeup,
     plan_group,
+    plan_on_demand,
 )
 
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
@@ -153,3 +158,75 @@ def test_next_wakeup_is_the_earliest_deadline() -> None:
     ]
     assert next_wakeup(spec, members, NOW) == NOW + timedelta(minutes=2)
     assert next_wakeup(PlanInput(desired=1), [member("a", 1)], NOW) is None
+
+
+# --- health, spot and on-demand expiry -------------------------------------------------------------
+
+
+def test_a_silent_registered_member_is_replaced_and_drained() -> None:
+    limit = timedelta(minutes=3)
+    quiet = member("quiet", 30, registered=True, last_seen=NOW - timedelta(minutes=4))
+    fine = member("fine", 20, registered=True, last_seen=NOW - timedelta(minutes=1))
+    spec = PlanInput(desired=2, drain_timeout=timedelta(minutes=5), silence_limit=limit)
+    plan = plan_group(spec, [quiet, fine], NOW)
+    assert plan.create == 1
+    assert [(a.instance_id, a.reason) for a in plan.drain] == [("quiet", REASON_SILENT)]
+    assert plan.delete == ()
+
+
+def test_a_member_quiet_for_less_than_the_limit_is_left_alone_and_a_wakeup_is_set_for_the_limit() -> None:
+    limit = timedelta(minutes=3)
+    m = member("a", 30, registered=True, last_seen=NOW - timedelta(minutes=2))
+    spec = PlanInput(desired=1, silence_limit=limit)
+    assert plan_group(spec, [m], NOW).empty
+    assert next_wakeup(spec, [m], NOW) == NOW + timedelta(minutes=1)
+
+
+def test_a_never_registered_member_is_not_judged_by_health() -> None:
+    spec = PlanInput(desired=1, silence_limit=timedelta(minutes=3))
+    assert plan_group(spec, [member("new", 60)], NOW).empty
+
+
+def test_a_spot_notice_replaces_and_drains_without_waiting_for_silence() -> None:
+    spec = PlanInput(desired=1, drain_timeout=timedelta(minutes=2), silence_limit=timedelta(minutes=3))
+    m = member("spot", 5, registered=True, last_seen=NOW, spot_notice=True)
+    plan = plan_group(spec, [m], NOW)
+    assert plan.create == 1
+    assert [(a.instance_id, a.reason) for a in plan.drain] == [("spot", REASON_SPOT)]
+
+
+def test_without_a_drain_timeout_a_silent_member_is_deleted_after_its_replacement_is_asked_for() -> None:
+    spec = PlanInput(desired=1, silence_limit=timedelta(minutes=3))
+    m = member("quiet", 30, registered=True, last_seen=NOW - timedelta(hours=1))
+    plan = plan_group(spec, [m], NOW)
+    assert plan.create == 1
+    assert [a.reason for a in plan.delete] == [REASON_SILENT]
+
+
+def test_a_replacement_under_way_blocks_drift_rotation() -> None:
+    spec = PlanInput(
+        desired=2, infra_hash="new", drain_timeout=timedelta(minutes=5), silence_limit=timedelta(minutes=3)
+    )
+    quiet = member("quiet", 30, registered=True, last_seen=NOW - timedelta(hours=1), infra_hash="new")
+    old = member("old", 40, registered=True, last_seen=NOW, infra_hash="old")
+    plan = plan_group(spec, [quiet, old], NOW)
+    assert [a.instance_id for a in plan.drain] == ["quiet"]
+
+
+def test_on_demand_members_expire_by_draining_without_replacement() -> None:
+    old = member("old", 120, registered=True)
+    young = member("young", 10, registered=True)
+    plan = plan_on_demand(
+        [old, young], ondemand_age=timedelta(hours=1), drain_timeout=timedelta(minutes=5), now=NOW
+    )
+    assert plan.create == 0
+    assert [(a.instance_id, a.reason) for a in plan.drain] == [("old", REASON_ONDEMAND_EXPIRY)]
+    assert next_on_demand_wakeup([young], ondemand_age=timedelta(hours=1), now=NOW) == NOW + timedelta(
+        minutes=50
+    )
+
+
+def test_an_acknowledged_on_demand_drain_becomes_a_delete() -> None:
+    m = member("od", 120, registered=True, draining=True, drain_acked=True)
+    plan = plan_on_demand([m], ondemand_age=timedelta(hours=1), drain_timeout=timedelta(minutes=5), now=NOW)
+    assert [a.reason for a in plan.delete] == [REASON_DRAIN_COMPLETE]
