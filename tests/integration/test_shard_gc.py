@@ -292,6 +292,11 @@ async def test_scale_down_drains_registered_instances_until_ack_or_deadline(tmp_
     await h.reconcile()
     assert set(h.live()) == {keeper, waiting}
     h.clock.advance(timedelta(minutes=5, seconds=1))
+    with h.db.session() as session:  # the keeper's agent kept reporting meanwhile
+        repo.record_health_many(
+            session,
+            [{"instance_id": keeper, "health_at": h.clock.now(), "health": {}, "runtime_config_hash": None}],
+        )
     await h.reconcile()
     assert set(h.live()) == {keeper}
     h.db.close()

@@ -179,6 +179,11 @@ MESSAGES: dict[str, dict[str, list[tuple[str, int, str]]]] = {
             ("keys", 2, "repeated nstance.v1.PublicKeySubmission"),
         ],
         "PublicKeySubmission": [("filename", 1, "string"), ("public_key_pem", 2, "bytes")],
+        "RenewAgentCertificateRequest": [("public_key_pem", 1, "bytes")],
+        "RenewAgentCertificateResponse": [
+            ("client_certificate_pem", 1, "bytes"),
+            ("expires_at", 2, TS),
+        ],
         "HealthReportRequest": [
             ("version", 1, "string"),
             ("instance_id", 2, "string"),
@@ -304,6 +309,14 @@ SERVICES: dict[str, dict[str, list[tuple[str, str, str, bool, bool]]]] = {
             ("SubmitPublicKeys", "PublicKeysRequest", EMPTY, False, False),
             ("SubmitHealthReport", "HealthReportRequest", EMPTY, True, False),
             ("ReceiveFiles", EMPTY, "FileTransfer", False, True),
+            # Our addition (not in the Go API): agents renew their certificate over mTLS.
+            (
+                "RenewAgentCertificate",
+                "RenewAgentCertificateRequest",
+                "RenewAgentCertificateResponse",
+                False,
+                False,
+            ),
         ]
     },
     "operator": {
