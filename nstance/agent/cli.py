@@ -1,22 +1,31 @@
-"""Command line of nstance-agent.
+"""Command line of nstance-agent: flags, logging, signals and exit codes around ``Agent.run``.
 
-The agent is configured through ``NSTANCE_*`` environment variables, as upstream's is. Registration and
-the mTLS streams arrive with the agent release. Until then the command is a well-behaved placeholder for
-the ``local`` provider: given ``--instance-dir DIR`` it checks the directory and its identity files
-(exit 2 with a message naming what is missing), logs that it is waiting for the registration feature,
-and blocks until SIGTERM or SIGINT, then exits 0. Without ``--instance-dir`` it says the agent is not
-available yet and exits 2. It must not touch anything outside the instance directory.
+Configuration comes from ``NSTANCE_*`` variables (config.py). ``--instance-dir DIR`` (or
+``NSTANCE_INSTANCE_DIR``) is the local provider's contract: the identity, keys and receive directories
+default to ``DIR/identity``, ``DIR/keys`` and ``DIR/recv``, and ``DIR/instance.json`` fills in the server
+addresses and instance ID when the environment lacks them. Exit codes: 0 after SIGTERM/SIGINT, 2 for a
+configuration or bootstrap problem (the message names the variable or file), 1 for anything unexpected.
+This module holds no agent logic.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
+from types import FrameType
 from typing import Annotated
 
 import typer
+
+from nstance import __version__
+from nstance.agent.config import AgentConfig, ConfigError, load_config
+from nstance.agent.run import Agent
+from nstance.core.errors import FailedPrecondition, InvalidArgument
 
 log = logging.getLogger("nstance.agent")
 
@@ -26,35 +35,81 @@ app = typer.Typer(
         "Nstance agent: registers this VM with its shard server using the nonce from userdata, then "
         "streams health reports and receives files over mTLS. Configured with NSTANCE_* variables "
         "(NSTANCE_SERVER_REGISTRATION_ADDR, NSTANCE_SERVER_AGENT_ADDR, NSTANCE_INSTANCE_ID, "
-        "NSTANCE_IDENTITY_DIR, NSTANCE_REPORT_INTERVAL, ...)."
+        "NSTANCE_IDENTITY_DIR, NSTANCE_REPORT_INTERVAL, ...); see docs/agent.md."
     ),
 )
 
-IDENTITY_FILES: tuple[str, ...] = ("identity/nonce.jwt", "identity/ca.crt")
+IDENTITY_FILES: tuple[str, ...] = ("nonce.jwt", "ca.crt")
+STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT)
 
 
-def check_instance_dir(instance_dir: Path) -> str | None:
+def check_instance_dir(instance_dir: Path, identity_dir: Path | None = None) -> str | None:
     """Why ``instance_dir`` cannot be used by the agent, or None when it can."""
     if not instance_dir.is_dir():
         return f"instance directory {instance_dir} does not exist (or is not a directory)"
-    missing = [name for name in IDENTITY_FILES if not (instance_dir / name).is_file()]
+    identity = identity_dir or instance_dir / "identity"
+    missing = [str(identity / name) for name in IDENTITY_FILES if not (identity / name).is_file()]
     if missing:
         lacking = ", ".join(missing)
         return f"instance directory {instance_dir} lacks {lacking} (the provider writes them at create)"
     return None
 
 
-STOP_SIGNALS: frozenset[signal.Signals] = frozenset({signal.SIGTERM, signal.SIGINT})
+def read_instance_info(instance_dir: Path) -> dict[str, object]:
+    """``DIR/instance.json`` as a dict ({} when absent or unreadable)."""
+    try:
+        data = json.loads((instance_dir / "instance.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
-def hold_stop_signals() -> None:
-    """Hold SIGTERM and SIGINT pending from now on, so one sent early is not lost or fatal."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+class _EarlySignals:
+    """Records a stop signal that arrives before the event loop installs its handlers."""
+
+    def __init__(self) -> None:
+        self.received: signal.Signals | None = None
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        self.received = signal.Signals(signum)
 
 
-def wait_for_stop_signal() -> int:
-    """Block until SIGTERM or SIGINT arrives (held since ``hold_stop_signals``); return its number."""
-    return int(signal.sigwait(STOP_SIGNALS))
+async def run_until_signal(config: AgentConfig, early: _EarlySignals) -> int:
+    """Run the agent until SIGTERM/SIGINT (exit 0) or a bootstrap problem (exit 2)."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    received: list[signal.Signals] = []
+
+    def on_signal(sig: signal.Signals) -> None:
+        received.append(sig)
+        stop.set()
+
+    for sig in STOP_SIGNALS:
+        loop.add_signal_handler(sig, on_signal, sig)
+    if early.received is not None:
+        on_signal(early.received)
+
+    agent = Agent(config)
+    agent_task = asyncio.create_task(agent.run(), name="agent")
+    stop_task = asyncio.create_task(stop.wait(), name="stop")
+    await asyncio.wait({agent_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+    if stop_task.done():
+        log.info("received %s; exiting", received[0].name)
+        agent_task.cancel()
+        try:
+            await asyncio.wait_for(agent_task, timeout=5)
+        except (asyncio.CancelledError, TimeoutError):
+            pass
+        except Exception:
+            log.exception("error while stopping")
+        return 0
+    stop_task.cancel()
+    try:
+        agent_task.result()
+    except (FailedPrecondition, InvalidArgument) as exc:
+        typer.echo(f"nstance-agent: {exc}", err=True)
+        return 2
+    return 1  # pragma: no cover - run() only returns by raising
 
 
 @app.command()
@@ -64,38 +119,53 @@ def main_command(
         typer.Option(
             "--instance-dir",
             envvar="NSTANCE_INSTANCE_DIR",
-            help="Directory the local provider prepared for this instance (userdata, identity/).",
+            help="Directory the local provider prepared for this instance (identity/, instance.json).",
         ),
     ] = None,
     debug: Annotated[
         bool, typer.Option("--debug", "-v", envvar="NSTANCE_DEBUG", help="Verbose logs.")
     ] = False,
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
 ) -> None:
     """Run the agent."""
+    if version:
+        typer.echo(f"nstance-agent {__version__}")
+        raise typer.Exit(0)
+    early = _EarlySignals()
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, early)
     logging.basicConfig(
         level=logging.DEBUG if debug else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    if instance_dir is None:
-        typer.echo(
-            "nstance-agent: the agent is not part of this release yet; only the local provider's "
-            "placeholder (--instance-dir DIR) runs.",
-            err=True,
-        )
-        raise typer.Exit(2)
-    hold_stop_signals()  # before the "waiting" line: once it is logged, SIGTERM means exit 0
-    problem = check_instance_dir(instance_dir)
-    if problem is not None:
-        typer.echo(f"nstance-agent: {problem}", err=True)
-        raise typer.Exit(2)
+    env = dict(os.environ)
+    info: dict[str, object] = {}
+    if instance_dir is not None:
+        identity_env = env.get("NSTANCE_IDENTITY_DIR", "").strip()
+        problem = check_instance_dir(instance_dir, Path(identity_env) if identity_env else None)
+        if problem is not None:
+            typer.echo(f"nstance-agent: {problem}", err=True)
+            raise typer.Exit(2)
+        info = read_instance_info(instance_dir)
+    try:
+        config = load_config(env, instance_dir=instance_dir, instance_info=info)
+    except ConfigError as exc:
+        typer.echo(f"nstance-agent: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    if early.received is not None:
+        log.info("received %s; exiting", early.received.name)
+        raise typer.Exit(0)
     log.info(
-        "instance directory %s is ready; waiting for the registration feature (not in this release) "
-        "until SIGTERM or SIGINT",
-        instance_dir,
+        "nstance-agent %s for %s: registration %s, agent %s, identity %s",
+        __version__,
+        config.instance_id,
+        config.registration_addr,
+        config.agent_addr,
+        config.identity_dir,
     )
-    signum = wait_for_stop_signal()
-    log.info("received %s; exiting", signal.Signals(signum).name)
+    code = asyncio.run(run_until_signal(config, early))
+    raise typer.Exit(code)
 
 
 def main() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 from collections.abc import Iterable
 from datetime import datetime, timedelta
@@ -28,6 +29,7 @@ from nstance.config.workloads import GroupConfig
 from nstance.core.backoff import Backoff
 from nstance.core.errors import FailedPrecondition, InvalidArgument, NotFound, NstanceError, Unavailable
 from nstance.db import repo
+from nstance.objectstore.base import ObjectNotFound
 from nstance.pki.certs import issue_client_certificate
 from nstance.pki.operator_record import operator_record, operator_record_key
 from nstance.server.agents import AgentHub
@@ -70,7 +72,7 @@ class Shard:
         self.events: Events = ctx.events
         self.ops = InstanceOps(ctx)
         self.agents = AgentHub(ctx, db_writer=self.ops.db_writer, secrets=ctx.secrets)
-        self.agents.on_group_change = self._group_changed
+        self.agents.on_group_change = self.group_changed
         self._workers = workers
         self._resync_interval = resync_interval
         self._operator_cert_ttl_hours = operator_cert_ttl_hours
@@ -84,7 +86,8 @@ class Shard:
     def is_leader(self) -> bool:
         return self.ctx.is_leader()
 
-    def _group_changed(self, key: GroupKey) -> None:
+    def group_changed(self, key: GroupKey) -> None:
+        """Mark a group for reconcile now (no-op while not leading)."""
         if self.reconciler is not None:
             self.reconciler.enqueue(key)
 
@@ -429,10 +432,18 @@ class Shard:
             clock=self.ctx.clock,
         )
         key = operator_record_key(tenant, self.ctx.identity.cluster_id)
+        operator_id = client_id
+        try:  # keep the id registration stored (an ``opr`` id); older records carry the CN
+            raw, _ = await asyncio.to_thread(self.ctx.cluster_store.get, key)
+            stored = json.loads(raw).get("operator_id")
+            if isinstance(stored, str) and stored:
+                operator_id = stored
+        except (ObjectNotFound, ValueError, AttributeError):
+            pass
         data = operator_record(
             cluster_id=self.ctx.identity.cluster_id,
             tenant=tenant,
-            operator_id=client_id,
+            operator_id=operator_id,
             public_key_pem=public_key_pem.decode("ascii"),
             issued=issued,
             now=self.ctx.clock.now(),

@@ -290,3 +290,31 @@ class ServerProcess:
 
     def kill(self) -> int:
         return self.stop(signal.SIGKILL)
+
+
+def start_leader(
+    cluster: LocalCluster,
+    root: Path,
+    *,
+    shard: str = "zone-a",
+    env: Mapping[str, str] | None = None,
+    timeout: float = 20.0,
+) -> ServerProcess:
+    """Start one server of ``shard`` on ``cluster`` (cache and log under ``root``) and wait until it leads."""
+    process = ServerProcess(
+        server_id="s1",
+        shard=shard,
+        bucket=cluster.bucket,
+        cachedir=root / "cache",
+        health_addr=f"127.0.0.1:{free_port()}",
+        log_path=root / "server.log",
+        env=dict(env or {}),
+    ).start()
+    process.wait_healthy()
+    deadline = time.monotonic() + timeout
+    while not process.is_leader():
+        if time.monotonic() > deadline:
+            process.stop()
+            raise TimeoutError(f"the server of shard {shard} did not lead within {timeout:g}s")
+        time.sleep(0.05)
+    return process

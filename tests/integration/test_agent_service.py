@@ -20,7 +20,7 @@ import pytest
 from google.protobuf.empty_pb2 import Empty
 
 from nstance.rpc import agent_pb2, operator_pb2, operator_pb2_grpc
-from nstance.testing.shardproc import LocalCluster, ServerProcess, free_port, server_addrs, shard_config
+from nstance.testing.shardproc import LocalCluster, server_addrs, shard_config, start_leader
 
 pytestmark = pytest.mark.timeout(120)
 SHARD = "zone-a"
@@ -39,19 +39,7 @@ class Server:
         self.config = self.config_with(greeting="hello")
         self.cluster.write_config(SHARD, self.config)
         self.operator = self.cluster.operator_identity(root / "operator")
-        self.process = ServerProcess(
-            server_id="s1",
-            shard=SHARD,
-            bucket=self.cluster.bucket,
-            cachedir=root / "cache",
-            health_addr=f"127.0.0.1:{free_port()}",
-            log_path=root / "server.log",
-        ).start()
-        self.process.wait_healthy()
-        deadline = time.monotonic() + 20
-        while not self.process.is_leader():
-            assert time.monotonic() < deadline, "server never led"
-            time.sleep(0.05)
+        self.process = start_leader(self.cluster, root, shard=SHARD)
         self.ops: operator_pb2_grpc.OperatorServiceStub = self.cluster.operator_stub(
             self.operator, self.addrs["operator_addr"]
         )

@@ -16,14 +16,17 @@ from pathlib import Path
 
 import pytest
 
+from nstance import __version__
 from nstance.core.clock import ManualClock
 from nstance.core.errors import InvalidArgument
 from nstance.core.ids import new_instance_id
+from nstance.pki.ca import create_ca
 from nstance.providers.base import CreateRequest, InstanceNotFound, InstanceStatus
 from nstance.providers.local import LocalProvider, local_provider_from_options
 from nstance.testing.requests import sample_create_request
+from nstance.testing.shardproc import free_port
 
-CA_PEM = b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+CA_PEM = create_ca().cert_pem  # a real CA: the agent refuses to start with an unreadable ca.crt
 
 
 def req(cluster_id: str = "c1", shard: str = "s1") -> CreateRequest:
@@ -64,7 +67,7 @@ async def until(check: Callable[[], bool], within: float = 10.0) -> None:
 
 def agent_waiting(provider: LocalProvider, instance_id: str) -> bool:
     log = provider.instance_dir(instance_id) / "agent.log"
-    return log.exists() and "waiting for the registration feature" in log.read_text()
+    return log.exists() and f"nstance-agent {__version__} for {instance_id}" in log.read_text()
 
 
 @pytest.fixture
@@ -230,14 +233,22 @@ def test_agent_exits_cleanly_on_sigterm(tmp_path: Path) -> None:
     (tmp_path / "identity").mkdir()
     (tmp_path / "identity" / "ca.crt").write_bytes(CA_PEM)
     (tmp_path / "identity" / "nonce.jwt").write_text("x")
+    instance_id = new_instance_id("app")
+    env = {
+        **os.environ,
+        "NSTANCE_INSTANCE_ID": instance_id,
+        "NSTANCE_SERVER_REGISTRATION_ADDR": f"127.0.0.1:{free_port()}",  # nothing listens: it retries
+        "NSTANCE_SERVER_AGENT_ADDR": f"127.0.0.1:{free_port()}",
+    }
     agent = subprocess.Popen(
         [sys.executable, "-m", "nstance.agent", "--instance-dir", str(tmp_path)],
         stderr=subprocess.PIPE,
         text=True,
+        env=env,
     )
     try:
         assert agent.stderr is not None
-        assert "waiting for the registration feature" in agent.stderr.readline()
+        assert f"for {instance_id}: registration" in agent.stderr.readline()
         agent.send_signal(signal.SIGTERM)
         assert agent.wait(timeout=10) == 0
     finally:

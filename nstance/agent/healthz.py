@@ -1,0 +1,75 @@
+"""``GET /healthz`` for the agent (NSTANCE_HEALTH_ADDR): 200 when registered and the health stream is up.
+
+Responsible for a tiny HTTP/1.1 responder on asyncio streams: ``/healthz`` answers 200 ``ok`` or 503
+with a one-line reason taken from AgentState; any other path is 404. It does not decide health itself
+and serves nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from nstance.agent.state import AgentState
+
+log = logging.getLogger("nstance.agent.healthz")
+
+_REASONS = {
+    200: "OK",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    503: "Service Unavailable",
+    400: "Bad Request",
+}
+
+
+def split_host_port(addr: str) -> tuple[str, int]:
+    """``host:port``, ``:port`` or ``[v6]:port`` → (host, port); empty host means all interfaces."""
+    host, _, port = addr.rpartition(":")
+    host = host.strip("[]")
+    try:
+        number = int(port)
+    except ValueError as exc:
+        raise ValueError(f"{addr!r} has no numeric port") from exc
+    return host or "0.0.0.0", number
+
+
+async def serve_healthz(addr: str, state: AgentState) -> asyncio.Server:
+    """Start listening on ``addr``; the caller closes the returned server."""
+    host, port = split_host_port(addr)
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request_line = await asyncio.wait_for(reader.readline(), timeout=5)
+            while True:  # drain headers
+                line = await asyncio.wait_for(reader.readline(), timeout=5)
+                if line in (b"\r\n", b"\n", b""):
+                    break
+            parts = request_line.decode("latin-1").split()
+            if len(parts) < 2:
+                status, body = 400, "bad request"
+            elif parts[0] not in ("GET", "HEAD"):
+                status, body = 405, "method not allowed"
+            elif parts[1].split("?", 1)[0] != "/healthz":
+                status, body = 404, "not found"
+            else:
+                ok, reason = state.healthz()
+                status, body = (200 if ok else 503), reason
+            payload = (body.replace("\n", " ") + "\n").encode()
+            head = (
+                f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
+            ).encode()
+            writer.write(head if parts and parts[0] == "HEAD" else head + payload)
+            await writer.drain()
+        except (TimeoutError, ConnectionError, OSError):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError, OSError):
+                await writer.wait_closed()
+
+    server = await asyncio.start_server(handle, host, port)
+    log.info("serving /healthz on %s", addr)
+    return server

@@ -1,0 +1,137 @@
+"""The agent's identity on disk: bootstrap files, the ECDSA P-256 identity key and the client certificate.
+
+Responsible for reading ``identity/ca.crt`` and ``identity/nonce.jwt``, creating or reusing
+``identity/identity.key`` (mode 0600), deciding whether a stored ``identity.crt`` can be used, and the
+runtime config hash (``identity/config.hash``, or the nonce's ``config_hash`` claim as a hint). It does
+not talk to the server (register.py, renewal.py) and never verifies the nonce: that is the server's job.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from nstance.agent.fsutil import atomic_write
+from nstance.core.errors import FailedPrecondition, InvalidArgument, Unauthenticated
+from nstance.pki.ca import parse_certificate
+from nstance.pki.keys import generate_private_key, load_private_key_pem, private_key_to_pem, public_keys_equal
+from nstance.pki.peer import verify_client_certificate
+
+#: A stored certificate with less than this much validity left is not reused at start.
+MIN_REMAINING = timedelta(minutes=1)
+
+
+@dataclass(frozen=True, slots=True)
+class Bootstrap:
+    """What the provider put on the machine for registration."""
+
+    ca_pem: bytes
+    nonce: str
+
+
+def read_bootstrap(identity_dir: Path) -> Bootstrap:
+    """Read ``ca.crt`` and ``nonce.jwt``; FailedPrecondition naming the missing or unreadable file."""
+    ca_path = identity_dir / "ca.crt"
+    nonce_path = identity_dir / "nonce.jwt"
+    for path in (ca_path, nonce_path):
+        if not path.is_file():
+            raise FailedPrecondition(f"{path} is missing (the provider writes it from the instance userdata)")
+    ca_pem = ca_path.read_bytes()
+    try:
+        parse_certificate(ca_pem, what=str(ca_path))
+    except InvalidArgument as exc:
+        raise FailedPrecondition(str(exc)) from exc
+    nonce = nonce_path.read_text(encoding="utf-8", errors="replace").strip()
+    if not nonce:
+        raise FailedPrecondition(f"{nonce_path} is empty")
+    return Bootstrap(ca_pem=ca_pem, nonce=nonce)
+
+
+def ensure_identity_key(path: Path, *, mode: int = 0o600) -> ec.EllipticCurvePrivateKey:
+    """Load the ECDSA P-256 identity key at ``path``, or create it (atomically, ``mode``)."""
+    if path.exists():
+        key = load_private_key_pem(path.read_bytes(), ("ecdsa-p256",), what=f"identity key {path}")
+        if not isinstance(key, ec.EllipticCurvePrivateKey):  # pragma: no cover - load_* checked the type
+            raise InvalidArgument(f"identity key {path} is not ECDSA P-256")
+        return key
+    key = generate_private_key("ecdsa-p256")
+    if not isinstance(key, ec.EllipticCurvePrivateKey):  # pragma: no cover - asked for ECDSA
+        raise InvalidArgument("generated identity key is not ECDSA P-256")
+    atomic_write(path, private_key_to_pem(key), mode=mode, dir_mode=0o700)
+    return key
+
+
+def certificate_problem(
+    cert_pem: bytes,
+    *,
+    ca_pem: bytes,
+    key: ec.EllipticCurvePrivateKey,
+    instance_id: str,
+    now: datetime,
+) -> str | None:
+    """Why a stored identity certificate cannot be reused at start, or None when it can.
+
+    It must chain to the CA, be an agent certificate for ``instance_id``, match ``key`` and have at
+    least MIN_REMAINING left. Renewal (not re-registration) handles certificates that are merely ageing.
+    """
+    try:
+        ca = parse_certificate(ca_pem, what="ca.crt")
+        cert = parse_certificate(cert_pem, what="identity.crt")
+    except InvalidArgument as exc:
+        return str(exc)
+
+    class _At:
+        def now(self) -> datetime:
+            return now
+
+        def monotonic(self) -> float:  # pragma: no cover - not used by verify
+            return 0.0
+
+    try:
+        peer = verify_client_certificate(cert, ca, clock=_At())
+    except Unauthenticated as exc:
+        return str(exc)
+    if peer.role != "agent":
+        return f"identity.crt has role {peer.role!r}, not 'agent'"
+    if peer.client_id != instance_id:
+        return f"identity.crt is for {peer.client_id!r}, not this instance {instance_id!r}"
+    cert_key = cert.public_key()
+    if not isinstance(cert_key, ec.EllipticCurvePublicKey) or not public_keys_equal(cert_key, key):
+        return "identity.crt does not match identity.key"
+    if cert.not_valid_after_utc - now < MIN_REMAINING:
+        return f"identity.crt expires at {cert.not_valid_after_utc.isoformat()}"
+    return None
+
+
+def store_certificate(path: Path, cert_pem: bytes, *, mode: int = 0o600) -> None:
+    """Write the identity certificate atomically."""
+    atomic_write(path, cert_pem, mode=mode, dir_mode=0o700)
+
+
+def nonce_config_hash(nonce: str) -> str:
+    """The ``config_hash`` claim of a nonce JWT, decoded without verification ("" if absent/unreadable)."""
+    parts = nonce.strip().split(".")
+    if len(parts) != 3:
+        return ""
+    segment = parts[1] + "=" * (-len(parts[1]) % 4)
+    try:
+        payload = json.loads(base64.urlsafe_b64decode(segment.encode("ascii")))
+    except (ValueError, binascii.Error, UnicodeError):
+        return ""
+    value = payload.get("config_hash") if isinstance(payload, dict) else None
+    return value if isinstance(value, str) else ""
+
+
+def read_config_hash(path: Path, nonce: str = "") -> str:
+    """The applied runtime config hash: ``config.hash`` when present, else the nonce's hint."""
+    try:
+        text = path.read_text(encoding="utf-8").strip()
+    except (FileNotFoundError, NotADirectoryError):
+        text = ""
+    return text or nonce_config_hash(nonce)

@@ -1,0 +1,211 @@
+"""Real agents on a real server: the local provider starts an nstance-agent process per instance.
+
+Each test runs its own server (local provider, short health interval) and watches what a user of
+``nstance-admin`` would see: instance states, records, the agents' received files, and WatchInstances.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf.empty_pb2 import Empty
+
+from nstance.pki.keys import generate_private_key, public_key_to_pem
+from nstance.rpc import operator_pb2, operator_pb2_grpc, registration_pb2, registration_pb2_grpc
+from nstance.testing.shardproc import LocalCluster, server_addrs, shard_config, start_leader
+
+pytestmark = pytest.mark.timeout(180)
+SHARD = "zone-a"
+FILES = {"app.env": {"kind": "env", "template": {"GREETING": "{{ Vars.greeting }}"}}}
+
+
+class Shard:
+    def __init__(self, root: Path, *, size: int, drain: str = "1s") -> None:
+        self.root = root
+        self.cluster = LocalCluster(root / "bucket")
+        self.cluster.init()
+        self.addrs = server_addrs()
+        self.drain = drain
+        self.size = size
+        self.cluster.write_config(SHARD, self.config())
+        self.operator = self.cluster.operator_identity(root / "operator")
+        self.process = start_leader(self.cluster, root, shard=SHARD, env={"NSTANCE_REPORT_INTERVAL": "300ms"})
+        self.ops: operator_pb2_grpc.OperatorServiceStub = self.cluster.operator_stub(
+            self.operator, self.addrs["operator_addr"]
+        )
+
+    def config(self, *, greeting: str = "hello", instance_type: str = "small") -> dict[str, Any]:
+        return shard_config(
+            shard=SHARD,
+            addrs=self.addrs,
+            provider="local",
+            # A lease long enough that a busy CI machine does not cost the only server its leadership.
+            election={"frequent_interval": "200ms", "infrequent_interval": "1s", "leader_timeout": "6s"},
+            provider_options={"instances_dir": str(self.root / "instances"), "stop_instances_on_close": True},
+            groups={"web": {"template": "app", "size": self.size, "instance_type": instance_type}},
+            shard_extra={"health_check_interval": "1s", "default_drain_timeout": self.drain},
+            template_extra={"files": FILES, "vars": {"greeting": greeting}},
+        )
+
+    def reconfigure(self, **changes: str) -> None:
+        self.cluster.write_config(SHARD, self.config(**changes))
+        self.ops.RefreshConfig(Empty(), timeout=10)
+
+    def records(self) -> list[dict[str, Any]]:
+        store = self.cluster.shard_store(SHARD)
+        return [json.loads(store.get(key)[0]) for key in store.list("instance/")]
+
+    def live(self) -> list[dict[str, Any]]:
+        return [r for r in self.records() if r["status"] not in ("deleting", "deleted", "failed")]
+
+    def status(self, instance_id: str) -> str:
+        return str(
+            self.ops.GetInstanceStatus(
+                operator_pb2.GetInstanceStatusRequest(instance_id=instance_id), timeout=10
+            ).status
+        )
+
+    def healthy(self) -> list[str]:
+        return [r["instance_id"] for r in self.live() if self.status(r["instance_id"]) == "healthy"]
+
+    def agent_pid(self, instance_id: str) -> int:
+        info = json.loads((self.root / "instances" / instance_id / "instance.json").read_text())
+        return int(info["pid"])
+
+    def recv(self, instance_id: str) -> Path:
+        return self.root / "instances" / instance_id / "recv"
+
+
+def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def shard(tmp_path: Path) -> Iterator[Shard]:
+    s = Shard(tmp_path, size=1)
+    yield s
+    s.process.stop()
+
+
+def test_agents_register_report_and_get_their_files_and_a_replayed_nonce_is_refused(shard: Shard) -> None:
+    started = time.monotonic()
+    (iid,) = wait_for(lambda: len(shard.healthy()) == 1 and shard.healthy(), 30, "a healthy instance")
+    assert time.monotonic() - started < 20
+    record = next(r for r in shard.live() if r["instance_id"] == iid)
+    assert record["registered_at"]
+    assert record["cert_serial"]
+    wait_for(lambda: (shard.recv(iid) / "app.env").is_file(), 15, "app.env on the instance")
+    assert (shard.recv(iid) / "app.env").read_text() == "GREETING=hello\n"
+
+    nonce = (shard.root / "instances" / iid / "identity" / "nonce.jwt").read_text()
+    before = shard.records()
+    ca = shard.cluster.identity.ca.cert_pem if shard.cluster.identity else b""
+    channel = grpc.secure_channel(
+        shard.addrs["registration_addr"],
+        grpc.ssl_channel_credentials(root_certificates=ca),
+        options=[("grpc.ssl_target_name_override", "nstance-server")],
+    )
+    key = generate_private_key("ecdsa-p256")
+    with pytest.raises(grpc.RpcError) as caught:
+        registration_pb2_grpc.RegistrationServiceStub(channel).RegisterAgent(
+            registration_pb2.RegisterClientRequest(
+                registration_nonce_jwt=nonce, public_key_pem=public_key_to_pem(key.public_key())
+            ),
+            timeout=10,
+        )
+    assert caught.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert "already used" in (caught.value.details() or "")
+    after = shard.records()
+    assert [r.get("cert_serial") for r in after] == [r.get("cert_serial") for r in before]
+    assert shard.status(iid) == "healthy"
+
+
+def test_a_var_change_pushes_files_and_converges_without_replacing_the_vm(shard: Shard) -> None:
+    (iid,) = wait_for(lambda: len(shard.healthy()) == 1 and shard.healthy(), 30, "a healthy instance")
+    hash_file = shard.root / "instances" / iid / "identity" / "config.hash"
+    wait_for(hash_file.is_file, 15, "the agent's first commit")
+    old_hash = hash_file.read_text()
+    shard.reconfigure(greeting="bonjour")
+    wait_for(
+        lambda: (shard.recv(iid) / "app.env").read_text() == "GREETING=bonjour\n", 20, "the new file content"
+    )
+    wait_for(
+        lambda: hash_file.read_text() != old_hash,
+        20,
+        "the agent to commit the new hash",
+    )
+    time.sleep(1.0)  # a few report intervals: nothing may be replaced
+    assert [r["instance_id"] for r in shard.live()] == [iid]
+
+
+def test_a_stopped_agent_is_replaced_with_drain_and_a_killed_one_without(shard: Shard) -> None:
+    (first,) = wait_for(lambda: len(shard.healthy()) == 1 and shard.healthy(), 30, "a healthy instance")
+    pid = shard.agent_pid(first)
+    os.kill(pid, signal.SIGSTOP)  # the VM runs, its agent says nothing: replaced after 3 missed intervals
+    try:
+        second = wait_for(
+            lambda: [i for i in shard.healthy() if i != first], 40, "a replacement for the silent instance"
+        )[0]
+        wait_for(
+            lambda: first not in [r["instance_id"] for r in shard.live()], 30, "the silent instance to go"
+        )
+    finally:
+        with_suppressed_kill(pid, signal.SIGCONT)
+    log = shard.process.log()
+    assert f"instance {first} draining (health-reports-missed)" in log
+
+    os.kill(shard.agent_pid(second), signal.SIGKILL)  # the VM is gone: replaced without drain
+    wait_for(lambda: [i for i in shard.healthy() if i not in (first, second)], 40, "a replacement")
+    assert f"instance {second} draining" not in shard.process.log()
+
+
+def with_suppressed_kill(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+
+
+def test_an_instance_type_change_rotates_one_instance_at_a_time_each_drained_first(tmp_path: Path) -> None:
+    shard = Shard(tmp_path, size=2, drain="1s")
+    try:
+        old = wait_for(lambda: len(shard.healthy()) == 2 and shard.healthy(), 40, "two healthy instances")
+        events = shard.ops.WatchInstances(Empty())
+        shard.reconfigure(instance_type="large")
+        drained: list[str] = []
+        deadline = time.monotonic() + 90
+        for event in events:
+            if event.status == "pending_deletion":
+                assert event.reason == "config-drift"
+                assert event.instance_id in old
+                assert event.instance_id not in drained
+                live_old = [r["instance_id"] for r in shard.live() if r["instance_id"] in old]
+                # one rotation at a time: the other old instance is still serving while this one drains
+                assert len(drained) == 0 or drained[-1] not in live_old
+                drained.append(event.instance_id)
+            if len(drained) == 2:
+                break
+            assert time.monotonic() < deadline, "rotation did not finish"
+        events.cancel()
+        final = wait_for(
+            lambda: (ids := shard.healthy()) and len(ids) == 2 and not set(ids) & set(old) and ids,
+            60,
+            "two new healthy instances",
+        )
+        assert len(final) == 2
+        assert sorted(drained) == sorted(old)
+    finally:
+        shard.process.stop()
