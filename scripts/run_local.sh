@@ -63,6 +63,10 @@ cleanup() {
 }
 trap cleanup INT TERM EXIT
 
+# The local provider's agents inherit the server's environment: report as often as the example's
+# shard.health_check_interval (10s) expects, or they would count as silent after three intervals.
+export NSTANCE_REPORT_INTERVAL=10s
+
 echo "== starting nstance-server (log: $STATE/server.log)"
 nstance-server --id local-1 --shard "$SHARD" --storage file --bucket "$STORAGE" \
     --cachedir "$STATE/cache" --health-addr 127.0.0.1:8990 >>"$STATE/server.log" 2>&1 &
@@ -92,7 +96,16 @@ while kill -0 "$SERVER_PID" 2>/dev/null; do
     echo
     nstance-admin group list 2>&1 || true
     echo
-    nstance-admin instance list 2>&1 || true
+    # Each live local instance with the state the server reports: pending -> registered -> healthy.
+    printf '%-32s %-12s %s\n' INSTANCE STATUS LAST_SEEN
+    for dir in "$INSTANCES"/*/; do
+        [ -f "$dir/instance.json" ] || continue
+        grep -q '"status": "deleted"' "$dir/instance.json" && continue
+        id="$(basename "$dir")"
+        nstance-admin instance show "$id" -o json 2>/dev/null | python3 -c \
+            'import json,sys; d=json.load(sys.stdin)[0]; print("%-32s %-12s %s" % (d["instance_id"], d["status"], d.get("last_seen", "-")))' 2>/dev/null \
+            || printf '%-32s %s\n' "$id" "(not known to the server yet)"
+    done
     echo
     echo "agent processes: $(pgrep -fc -- "--instance-dir $INSTANCES/" || true)"
     sleep 2
