@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 GroupKey = tuple[str, str]
 #: Delays (seconds) between provider checks after an agent's health stream ended.
 FOLLOW_UP_DELAYS = (3.0, 6.0, 12.0, 24.0, 30.0, 30.0, 30.0, 30.0)
+#: Seconds between batched health writes: an agent's reports in between collapse into one row update.
+HEALTH_FLUSH_INTERVAL = 0.5
 #: Reports after a push before the same files are pushed again if they still do not match.
 REPUSH_AFTER = 3
 
@@ -197,6 +199,8 @@ class AgentHub:
         self._health: dict[str, dict[str, Any]] = {}
         self._flush_task: asyncio.Task[None] | None = None
         self._flushed = asyncio.Event()
+        #: Set while someone waits for the buffered reports (a spot notice): no pause between writes.
+        self._urgent = False
         self._hashes: dict[GroupKey, tuple[object, MergedGroupConfig | None, str]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.reports = 0
@@ -453,6 +457,8 @@ class AgentHub:
                 batch, self._health = list(self._health.values()), {}
                 try:
                     await loop.run_in_executor(self._db_writer, self._write_health, batch)
+                    if self._health and not self._urgent:
+                        await asyncio.sleep(HEALTH_FLUSH_INTERVAL)
                 except Exception:
                     log.exception(
                         "cannot store %d health reports; the next reports carry the same facts", len(batch)
@@ -466,8 +472,12 @@ class AgentHub:
 
     async def flushed(self) -> None:
         """Return once every buffered report is in SQLite."""
-        while self._flush_task is not None and not self._flush_task.done():
-            await self._flushed.wait()
+        self._urgent = True
+        try:
+            while self._flush_task is not None and not self._flush_task.done():
+                await self._flushed.wait()
+        finally:
+            self._urgent = False
 
     async def _after_flush(self, then: Callable[[], None]) -> None:
         await self.flushed()

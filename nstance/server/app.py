@@ -398,9 +398,9 @@ class ServerApp:
             self.shard = Shard(ctx)
             registrar = Registrar(ctx)
             shard = self.shard
-            # A registered agent is judged by its health reports from now on: reconcile its group so
-            # the planner schedules the missed-reports deadline.
-            registrar.on_registered = lambda tenant, group, _iid: shard.group_changed((tenant, group))
+            # A registered agent is judged by its health reports from now on: its group is reconciled
+            # once its missed-reports deadline could pass (one timer per group, however many register).
+            registrar.on_registered = lambda tenant, group, _iid: shard.health_deadline((tenant, group))
             restored = await registrar.backfill_operators()
             if restored:
                 log.info("restored %d operator registrations from cluster storage", restored)

@@ -126,6 +126,12 @@ class Reconciler:
             return None
         return MISSED_REPORTS * snapshot.config.shard.health_check_interval
 
+    def check_health_after(self, key: GroupKey) -> None:
+        """Reconcile ``key`` once the silence limit has passed (an earlier schedule is kept)."""
+        limit = self._silence_limit()
+        if limit is not None:
+            self.queue.add_after(key, limit.total_seconds() + 0.5)
+
     def _ondemand_age(self) -> timedelta | None:
         snapshot = self._ctx.config.snapshot()
         return snapshot.config.shard.expiry.ondemand_age if snapshot is not None else None

@@ -86,6 +86,11 @@ class Shard:
     def is_leader(self) -> bool:
         return self.ctx.is_leader()
 
+    def health_deadline(self, key: GroupKey) -> None:
+        """Reconcile ``key`` when an agent that just registered could first count as silent."""
+        if self.reconciler is not None:
+            self.reconciler.check_health_after(key)
+
     def group_changed(self, key: GroupKey) -> None:
         """Mark a group for reconcile now (no-op while not leading)."""
         if self.reconciler is not None:
