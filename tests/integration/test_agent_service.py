@@ -231,3 +231,23 @@ def test_a_public_key_file_name_with_a_path_is_refused(server: Server) -> None:
         stub.SubmitPublicKeys(bad, timeout=10)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "bare file name" in (caught.value.details() or "")
+
+
+def test_a_spot_termination_notice_replaces_the_instance(server: Server) -> None:
+    (iid,) = server.instance_ids()
+    agent = server.agent(iid)
+    try:
+        notice = agent_pb2.TerminationNotice(action="terminate")
+        notice.deadline.GetCurrentTime()
+        agent.report(termination_notice=notice)
+        deadline = time.monotonic() + 20
+        while True:
+            live = server.instance_ids()
+            if live != [iid]:
+                break
+            assert time.monotonic() < deadline, "the noticed instance was never replaced"
+            time.sleep(0.1)
+        assert iid not in live
+        assert "spot-termination" in server.process.log()
+    finally:
+        agent.close()
