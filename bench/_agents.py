@@ -473,3 +473,11 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main(sys.argv))
+
+
+_T0 = time.monotonic()
+
+
+def progress(what: str) -> None:
+    """A progress line on stderr, timed from import (stdout carries the JSON lines)."""
+    print(f"[{time.monotonic() - _T0:6.1f}s] {what}", file=sys.stderr, flush=True)

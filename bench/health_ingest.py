@@ -47,7 +47,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -55,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from _agents import ClientProcess, bare_server, cpu_seconds, write_plan
+from _agents import ClientProcess, bare_server, cpu_seconds, progress, write_plan
 from _shard import (
     Running,
     bench_config,
@@ -85,14 +84,6 @@ TARGET_RATIO = 0.5
 TARGET_RATE = 2000.0
 FILL_TIMEOUT_S = 120.0
 OPEN_TIMEOUT_S = 180.0
-
-
-T0 = time.monotonic()
-
-
-def progress(what: str) -> None:
-    """A progress line on stderr (stdout carries the JSON lines)."""
-    print(f"[{time.monotonic() - T0:6.1f}s] {what}", file=sys.stderr, flush=True)
 
 
 class CountingSink(agent_pb2_grpc.AgentServiceServicer):

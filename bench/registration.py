@@ -35,13 +35,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import grpc
-from _agents import ClientProcess, bare_server, cpu_seconds, write_plan
+from _agents import ClientProcess, bare_server, cpu_seconds, progress, write_plan
 from _shard import (
     Running,
     bench_config,
@@ -70,12 +69,6 @@ MAX_CONCURRENT = 64
 FILL_TIMEOUT_S = 120.0
 READY_TIMEOUT_S = 120.0
 RUN_TIMEOUT_S = 300.0
-T0 = time.monotonic()
-
-
-def progress(what: str) -> None:
-    """A progress line on stderr (stdout carries the JSON lines)."""
-    print(f"[{time.monotonic() - T0:6.1f}s] {what}", file=sys.stderr, flush=True)
 
 
 class ConstantRegistration(registration_pb2_grpc.RegistrationServiceServicer):

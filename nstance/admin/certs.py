@@ -21,13 +21,13 @@ import typer
 
 from nstance.core.errors import InvalidArgument, NstanceError
 from nstance.objectstore.base import ObjectNotFound, ObjectStore, PreconditionFailed
+from nstance.pki.revocation_record import REVOKED_PREFIX, revocation_document, revoked_key
 from nstance.pki.serial import parse_serial_hex, serial_hex
 
 from .commands import _print_table
 from .options import StorageBucketOpt, StoragePrefixOpt, StorageProviderOpt
 from .stores import StorageOptions, open_cluster_stores
 
-REVOKED_PREFIX = "revoked/"
 OUTPUT_FORMATS = ("table", "json")
 MAX_REASON = 1000
 
@@ -49,21 +49,6 @@ def canonical_serial(text: str, *, decimal: bool = False) -> str:
     if value <= 0:
         raise InvalidArgument(f"certificate serial {text!r} must be a positive number")
     return serial_hex(value)
-
-
-def revoked_key(serial: str) -> str:
-    """``revoked/{serial}.json`` (``serial`` canonical)."""
-    return f"{REVOKED_PREFIX}{serial}.json"
-
-
-def _rfc3339(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def revocation_document(serial: str, revoked_at: datetime, reason: str) -> bytes:
-    """The stored JSON of one revocation."""
-    doc = {"serial": serial, "revoked_at": _rfc3339(revoked_at), "reason": reason}
-    return json.dumps(doc, indent=2, ensure_ascii=False).encode("utf-8") + b"\n"
 
 
 def _read_entry(store: ObjectStore, key: str) -> dict[str, Any]:

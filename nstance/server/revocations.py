@@ -16,79 +16,29 @@ entry from the deny-list.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 from nstance.core.clock import Clock
 from nstance.core.errors import InvalidArgument, NstanceError
 from nstance.db import repo
 from nstance.db.engine import Database
 from nstance.objectstore.base import ObjectNotFound, ObjectStore
-from nstance.pki.serial import parse_serial_hex, serial_hex
+from nstance.pki.revocation_record import (
+    RECORD_SUFFIX,
+    REVOKED_PREFIX,
+    Revocation,
+    parse_revocation,
+    serial_of_key,
+)
 
 log = logging.getLogger(__name__)
-
-REVOKED_PREFIX = "revoked/"
-"""Where the deny-list lives inside the cluster scope."""
-
-_SUFFIX = ".json"
-
-
-@dataclass(frozen=True, slots=True)
-class Revocation:
-    """One deny-list entry as stored."""
-
-    serial: str
-    revoked_at: datetime | None
-    reason: str
-
-
-def serial_of_key(key: str) -> str:
-    """The canonical serial a ``revoked/{serial}.json`` key names; InvalidArgument if it names none."""
-    if not key.startswith(REVOKED_PREFIX) or not key.endswith(_SUFFIX):
-        raise InvalidArgument(f"{key!r} is not a deny-list key (revoked/{{serial}}.json)")
-    name = key[len(REVOKED_PREFIX) : -len(_SUFFIX)]
-    try:
-        return serial_hex(parse_serial_hex(name))
-    except InvalidArgument as exc:
-        raise InvalidArgument(f"{key}: the name is not a certificate serial ({exc})") from None
-
-
-def _timestamp(raw: object) -> datetime | None:
-    if not isinstance(raw, str):
-        return None
-    try:
-        value = datetime.fromisoformat(raw)
-    except ValueError:
-        return None
-    return value.astimezone(UTC) if value.tzinfo is not None else None
-
-
-def parse_revocation(key: str, data: bytes) -> Revocation:
-    """Parse a stored entry; InvalidArgument naming ``key`` and the problem if it cannot be used."""
-    serial = serial_of_key(key)
-    try:
-        doc = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidArgument(f"{key}: not valid UTF-8 JSON ({exc})") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("serial"), str):
-        raise InvalidArgument(f'{key}: must be a JSON object with a "serial" string')
-    try:
-        body_serial = serial_hex(parse_serial_hex(doc["serial"]))
-    except InvalidArgument as exc:
-        raise InvalidArgument(f'{key}: field "serial": {exc}') from None
-    if body_serial != serial:
-        raise InvalidArgument(f'{key}: field "serial" is {body_serial} but the object name says {serial}')
-    reason = doc.get("reason")
-    return Revocation(serial, _timestamp(doc.get("revoked_at")), reason if isinstance(reason, str) else "")
 
 
 def _sync_blocking(cluster_store: ObjectStore, db: Database, now: datetime) -> tuple[int, list[str]]:
     """One pass (blocking I/O): how many serials were new, and one problem sentence per skipped object."""
-    keys = [key for key in cluster_store.list(REVOKED_PREFIX) if key.endswith(_SUFFIX)]
+    keys = [key for key in cluster_store.list(REVOKED_PREFIX) if key.endswith(RECORD_SUFFIX)]
     with db.read_session() as session:
         known = repo.revoked_serials(session)
     problems: list[str] = []
