@@ -177,6 +177,7 @@ class ServerApp:
         self.clock = clock or SystemClock()
         self.metrics = Metrics()
         self._config_error: str | None = "starting"
+        self._starting: str | None = "loading the shard config"
         self._elector: Elector | None = None
         self._cluster_elector: Elector | None = None
         self.shard: Shard | None = None
@@ -187,6 +188,9 @@ class ServerApp:
 
     def config_error(self) -> str | None:
         return self._config_error
+
+    def starting(self) -> str | None:
+        return self._starting
 
     def is_leader(self) -> bool:
         return self._elector is not None and self._elector.is_leader()
@@ -320,6 +324,7 @@ class ServerApp:
             config = await self._load_config(state, stop)
             if config is None:
                 return 0
+            self._starting = "waiting for the cluster identity and opening the gRPC APIs"
             shard_cfg = config.shard
             bind = _override_hosts(shard_cfg.bind.addrs(), opts.bind_host)
             advertise = _override_hosts(shard_cfg.advertise.addrs(), opts.advertise_host)
@@ -449,6 +454,7 @@ class ServerApp:
             )
 
             electors.append(asyncio.create_task(elector.run(), name="shard-election"))
+            self._starting = None
             await stop.wait()
             log.info("shutting down")
             return 0

@@ -4,7 +4,8 @@ A deliberately tiny HTTP/1.1 server on ``asyncio.start_server``: one request per
 (``Connection: close``), GET and HEAD only, no request bodies. Routes:
 
 * ``/health`` and ``/`` — readiness: 200 ``ok: leader`` / ``ok: standby (leader: ADDR)`` once the
-  shard config is loaded, else 503 ``config not loaded: <the exact load error>``;
+  shard config is loaded and every API listens, else 503 ``config not loaded: <the exact load error>``
+  or ``starting: <what start-up waits for>``;
 * ``/leader/health`` — 200 ``leader`` only on the shard leader, else 503 ``standby; leader: ADDR``
   (for load balancers that must reach the leader only);
 * ``/metrics`` — the Prometheus text exposition of ``Metrics``;
@@ -41,6 +42,10 @@ class HealthSource(Protocol):
 
     def config_error(self) -> str | None:
         """None when the shard config is loaded; else the exact error of the last load attempt."""
+        ...
+
+    def starting(self) -> str | None:
+        """None once every gRPC API listens; else what start-up is still waiting for."""
         ...
 
     def is_leader(self) -> bool:
@@ -185,6 +190,9 @@ class HealthServer:
         error = self._source.config_error()
         if error is not None:
             return HTTPStatus.SERVICE_UNAVAILABLE, TEXT, f"config not loaded: {error}\n".encode()
+        waiting = self._source.starting()
+        if waiting is not None:
+            return HTTPStatus.SERVICE_UNAVAILABLE, TEXT, f"starting: {waiting}\n".encode()
         if self._source.is_leader():
             return HTTPStatus.OK, TEXT, b"ok: leader\n"
         return HTTPStatus.OK, TEXT, f"ok: standby (leader: {self._leader_text()})\n".encode()

@@ -374,9 +374,13 @@ class FakeSource:
     error: str | None = None
     leader: bool = True
     address: str = "10.0.0.5:8993"
+    waiting: str | None = None
 
     def config_error(self) -> str | None:
         return self.error
+
+    def starting(self) -> str | None:
+        return self.waiting
 
     def is_leader(self) -> bool:
         return self.leader
@@ -451,6 +455,17 @@ async def test_health_is_unavailable_with_the_exact_error_until_config_loads(hea
     response = await get(health.port, "/health")
     assert response.status == 503
     assert response.body == b'config not loaded: shard/s1/config.jsonc: line 3: unknown field "grups"\n'
+
+
+async def test_health_stays_unavailable_until_the_apis_listen(health: HttpFixture) -> None:
+    health.source.waiting = "waiting for the cluster identity and opening the gRPC APIs"
+    response = await get(health.port, "/health")
+    assert (response.status, response.body) == (
+        503,
+        b"starting: waiting for the cluster identity and opening the gRPC APIs\n",
+    )
+    health.source.waiting = None
+    assert (await get(health.port, "/health")).status == 200
 
 
 async def test_metrics_endpoint_serves_prometheus_text(health: HttpFixture) -> None:
