@@ -6,13 +6,14 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run test check lint fmt typecheck imports proto proto-check bench clean help
+.PHONY: run test check lint fmt typecheck imports proto proto-check manifests manifests-check bench clean help
 
 help:
 	@echo "make run    - run a local shard from examples/local (nstance-server, 3 local instances, live view)"
 	@echo "make test   - run the whole test suite"
 	@echo "make check  - ruff, ruff format --check, mypy --strict, import-linter, generated-code drift"
 	@echo "make proto  - regenerate nstance/rpc/ from protos/"
+	@echo "make manifests - regenerate CRDs, RBAC, webhook manifests (config/) and the chart's copies"
 	@echo "make bench  - run every benchmark in bench/ (JSON lines on stdout)"
 
 $(STAMP): pyproject.toml
@@ -48,7 +49,13 @@ proto: $(STAMP)
 proto-check: $(STAMP)
 	$(PY) scripts/gen_proto.py --check
 
-check: lint typecheck imports proto-check
+manifests: $(STAMP)
+	$(PY) scripts/gen_manifests.py
+
+manifests-check: $(STAMP)
+	$(PY) scripts/gen_manifests.py --check
+
+check: lint typecheck imports proto-check manifests-check
 
 bench: $(STAMP)
 	@for b in bench/*.py; do $(PY) $$b || exit 1; done

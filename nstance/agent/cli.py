@@ -26,6 +26,7 @@ from nstance import __version__
 from nstance.agent.config import AgentConfig, ConfigError, load_config
 from nstance.agent.run import Agent
 from nstance.core.errors import FailedPrecondition, InvalidArgument
+from nstance.core.logformat import TEXT_FORMAT
 
 log = logging.getLogger("nstance.agent")
 
@@ -136,7 +137,7 @@ def main_command(
         signal.signal(sig, early)
     logging.basicConfig(
         level=logging.DEBUG if debug else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        format=TEXT_FORMAT,
         stream=sys.stderr,
     )
     env = dict(os.environ)

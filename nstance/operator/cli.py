@@ -1,31 +1,210 @@
-"""Command line of nstance-operator.
+"""Command line of nstance-operator: flags and environment, logging, signals and exit codes.
 
-This release ships the command and its help; the controllers arrive with the operator release, and
-until then running it says so and exits with status 2.
+Flags are parsed by typer and checked by ``settings.build_settings``; a bad flag or environment value
+prints one line naming it and exits 2, as does an operator config file that does not parse (the key
+path is in the message). Everything else — unreachable shards, a missing nonce, a lost Lease — is
+handled by the runtime without exiting. SIGTERM/SIGINT stop the runtime gracefully (exit 0).
+
+This module holds no operator logic.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import signal
+import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from nstance.core.logformat import TEXT_FORMAT, JsonFormatter
+from nstance.operator.config import ConfigError, load_config_file
+from nstance.operator.crds import names
+from nstance.operator.runtime import OperatorRuntime
+from nstance.operator.settings import (
+    DEFAULT_HEALTH_ADDR,
+    DEFAULT_WEBHOOK_ADDR,
+    ENV_CA_CONFIGMAP,
+    ENV_CERT_SECRET,
+    ENV_CONFIG_CONFIGMAP,
+    ENV_KEY_SECRET,
+    ENV_NAMESPACE,
+    ENV_NONCE_SECRET,
+    OperatorSettings,
+    SettingsError,
+    build_settings,
+)
+
+log = logging.getLogger("nstance.operator")
+
 app = typer.Typer(
     add_completion=False,
-    help="Nstance operator: Cluster API infrastructure provider spreading replicas across shard servers.",
+    help=(
+        "Nstance operator: Cluster API infrastructure provider spreading replicas across shard servers. "
+        "See docs/operator.md."
+    ),
 )
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def setup_logging(log_format: str, verbose: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if log_format == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter(TEXT_FORMAT))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    for noisy in ("aiohttp.access", "kubernetes_asyncio"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+async def run_until_stopped(settings: OperatorSettings) -> int:
+    """Run the runtime until SIGTERM/SIGINT; 0 on a clean stop."""
+    loop = asyncio.get_running_loop()
+    runtime = OperatorRuntime(settings)
+
+    def install() -> None:
+        # kopf installs its own handlers each time it starts; ours must win so a signal stops the
+        # whole process (kopf is stopped by the runtime), not only kopf.
+        for sig in STOP_SIGNALS:
+            loop.add_signal_handler(sig, runtime.request_stop)
+
+    install()
+    runtime.on_kopf_started = install
+    await runtime.run()
+    return 0
+
+
+Duration = Annotated[str, typer.Option(help="Go-style duration, e.g. 30s, 5m.")]
 
 
 @app.command()
 def main_command(
-    config: Annotated[Path, typer.Option(help="Operator config (cluster_id, tenant, shards).")] = Path(
-        "/etc/nstance/operator/config.yaml"
-    ),
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            help="Operator config file (cluster_id, tenant, shards), polled for changes. Default: read the "
+            f"ConfigMap ${ENV_CONFIG_CONFIGMAP} (default {names.CONFIG_CONFIGMAP}) key {names.CONFIG_KEY} "
+            "through the API.",
+        ),
+    ] = None,
+    kubeconfig: Annotated[
+        str | None,
+        typer.Option("--kubeconfig", envvar="KUBECONFIG", help="kubeconfig file; default in-cluster config."),
+    ] = None,
+    namespace: Annotated[
+        str | None,
+        typer.Option(
+            "--namespace",
+            envvar=ENV_NAMESPACE,
+            help="Namespace of the operator's objects; default: the pod's namespace, else 'default'.",
+        ),
+    ] = None,
+    config_configmap: Annotated[
+        str | None, typer.Option("--config-configmap", envvar=ENV_CONFIG_CONFIGMAP)
+    ] = None,
+    ca_configmap: Annotated[str | None, typer.Option("--ca-configmap", envvar=ENV_CA_CONFIGMAP)] = None,
+    cert_secret: Annotated[str | None, typer.Option("--cert-secret", envvar=ENV_CERT_SECRET)] = None,
+    key_secret: Annotated[str | None, typer.Option("--key-secret", envvar=ENV_KEY_SECRET)] = None,
+    nonce_secret: Annotated[str | None, typer.Option("--nonce-secret", envvar=ENV_NONCE_SECRET)] = None,
+    config_poll_interval: Annotated[
+        str, typer.Option("--config-poll-interval", help="How often --config is re-read.")
+    ] = "10s",
+    health_addr: Annotated[
+        str,
+        typer.Option("--health-addr", "--health-probe-bind-address", help="/healthz, /readyz and /metrics."),
+    ] = DEFAULT_HEALTH_ADDR,
+    leader_elect: Annotated[
+        bool, typer.Option("--leader-elect/--no-leader-elect", help="Lease election among replicas.")
+    ] = True,
+    leader_elect_lease: Annotated[str, typer.Option("--leader-elect-lease")] = names.LEADER_ELECTION_LEASE,
+    leader_elect_lease_duration: Annotated[str, typer.Option("--leader-elect-lease-duration")] = "15s",
+    leader_elect_renew_interval: Annotated[str, typer.Option("--leader-elect-renew-interval")] = "5s",
+    leader_elect_renew_deadline: Annotated[str, typer.Option("--leader-elect-renew-deadline")] = "10s",
+    disable_webhooks: Annotated[
+        bool, typer.Option("--disable-webhooks", help="Run no webhook server.")
+    ] = False,
+    webhook_addr: Annotated[str, typer.Option("--webhook-addr")] = DEFAULT_WEBHOOK_ADDR,
+    webhook_cert: Annotated[
+        Path | None, typer.Option("--webhook-cert", help="Serving certificate (PEM).")
+    ] = None,
+    webhook_key: Annotated[Path | None, typer.Option("--webhook-key", help="Its private key (PEM).")] = None,
+    webhook_self_signed: Annotated[
+        bool, typer.Option("--webhook-self-signed", help="Serve with a generated self-signed certificate.")
+    ] = False,
+    webhook_managed: Annotated[
+        str | None,
+        typer.Option(
+            "--webhook-managed", help="Create/patch this ValidatingWebhookConfiguration with url + caBundle."
+        ),
+    ] = None,
+    webhook_host: Annotated[
+        str | None, typer.Option("--webhook-host", help="Host in the webhook URL the API server calls.")
+    ] = None,
+    resync_interval: Annotated[str, typer.Option("--resync-interval")] = "30s",
+    unreachable_retry: Annotated[str, typer.Option("--unreachable-retry")] = "10s",
+    error_retry: Annotated[str, typer.Option("--error-retry")] = "30s",
+    backoff_base: Annotated[str, typer.Option("--backoff-base")] = "1s",
+    backoff_cap: Annotated[str, typer.Option("--backoff-cap")] = "30s",
+    drain_poll: Annotated[str, typer.Option("--drain-poll")] = "2s",
+    drain_fallback: Annotated[str, typer.Option("--drain-fallback")] = "5m",
+    log_format: Annotated[str, typer.Option("--log-format", help="json or text.")] = "json",
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
 ) -> None:
     """Run the operator."""
-    typer.echo("nstance-operator: the operator is not part of this release yet.", err=True)
-    raise typer.Exit(2)
+    try:
+        settings = build_settings(
+            config_file=config,
+            kubeconfig=kubeconfig,
+            namespace=namespace,
+            config_configmap=config_configmap,
+            ca_configmap=ca_configmap,
+            cert_secret=cert_secret,
+            key_secret=key_secret,
+            nonce_secret=nonce_secret,
+            config_poll_interval=config_poll_interval,
+            health_addr=health_addr,
+            leader_elect=leader_elect,
+            leader_elect_lease=leader_elect_lease,
+            leader_elect_lease_duration=leader_elect_lease_duration,
+            leader_elect_renew_interval=leader_elect_renew_interval,
+            leader_elect_renew_deadline=leader_elect_renew_deadline,
+            disable_webhooks=disable_webhooks,
+            webhook_addr=webhook_addr,
+            webhook_cert=webhook_cert,
+            webhook_key=webhook_key,
+            webhook_self_signed=webhook_self_signed,
+            webhook_managed=webhook_managed,
+            webhook_host=webhook_host,
+            resync_interval=resync_interval,
+            unreachable_retry=unreachable_retry,
+            error_retry=error_retry,
+            backoff_base=backoff_base,
+            backoff_cap=backoff_cap,
+            drain_poll=drain_poll,
+            drain_fallback=drain_fallback,
+            log_format=log_format,
+        )
+        if settings.config_file is not None:
+            load_config_file(settings.config_file)
+    except (SettingsError, ConfigError) as exc:
+        typer.echo(f"nstance-operator: {exc}", err=True)
+        raise typer.Exit(2) from None
+    setup_logging(settings.log_format, verbose)
+    try:
+        code = asyncio.run(run_until_stopped(settings))
+    except SettingsError as exc:
+        typer.echo(f"nstance-operator: {exc}", err=True)
+        code = 2
+    except KeyboardInterrupt:
+        code = 0
+    raise typer.Exit(code)
 
 
 def main() -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import json
 import logging
 import os
 import signal
@@ -22,7 +21,6 @@ import sys
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 
 import grpc
@@ -32,6 +30,7 @@ from nstance.config.shard import split_host_port
 from nstance.core.backoff import Backoff
 from nstance.core.clock import Clock, SystemClock
 from nstance.core.errors import FailedPrecondition, InvalidArgument, NstanceError
+from nstance.core.logformat import JsonFormatter
 from nstance.core.ratelimit import TokenBucket
 from nstance.db import repo
 from nstance.db.engine import Database, open_database
@@ -79,8 +78,8 @@ GRPC_OPTIONS: list[tuple[str, int]] = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
 ]
-#: Agent streams live for days: ping after 20 s idle, give up after 10 s without an answer, and let
-#: agents ping every 10 s even without an active call (upstream's settings).
+#: Agent and operator watch streams live for days: ping after 20 s idle, give up after 10 s without an
+#: answer, and let clients ping every 10 s even without an active call (upstream's agent settings).
 AGENT_GRPC_OPTIONS: list[tuple[str, int]] = [
     *GRPC_OPTIONS,
     ("grpc.keepalive_time_ms", 20_000),
@@ -108,21 +107,6 @@ class ServerOptions:
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     #: Optional extra bucket on create calls (requests/s) - used by benchmarks to mirror cloud limits.
     create_bucket: tuple[float, float] | None = None
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per log line: time, level, logger, message (and the exception, if any)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        entry = {
-            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        if record.exc_info:
-            entry["error"] = self.formatException(record.exc_info)
-        return json.dumps(entry)
 
 
 def setup_logging(verbose: bool = False) -> None:
@@ -422,7 +406,7 @@ class ServerApp:
             server_auth, _ = server_credentials(
                 identity.ca, hosts=hosts, clock=self.clock, require_client_cert=False
             )
-            operator_server = grpc.aio.server(interceptors=[interceptor], options=GRPC_OPTIONS)
+            operator_server = grpc.aio.server(interceptors=[interceptor], options=AGENT_GRPC_OPTIONS)
             operator_pb2_grpc.add_OperatorServiceServicer_to_server(
                 OperatorServicer(self.shard), operator_server
             )

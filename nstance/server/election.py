@@ -593,7 +593,10 @@ class Elector:
         """
         seconds = self._valid_for if limit is None else max(limit, 0.0)
         try:
-            return await asyncio.wait_for(asyncio.to_thread(fn), timeout=seconds)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for loses a cancellation that arrives
+            # as the store call completes, and a cancelled elector would then run on for ever.
+            async with asyncio.timeout(seconds):
+                return await asyncio.to_thread(fn)
         except (ObjectNotFound, PreconditionFailed):
             raise
         except TimeoutError as exc:

@@ -125,7 +125,8 @@ class RecordFollowUps:
                 if wait > 0:
                     self._wake.clear()
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), timeout=wait)
+                        async with asyncio.timeout(wait):
+                            await self._wake.wait()
                     continue
                 due = sum(1 for f in self._queue if f.queued_at + self._max_defer <= loop.time())
             else:

@@ -16,8 +16,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +30,7 @@ from nstance.pki.keys import generate_private_key, private_key_to_pem
 from nstance.rpc import agent_pb2_grpc, operator_pb2_grpc
 from nstance.secrets.cluster_identity import ClusterIdentity, ensure_cluster_identity
 from nstance.secrets.objectstorage import ObjectStorageSecretStore
+from nstance.testing.procs import http_probe, log_tail, spawn_logged, stop_process, wait_for_ok
 
 ENCRYPTION_KEY = bytes(range(32))
 ENCRYPTION_KEY_B64 = base64.b64encode(ENCRYPTION_KEY).decode("ascii")
@@ -197,71 +196,48 @@ class ServerProcess:
         env = {**os.environ, "NSTANCE_ENCRYPTION_KEY": ENCRYPTION_KEY_B64, **self.env}
         log_path = self.log_path or self.cachedir.with_suffix(".log")
         self.log_path = log_path
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with log_path.open("ab") as log_file:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "nstance.server",
-                    "--id",
-                    self.server_id,
-                    "--shard",
-                    self.shard,
-                    "--storage",
-                    "file",
-                    "--bucket",
-                    str(self.bucket),
-                    "--cachedir",
-                    str(self.cachedir),
-                    "--health-addr",
-                    self.health_addr,
-                    *self.args,
-                ],
-                env=env,
-                stdout=log_file,
-                stderr=log_file,
-            )
+        argv = [
+            sys.executable,
+            "-m",
+            "nstance.server",
+            "--id",
+            self.server_id,
+            "--shard",
+            self.shard,
+            "--storage",
+            "file",
+            "--bucket",
+            str(self.bucket),
+            "--cachedir",
+            str(self.cachedir),
+            "--health-addr",
+            self.health_addr,
+            *self.args,
+        ]
+        self.proc = spawn_logged(argv, env, log_path)
         return self
 
     def http(self, path: str) -> tuple[int, str]:
         """GET ``path`` on the health endpoint: (status, body); (0, error) if unreachable."""
-        try:
-            with urllib.request.urlopen(f"http://{self.health_addr}{path}", timeout=2) as resp:
-                return resp.status, resp.read().decode()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read().decode()
-        except (urllib.error.URLError, OSError) as exc:
-            return 0, str(exc)
+        return http_probe(self.health_addr, path)
 
     def wait_healthy(self, timeout: float = 20.0) -> str:
         """Wait until /health answers 200; return its body."""
-        deadline = time.monotonic() + timeout
-        last = ""
-        while time.monotonic() < deadline:
-            self._check_alive()
-            code, body = self.http("/health")
-            if code == 200:
-                return body
-            last = f"{code} {body}"
-            time.sleep(0.05)
-        raise TimeoutError(
-            f"server {self.server_id} not healthy after {timeout}s (last: {last}); log:\n{self.log()}"
+        return wait_for_ok(
+            lambda: self.http("/health"),
+            self.proc,
+            what=f"server {self.server_id}",
+            state="healthy",
+            log=self.log,
+            timeout=timeout,
+            interval=0.05,
         )
 
     def is_leader(self) -> bool:
         return self.http("/leader/health")[0] == 200
 
-    def _check_alive(self) -> None:
-        if self.proc is not None and self.proc.poll() is not None:
-            raise RuntimeError(
-                f"server {self.server_id} exited with {self.proc.returncode}; log:\n{self.log()}"
-            )
-
     def log(self) -> str:
-        if self.log_path is None or not self.log_path.exists():
-            return ""
-        return self.log_path.read_text(errors="replace")[-8000:]
+        return log_tail(self.log_path, 8000)
 
     def log_entries(self) -> list[dict[str, Any]]:
         """The JSON log lines written so far."""
@@ -278,15 +254,7 @@ class ServerProcess:
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
         """Send ``sig`` and wait for the exit status."""
-        if self.proc is None:
-            return 0
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait(5)
+        return stop_process(self.proc, sig, timeout)
 
     def kill(self) -> int:
         return self.stop(signal.SIGKILL)

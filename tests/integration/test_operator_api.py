@@ -106,9 +106,10 @@ def test_two_instance_watchers_both_see_deletions(server: Server) -> None:
     stub = server.stub
     scale(stub, "web", 2)
     created = wait_size(stub, "web", 2)
-    first, cancel_first = watch(stub.WatchInstances(Empty()))
-    second, cancel_second = watch(stub.WatchInstances(Empty()))
-    time.sleep(0.3)  # both subscribed
+    calls = [stub.WatchInstances(Empty()), stub.WatchInstances(Empty())]
+    for call in calls:
+        call.initial_metadata()  # headers are sent once the stream is subscribed
+    (first, cancel_first), (second, cancel_second) = (watch(call) for call in calls)
     scale(stub, "web", 0)
     wait_size(stub, "web", 0)
     for q in (first, second):
@@ -118,6 +119,16 @@ def test_two_instance_watchers_both_see_deletions(server: Server) -> None:
         assert all(e.reason == "scale-down" for e in events)
     cancel_first()
     cancel_second()
+
+
+def test_quiet_watch_streams_announce_themselves_with_headers(server: Server) -> None:
+    # Nothing is draining and no error happened: without headers a client could not tell a
+    # subscribed stream from one still connecting.
+    for call in (server.stub.WatchInstances(Empty(), timeout=8), server.stub.WatchErrors(Empty(), timeout=8)):
+        started = time.monotonic()
+        call.initial_metadata()  # without headers this returns only when the 8 s deadline ends the call
+        assert time.monotonic() - started < 4
+        call.cancel()
 
 
 def test_watch_groups_sends_a_snapshot_then_changes(server: Server) -> None:

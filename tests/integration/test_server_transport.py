@@ -182,6 +182,18 @@ async def collect_until_error(call: grpc.aio.UnaryStreamCall, received: list[str
         received.append(f"{event.group.tenant}/{event.group.key}")
 
 
+async def counted(server: Running, method: str, code: str, *, expect: float = 1) -> float:
+    """The server's call count for (method, code), waiting up to 5 s for it to reach ``expect``.
+
+    The interceptor counts a call as it unwinds, which can be just after the client saw the status.
+    """
+    for _ in range(500):
+        if server.rpc_count(method, code) >= expect:
+            break
+        await asyncio.sleep(0.01)
+    return server.rpc_count(method, code)
+
+
 async def rpc_error(call: Awaitable[object]) -> grpc.aio.AioRpcError:
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await call
@@ -198,7 +210,7 @@ async def test_operator_certificate_is_accepted_and_its_tenant_reaches_the_handl
     globex = make_identity(ca, role="operator", tenant="globex")
     assert await list_groups(server, acme) == ["acme/group-of-acme"]
     assert await list_groups(server, globex) == ["globex/group-of-globex"]
-    assert server.rpc_count("ListGroups", "OK") == 2
+    assert await counted(server, "ListGroups", "OK", expect=2) == 2
 
 
 async def test_server_certificate_names_the_advertised_hosts(
@@ -226,7 +238,7 @@ async def test_agent_certificate_may_not_call_the_operator_api(
         err = await rpc_error(operator_pb2_grpc.OperatorServiceStub(channel).ListGroups(Empty()))
     assert err.code() == grpc.StatusCode.PERMISSION_DENIED
     assert "role 'operator' required" in (err.details() or "")
-    assert server.rpc_count("ListGroups", "PERMISSION_DENIED") == 1
+    assert await counted(server, "ListGroups", "PERMISSION_DENIED") == 1
 
 
 async def test_certificate_from_another_ca_fails_the_handshake(
@@ -272,7 +284,7 @@ async def test_domain_error_maps_to_its_status_with_its_message(
         err = await rpc_error(operator_pb2_grpc.OperatorServiceStub(channel).GetConfigStatus(Empty()))
     assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert err.details() == "config not loaded yet: shard/s1/config.jsonc does not exist"
-    assert server.rpc_count("GetConfigStatus", "FAILED_PRECONDITION") == 1
+    assert await counted(server, "GetConfigStatus", "FAILED_PRECONDITION") == 1
 
 
 async def test_unexpected_error_is_internal_with_a_ref_and_no_leak(
@@ -295,7 +307,7 @@ async def test_unexpected_error_is_internal_with_a_ref_and_no_leak(
     assert len(logged) == 1
     assert logged[0].exc_info is not None
     assert "hunter2" in str(logged[0].exc_info[1])
-    assert server.rpc_count("DeleteGroup", "INTERNAL") == 1
+    assert await counted(server, "DeleteGroup", "INTERNAL") == 1
 
 
 async def test_unimplemented_method_stays_unimplemented(server: Running, ca: CertificateAuthority) -> None:
@@ -313,7 +325,7 @@ async def test_handler_abort_keeps_its_own_status(server: Running, ca: Certifica
         err = await rpc_error(operator_pb2_grpc.OperatorServiceStub(channel).GetInstanceStatus(request))
     assert err.code() == grpc.StatusCode.OUT_OF_RANGE
     assert err.details() == "handler chose this status"
-    assert server.rpc_count("GetInstanceStatus", "OUT_OF_RANGE") == 1
+    assert await counted(server, "GetInstanceStatus", "OUT_OF_RANGE") == 1
 
 
 async def test_streaming_error_is_mapped_after_the_events_already_sent(
@@ -328,7 +340,7 @@ async def test_streaming_error_is_mapped_after_the_events_already_sent(
     assert received == ["acme/web"]
     assert info.value.code() == grpc.StatusCode.NOT_FOUND
     assert info.value.details() == "tenant acme has no more groups to watch"
-    assert server.rpc_count("WatchGroups", "NOT_FOUND") == 1
+    assert await counted(server, "WatchGroups", "NOT_FOUND") == 1
 
 
 async def test_streaming_call_checks_the_role_too(server: Running, ca: CertificateAuthority) -> None:

@@ -705,3 +705,31 @@ def test_lockfile_timestamps_round_trip() -> None:
     info = parse_lockfile(encode_lockfile("a", "a:1", when + timedelta(0), {"k": "v"}), '"x"')
     assert info.last_updated == when
     assert info.extra == {"k": "v"}
+
+
+async def test_a_cancel_arriving_as_a_store_call_completes_is_not_lost(tmp_path: Path) -> None:
+    # Python 3.11's asyncio.wait_for returns the inner result when the cancellation and the
+    # completion meet, so a cancelled elector would keep running. Construct exactly that moment:
+    # the worker thread has finished (its result is queued for the loop) when cancel() is called.
+    elector = Elector(
+        FileObjectStore(tmp_path / "bucket"),
+        KEY,
+        elector_id="a",
+        address="a:1",
+        config=LeaderElectionConfig(
+            frequent_interval=ms(50), infrequent_interval=ms(200), leader_timeout=ms(400)
+        ),
+        clock=SystemClock(),
+    )
+    finished = threading.Event()
+
+    def store_call() -> str:
+        finished.set()
+        return "answer"
+
+    task = asyncio.create_task(elector._call(store_call, limit=5))
+    await asyncio.sleep(0)  # the call is now waiting on the worker thread
+    assert finished.wait(5)  # blocks the loop: the completion is queued but not yet delivered
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task

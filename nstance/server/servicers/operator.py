@@ -141,6 +141,7 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
     ) -> AsyncIterator[operator_pb2.GroupEvent]:
         tenant = _tenant()
         async with self._shard.events.groups.subscribe(tenant) as live:
+            await context.send_initial_metadata(())
             for view in self._shard.list_groups(tenant):
                 yield operator_pb2.GroupEvent(
                     type=operator_pb2.GroupEvent.TYPE_UPSERT, group=convert.group_status(view)
@@ -154,6 +155,8 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
     ) -> AsyncIterator[operator_pb2.InstanceEvent]:
         tenant = _tenant()
         async with self._shard.events.instances.subscribe(tenant) as live:
+            # Headers go out once subscribed, so a client can tell a quiet stream is live.
+            await context.send_initial_metadata(())
             for view, reason, delete_at in self._shard.draining_instances(tenant):
                 yield operator_pb2.InstanceEvent(
                     instance_id=view.instance_id,
@@ -171,5 +174,6 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         self, request: Empty, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[operator_pb2.ErrorEvent]:
         async with self._shard.events.errors.subscribe(_tenant()) as live:
+            await context.send_initial_metadata(())
             async for event in live:
                 yield convert.error_event(event)

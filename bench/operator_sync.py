@@ -1,0 +1,285 @@
+"""Benchmark: a MachinePool replica change reaching every shard through nstance-operator.
+
+Set-up, all real processes on loopback: the Kubernetes API emulator (``python -m
+nstance.testing.kubeapi``, its own process), three ``nstance-server`` processes (shards s1, s2, s3; sim
+provider with 1 ms calls), and ``nstance-operator`` bootstrapped as the Helm chart would (config and CA
+ConfigMaps, nonce Secret). The bench creates 100 NstanceMachinePools, each spread over the three
+shards with a CAPI MachinePool of 3 replicas, and waits until every shard carries every group at size 1.
+
+Measured: the time from just before the ``PATCH`` of ``MachinePool.spec.replicas`` (3 → 6, then back)
+to the moment the last of the three shards announces the group at its new size on its ``WatchGroups``
+stream (the server emits the event when ``UpsertGroup`` has been applied). That path is the whole
+operator: MachinePool watch → NstanceMachinePool steps → three NstanceShardGroup patches → three
+shard-group steps → ``UpsertGroup`` on each shard.
+
+* ``operator_sync_single_p50_s`` / ``_p99_s`` - 40 changes one at a time (each waits for the last).
+* ``operator_sync_burst_p50_s`` / ``_p99_s`` - all 100 pools changed at once, as an autoscaler reacting
+  to a traffic spike might; latency of each pool's change. Target (issue #5): p99 <= 1 s.
+
+Baseline, measured in the same run: the same change made by calling ``UpsertGroup`` on the three shards
+directly from this process (concurrently), p50 over 40 changes - the floor without Kubernetes and the
+operator. ``ratio`` = value / baseline. One JSON object per line with ``name, value, unit, target,
+baseline, baseline_name, ratio, met``. Takes about a minute.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+import grpc
+from google.protobuf.empty_pb2 import Empty
+
+from nstance.operator.crds import names
+from nstance.operator.kube import CONFIGMAPS, SECRETS, Kube, Resource, load_configuration
+from nstance.rpc import operator_pb2, operator_pb2_grpc
+from nstance.testing.operatorproc import OperatorProcess, bootstrap_objects, capi_machine_pool
+from nstance.testing.shardproc import LocalCluster, ServerProcess, server_addrs, shard_config, start_leader
+
+REPO = Path(__file__).resolve().parents[1]
+SHARDS = ("s1", "s2", "s3")
+POOLS = 100
+SINGLE_CHANGES = 40
+TARGET_P99_S = 1.0
+NAMESPACE = "default"
+POOL_RES = Resource(names.GROUP, names.VERSION, names.NSTANCE_MACHINE_POOLS, names.KIND_MACHINE_POOL)
+CAPI_POOL_RES = Resource(
+    names.CAPI_GROUP, names.CAPI_VERSION, names.MACHINE_POOLS, names.CAPI_KIND_MACHINE_POOL
+)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+@contextmanager
+def emulator(root: Path) -> Iterator[Path]:
+    """The Kubernetes API emulator in its own process; yields its kubeconfig."""
+    kubeconfig = root / "kubeconfig"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "nstance.testing.kubeapi",
+            "--port",
+            "0",
+            "--crds",
+            str(REPO / "config" / "crd" / "bases"),
+            str(REPO / "config" / "crd" / "capi"),
+            "--kubeconfig",
+            str(kubeconfig),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=(root / "kubeapi.log").open("wb"),
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the emulator did not start: {(root / 'kubeapi.log').read_text()}")
+        json.loads(line)
+        yield kubeconfig
+    finally:
+        proc.terminate()
+        with suppress(subprocess.TimeoutExpired):
+            proc.wait(10)
+
+
+class Watcher:
+    """WatchGroups on every shard: the moment each (shard, group) was last announced at each size."""
+
+    def __init__(self, stubs: dict[str, operator_pb2_grpc.OperatorServiceStub]) -> None:
+        self.stubs = stubs
+        self.seen: dict[tuple[str, str, int], float] = {}
+        self.changed = asyncio.Event()
+        self.tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        self.tasks = [asyncio.create_task(self._follow(shard, stub)) for shard, stub in self.stubs.items()]
+
+    async def _follow(self, shard: str, stub: operator_pb2_grpc.OperatorServiceStub) -> None:
+        async for event in stub.WatchGroups(Empty()):
+            self.seen[(shard, event.group.key, event.group.size)] = time.monotonic()
+            self.changed.set()
+
+    async def wait_all(self, group: str, size: int, limit: float = 60.0) -> float:
+        """When the last shard announced ``group`` at ``size`` (waits for it)."""
+        deadline = time.monotonic() + limit
+        while True:
+            times = [self.seen.get((shard, group, size)) for shard in self.stubs]
+            if all(t is not None for t in times):
+                return max(t for t in times if t is not None)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"group {group} never reached size {size} on every shard")
+            self.changed.clear()
+            with suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), 1.0)
+
+    def forget(self, group: str) -> None:
+        for key in [k for k in self.seen if k[1] == group]:
+            del self.seen[key]
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+async def measure(kubeconfig: Path, cluster: LocalCluster, stubs: dict[str, Any]) -> list[dict[str, Any]]:
+    kube = Kube.from_configuration(await load_configuration(str(kubeconfig)))
+    watcher = Watcher(stubs)
+    watcher.start()
+    capi_cluster = f"{cluster.cluster_id}--default"
+    groups = [f"pool-{i:03d}" for i in range(POOLS)]
+    try:
+        for group in groups:
+            await kube.create(CAPI_POOL_RES, capi_machine_pool(group, NAMESPACE, capi_cluster, 3), NAMESPACE)
+            await kube.create(
+                POOL_RES,
+                {
+                    "metadata": {"name": group, "namespace": NAMESPACE},
+                    "spec": {"group": group, "shards": list(SHARDS), "template": "app"},
+                },
+                NAMESPACE,
+            )
+        for group in groups:
+            await watcher.wait_all(group, 1, limit=180)
+
+        current = dict.fromkeys(groups, 3)
+
+        async def change(group: str, replicas: int) -> float:
+            assert current[group] != replicas, "a change must change something"
+            watcher.forget(group)
+            started = time.monotonic()
+            await kube.patch(CAPI_POOL_RES, group, {"spec": {"replicas": replicas}}, NAMESPACE)
+            current[group] = replicas
+            return await watcher.wait_all(group, replicas // len(SHARDS)) - started
+
+        # Each single change flips one pool between 3 and 6 replicas (1 and 2 per shard).
+        single = [await change(groups[i], 6) for i in range(SINGLE_CHANGES)]
+        await asyncio.gather(*(change(groups[i], 3) for i in range(SINGLE_CHANGES)))
+        burst = list(await asyncio.gather(*(change(g, 6) for g in groups)))
+
+        async def direct(group: str, size: int) -> float:
+            watcher.forget(group)
+            started = time.monotonic()
+            request = operator_pb2.UpsertGroupRequest(
+                key=group, config=operator_pb2.GroupConfig(template="app", size=size)
+            )
+            await asyncio.gather(*(stub.UpsertGroup(request, timeout=10) for stub in stubs.values()))
+            return await watcher.wait_all(group, size) - started
+
+        # The baseline uses its own groups so the operator does not fight it.
+        baseline = [await direct(f"direct-{i % 5}", 1 + i % 2) for i in range(SINGLE_CHANGES)]
+    finally:
+        await watcher.stop()
+        await kube.close()
+    base = statistics.median(baseline)
+    results = []
+    for name, values in (("operator_sync_single", single), ("operator_sync_burst", burst)):
+        for label, q in (("p50", 0.5), ("p99", 0.99)):
+            value = percentile(values, q)
+            results.append(
+                {
+                    "name": f"{name}_{label}_s",
+                    "value": round(value, 4),
+                    "unit": "s",
+                    "target": TARGET_P99_S,
+                    "baseline": round(base, 4),
+                    "baseline_name": "direct UpsertGroup on 3 shards, p50",
+                    "ratio": round(value / base, 2),
+                    "met": value <= TARGET_P99_S,
+                    "samples": len(values),
+                    "pools": POOLS,
+                    "shards": len(SHARDS),
+                }
+            )
+    return results
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory(prefix="nstance-bench-opsync-") as tmp:
+        root = Path(tmp)
+        cluster = LocalCluster(root / "bucket")
+        cluster.init()
+        addrs = {shard: server_addrs() for shard in SHARDS}
+        servers: list[ServerProcess] = []
+        operator: OperatorProcess | None = None
+        try:
+            for shard in SHARDS:
+                config = shard_config(
+                    shard=shard,
+                    addrs=addrs[shard],
+                    provider="sim",
+                    provider_options={"latency": "1ms"},
+                    groups={},
+                    shard_extra={"create_rate_limit": "0s"},
+                )
+                cluster.write_config(shard, config)
+                servers.append(start_leader(cluster, root / shard, shard=shard))
+            identity = cluster.operator_identity(root / "bench-identity")
+            with emulator(root) as kubeconfig:
+
+                async def bootstrap() -> None:
+                    kube = Kube.from_configuration(await load_configuration(str(kubeconfig)))
+                    try:
+                        for obj in bootstrap_objects(cluster, addrs, namespace=NAMESPACE):
+                            res = CONFIGMAPS if obj["kind"] == "ConfigMap" else SECRETS
+                            await kube.create(res, obj, NAMESPACE)
+                    finally:
+                        await kube.close()
+
+                asyncio.run(bootstrap())
+                operator = OperatorProcess(
+                    kubeconfig=kubeconfig,
+                    namespace=NAMESPACE,
+                    log_path=root / "operator.log",
+                    args=["--log-format", "text", "--no-leader-elect", "--disable-webhooks"],
+                    env={"PYTHONUNBUFFERED": "1"},
+                ).start()
+                operator.wait_ready(60)
+
+                async def run() -> list[dict[str, Any]]:
+                    stubs = {}
+                    for shard in SHARDS:
+                        creds = grpc.ssl_channel_credentials(
+                            root_certificates=(identity / "ca.crt").read_bytes(),
+                            private_key=(identity / "identity.key").read_bytes(),
+                            certificate_chain=(identity / "identity.crt").read_bytes(),
+                        )
+                        channel = grpc.aio.secure_channel(
+                            addrs[shard]["operator_addr"],
+                            creds,
+                            options=[("grpc.ssl_target_name_override", "nstance-server")],
+                        )
+                        stubs[shard] = operator_pb2_grpc.OperatorServiceStub(channel)
+                    return await measure(kubeconfig, cluster, stubs)
+
+                try:
+                    for result in asyncio.run(run()):
+                        print(json.dumps(result), flush=True)
+                except BaseException:
+                    sys.stderr.write(operator.log())
+                    raise
+        finally:
+            if operator is not None:
+                operator.stop()
+            for server in servers:
+                server.stop()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()

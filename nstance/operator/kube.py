@@ -1,0 +1,321 @@
+"""The operator's typed door to the Kubernetes API, on kubernetes_asyncio's ``ApiClient``.
+
+Every object is a plain ``dict`` (the JSON the API server speaks), addressed by a ``Resource``
+(group, version, plural, namespaced). ``Kube`` offers what the controllers, sync manager and drain
+coordinator need and nothing else: get (None when absent), list with label/field selectors, create,
+merge or JSON patch (also on the ``status`` subresource), delete (False when already gone), pod
+eviction, watch as an async iterator of ``(type, object)``, and Kubernetes Events on an object.
+
+API errors become ``KubeError`` with the HTTP status, the Status ``reason`` and its message, so callers
+branch on ``exc.status`` (404, 409, 422, 429) instead of parsing text. This module holds no operator
+policy: it never retries, never caches and never decides what to write.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import uuid
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from kubernetes_asyncio import config as kube_config
+from kubernetes_asyncio.client import ApiClient, Configuration
+from kubernetes_asyncio.client.exceptions import ApiException
+
+log = logging.getLogger(__name__)
+
+Object = dict[str, Any]
+
+MERGE_PATCH: Final = "application/merge-patch+json"
+JSON_PATCH: Final = "application/json-patch+json"
+_AUTH: Final = ["BearerToken"]
+_OBJECT: Final = {200: "object", 201: "object", 202: "object"}
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One kind of object on the API server: ``group`` is "" for the core API."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool = True
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def path(self, namespace: str | None = None, name: str | None = None, subresource: str = "") -> str:
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        if self.namespaced and namespace:
+            base += f"/namespaces/{namespace}"
+        base += f"/{self.plural}"
+        if name is not None:
+            base += f"/{name}"
+            if subresource:
+                base += f"/{subresource}"
+        return base
+
+
+NODES: Final = Resource("", "v1", "nodes", "Node", namespaced=False)
+PODS: Final = Resource("", "v1", "pods", "Pod")
+EVENTS: Final = Resource("", "v1", "events", "Event")
+SECRETS: Final = Resource("", "v1", "secrets", "Secret")
+CONFIGMAPS: Final = Resource("", "v1", "configmaps", "ConfigMap")
+LEASES: Final = Resource("coordination.k8s.io", "v1", "leases", "Lease")
+
+
+class KubeError(Exception):
+    """A refused Kubernetes API call: HTTP ``status``, Status ``reason`` and the server's message."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+
+def _error(exc: ApiException) -> KubeError:
+    status = int(exc.status or 0)
+    reason, message = str(exc.reason or ""), str(exc.body or exc.reason or "")
+    try:
+        body = json.loads(exc.body) if exc.body else {}
+    except (TypeError, ValueError):
+        body = {}
+    if isinstance(body, dict):
+        reason = str(body.get("reason") or reason)
+        message = str(body.get("message") or message)
+    return KubeError(status, reason, message)
+
+
+def ref_of(obj: Mapping[str, Any]) -> Object:
+    """An ``ownerReferences``/``involvedObject``-style reference to ``obj``."""
+    meta = obj["metadata"]
+    return {
+        "apiVersion": obj["apiVersion"],
+        "kind": obj["kind"],
+        "name": meta["name"],
+        "uid": meta["uid"],
+    }
+
+
+def owner_reference(owner: Mapping[str, Any], *, controller: bool = True) -> Object:
+    """An owner reference to ``owner`` for a dependent (garbage-collected with it)."""
+    return {**ref_of(owner), "controller": controller, "blockOwnerDeletion": True}
+
+
+async def load_configuration(kubeconfig: str | None = None) -> Configuration:
+    """Connection settings: the in-cluster service account inside a pod, else a kubeconfig file
+    (``kubeconfig``, else ``$KUBECONFIG``, else ``~/.kube/config``)."""
+    configuration = Configuration()
+    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        kube_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    else:
+        await kube_config.load_kube_config(
+            config_file=kubeconfig, client_configuration=configuration, persist_config=False
+        )
+    return configuration
+
+
+class Kube:
+    """Typed calls on one ``ApiClient``; create with ``from_configuration`` or from an existing client."""
+
+    def __init__(self, api: ApiClient) -> None:
+        self._api = api
+
+    @classmethod
+    def from_configuration(cls, configuration: Configuration) -> Kube:
+        return cls(ApiClient(configuration=configuration))
+
+    @property
+    def configuration(self) -> Configuration:
+        return self._api.configuration
+
+    async def close(self) -> None:
+        await self._api.close()
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Sequence[tuple[str, str]] = (),
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> Object:
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        try:
+            result = await self._api.call_api(
+                path,
+                method,
+                query_params=list(query),
+                header_params=headers,
+                body=body,
+                response_types_map=_OBJECT,
+                auth_settings=_AUTH,
+                _return_http_data_only=True,
+            )
+        except ApiException as exc:
+            raise _error(exc) from None
+        return result if isinstance(result, dict) else {}
+
+    async def get(self, res: Resource, name: str, namespace: str | None = None) -> Object | None:
+        """The object, or None when it does not exist."""
+        try:
+            return await self._call("GET", res.path(namespace, name))
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def list_with_version(
+        self,
+        res: Resource,
+        namespace: str | None = None,
+        *,
+        labels: str = "",
+        fields: str = "",
+    ) -> tuple[list[Object], str]:
+        """Like ``list``, plus the list's own ``metadata.resourceVersion`` ("" when the server sent none):
+        a watch from that version sees every change made after the list was read."""
+        query = [(k, v) for k, v in (("labelSelector", labels), ("fieldSelector", fields)) if v]
+        result = await self._call("GET", res.path(namespace), query=query)
+        items = result.get("items") or []
+        for item in items:
+            item.setdefault("apiVersion", res.api_version)
+            item.setdefault("kind", res.kind)
+        version = str((result.get("metadata") or {}).get("resourceVersion") or "")
+        return list(items), version
+
+    async def list(
+        self,
+        res: Resource,
+        namespace: str | None = None,
+        *,
+        labels: str = "",
+        fields: str = "",
+    ) -> list[Object]:
+        """Every matching object (across namespaces when ``namespace`` is None)."""
+        items, _ = await self.list_with_version(res, namespace, labels=labels, fields=fields)
+        return items
+
+    async def create(self, res: Resource, body: Mapping[str, Any], namespace: str | None = None) -> Object:
+        obj = {"apiVersion": res.api_version, "kind": res.kind, **body}
+        return await self._call("POST", res.path(namespace), body=obj)
+
+    async def patch(
+        self,
+        res: Resource,
+        name: str,
+        patch: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+        namespace: str | None = None,
+        *,
+        status: bool = False,
+    ) -> Object:
+        """A merge patch (a mapping) or a JSON patch (a list of operations); ``status`` targets /status."""
+        content_type = MERGE_PATCH if isinstance(patch, Mapping) else JSON_PATCH
+        path = res.path(namespace, name, "status" if status else "")
+        return await self._call("PATCH", path, body=patch, content_type=content_type)
+
+    async def replace(
+        self, res: Resource, name: str, body: Mapping[str, Any], namespace: str | None = None
+    ) -> Object:
+        """PUT: fails with 409 when ``body.metadata.resourceVersion`` is stale."""
+        return await self._call("PUT", res.path(namespace, name), body=dict(body))
+
+    async def delete(
+        self, res: Resource, name: str, namespace: str | None = None, *, propagation: str = "Background"
+    ) -> bool:
+        """Delete (or start deleting, with finalizers); False when it was already gone."""
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": propagation}
+        try:
+            await self._call("DELETE", res.path(namespace, name), body=body)
+        except KubeError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    async def evict(self, name: str, namespace: str, *, grace_period: int | None = None) -> None:
+        """Evict a pod through the eviction subresource (429 while a disruption budget forbids it)."""
+        body: Object = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+        }
+        if grace_period is not None:
+            body["deleteOptions"] = {"gracePeriodSeconds": grace_period}
+        await self._call("POST", PODS.path(namespace, name, "eviction"), body=body)
+
+    async def watch(
+        self,
+        res: Resource,
+        namespace: str | None = None,
+        *,
+        labels: str = "",
+        resource_version: str = "",
+        timeout_seconds: int = 300,
+    ) -> AsyncIterator[tuple[str, Object]]:
+        """Events ``(ADDED|MODIFIED|DELETED|BOOKMARK|ERROR, object)`` until the server ends the watch."""
+        query = [("watch", "true"), ("timeoutSeconds", str(timeout_seconds)), ("allowWatchBookmarks", "true")]
+        if labels:
+            query.append(("labelSelector", labels))
+        if resource_version:
+            query.append(("resourceVersion", resource_version))
+        try:
+            response = await self._api.call_api(
+                res.path(namespace),
+                "GET",
+                query_params=query,
+                header_params={"Accept": "application/json"},
+                auth_settings=_AUTH,
+                _preload_content=False,
+                _request_timeout=timeout_seconds + 30,
+            )
+        except ApiException as exc:
+            raise _error(exc) from None
+        try:
+            async for line in response.content:
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                yield str(event.get("type", "")), dict(event.get("object") or {})
+        finally:
+            response.release()
+
+    async def event(
+        self,
+        obj: Mapping[str, Any],
+        *,
+        reason: str,
+        message: str,
+        warning: bool = False,
+        component: str = "nstance-operator",
+    ) -> None:
+        """Record a Kubernetes Event on ``obj`` (shown by ``kubectl describe``); never raises."""
+        meta = obj.get("metadata") or {}
+        namespace = meta.get("namespace") or "default"
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "metadata": {
+                "name": f"{meta.get('name', 'object')}.{uuid.uuid4().hex[:12]}",
+                "namespace": namespace,
+            },
+            "involvedObject": {**ref_of(obj), "namespace": namespace} if meta.get("uid") else {},
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": component},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            await self.create(EVENTS, body, namespace)
+        except KubeError as exc:
+            log.debug("cannot record event %s on %s: %s", reason, meta.get("name"), exc)

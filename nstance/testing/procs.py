@@ -1,0 +1,86 @@
+"""Test and benchmark helpers shared by the child-process wrappers (``ServerProcess``,
+``OperatorProcess``): start a program with its output in a log file, GET its HTTP probe, wait until the
+probe answers 200 (failing at once, with the log, when the child exits), read the log's tail, stop it.
+
+Only process and HTTP plumbing lives here; which program runs, with which flags and probe path, is the
+wrapper's business. Nothing in the product imports this module, and it must not import the programs
+(``nstance.server``, ``nstance.operator``) it starts.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+
+def spawn_logged(argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+    """Start ``argv`` with stdout and stderr appended to ``log_path`` (its folder is created)."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log_file:
+        return subprocess.Popen(list(argv), env=dict(env), stdout=log_file, stderr=log_file)
+
+
+def http_probe(addr: str, path: str, *, timeout: float = 2.0) -> tuple[int, str]:
+    """GET ``http://{addr}{path}``: (status, body); (0, error) when nothing answers."""
+    try:
+        with urllib.request.urlopen(f"http://{addr}{path}", timeout=timeout) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except (urllib.error.URLError, OSError) as exc:
+        return 0, str(exc)
+
+
+def wait_for_ok(
+    probe: Callable[[], tuple[int, str]],
+    proc: subprocess.Popen[bytes] | None,
+    *,
+    what: str,
+    state: str,
+    log: Callable[[], str],
+    timeout: float,
+    interval: float,
+) -> str:
+    """Call ``probe`` until it answers 200 and return its body.
+
+    Raises RuntimeError (``"{what} exited with N; log: …"``) as soon as ``proc`` has exited, and
+    TimeoutError (``"{what} not {state} after …s (last: …); log: …"``) when ``timeout`` passes first.
+    """
+    deadline = time.monotonic() + timeout
+    last = ""
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}; log:\n{log()}")
+        code, body = probe()
+        if code == 200:
+            return body
+        last = f"{code} {body}"
+        time.sleep(interval)
+    raise TimeoutError(f"{what} not {state} after {timeout}s (last: {last}); log:\n{log()}")
+
+
+def log_tail(log_path: Path | None, chars: int) -> str:
+    """The last ``chars`` characters of the log ("" when there is none yet)."""
+    if log_path is None or not log_path.exists():
+        return ""
+    return log_path.read_text(errors="replace")[-chars:]
+
+
+def stop_process(
+    proc: subprocess.Popen[bytes] | None, sig: int = signal.SIGTERM, timeout: float = 20.0
+) -> int:
+    """Send ``sig`` (unless it already exited) and wait for the exit status; SIGKILL after ``timeout``."""
+    if proc is None:
+        return 0
+    if proc.poll() is None:
+        proc.send_signal(sig)
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait(5)

@@ -1,0 +1,476 @@
+"""The whole system as a user runs it: Kubernetes API, nstance-operator, two shard servers, real agents.
+
+The Kubernetes API is the project's emulator (``nstance.testing.kubeapi``) unless ``KUBECONFIG`` names a
+real cluster, in which case the same tests run there in a fresh namespace (the CRDs of config/crd
+must be installable there). The operator is the ``nstance-operator`` program in its own process,
+bootstrapped as the Helm chart would (config ConfigMap, CA ConfigMap, nonce Secret); the shard
+servers are ``nstance-server`` processes with the ``local`` provider, whose instances are real
+``nstance-agent`` processes that register and report health. Every assertion is something a user
+sees: objects in Kubernetes, groups and instances on the servers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+import pytest
+from google.protobuf.empty_pb2 import Empty
+
+from nstance.operator.crds import names
+from nstance.operator.kube import NODES, PODS, Kube, KubeError, Resource, load_configuration
+from nstance.rpc import agent_pb2, operator_pb2, operator_pb2_grpc
+from nstance.testing.kubeapi import KubeAPIServer
+from nstance.testing.operatorproc import OperatorProcess, bootstrap_objects, capi_machine_pool
+from nstance.testing.shardproc import LocalCluster, ServerProcess, server_addrs, shard_config, start_leader
+
+pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+SHARDS = ("zone-a", "zone-b")
+POOLS = Resource(names.GROUP, names.VERSION, names.NSTANCE_MACHINE_POOLS, names.KIND_MACHINE_POOL)
+SHARD_GROUPS = Resource(names.GROUP, names.VERSION, names.NSTANCE_SHARD_GROUPS, names.KIND_SHARD_GROUP)
+MACHINES = Resource(names.GROUP, names.VERSION, names.NSTANCE_MACHINES, names.KIND_MACHINE)
+CAPI_POOLS = Resource(names.CAPI_GROUP, names.CAPI_VERSION, names.MACHINE_POOLS, names.CAPI_KIND_MACHINE_POOL)
+CAPI_MACHINES = Resource(names.CAPI_GROUP, names.CAPI_VERSION, names.MACHINES, names.CAPI_KIND_MACHINE)
+LIVE = ("pending", "running", "registered", "healthy")
+T = TypeVar("T")
+
+
+async def eventually(
+    check: Callable[[], Awaitable[T | None]], *, within: float = 60.0, what: str, log: Callable[[], str]
+) -> T:
+    """Poll ``check`` until it returns a truthy value; fail with ``what`` and the operator log."""
+    deadline = asyncio.get_running_loop().time() + within
+    while True:
+        value = await check()
+        if value:
+            return value
+        if asyncio.get_running_loop().time() > deadline:
+            pytest.fail(f"timed out after {within:g}s waiting for {what}\n--- operator log ---\n{log()}")
+        await asyncio.sleep(0.2)
+
+
+@dataclass
+class ShardServer:
+    shard: str
+    addrs: dict[str, str]
+    root: Path
+    process: ServerProcess | None = None
+
+
+@dataclass
+class System:
+    root: Path
+    kubeconfig: Path
+    namespace: str
+    cluster: LocalCluster
+    shards: dict[str, ShardServer]
+    operator: OperatorProcess | None = None
+    identity: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.identity = self.cluster.operator_identity(self.root / "admin-identity")
+
+    # --- shard servers ------------------------------------------------------------------------
+
+    def config(self, shard: str) -> dict[str, Any]:
+        server = self.shards[shard]
+        return shard_config(
+            shard=shard,
+            addrs=server.addrs,
+            provider="local",
+            election={"frequent_interval": "200ms", "infrequent_interval": "1s", "leader_timeout": "6s"},
+            provider_options={
+                "instances_dir": str(server.root / "instances"),
+                "stop_instances_on_close": True,
+            },
+            groups={"web": {"template": "app", "size": 0}},
+            shard_extra={"health_check_interval": "1s", "default_drain_timeout": "60s"},
+        )
+
+    def start_shard(self, shard: str) -> None:
+        server = self.shards[shard]
+        self.cluster.write_config(shard, self.config(shard))
+        server.process = start_leader(
+            self.cluster, server.root, shard=shard, env={"NSTANCE_REPORT_INTERVAL": "300ms"}
+        )
+
+    def stub(self, shard: str) -> operator_pb2_grpc.OperatorServiceStub:
+        return self.cluster.operator_stub(self.identity, self.shards[shard].addrs["operator_addr"])
+
+    def group_sizes(self, group: str) -> dict[str, int | None]:
+        """Desired size of ``group`` on each shard (None where the group does not exist)."""
+        sizes: dict[str, int | None] = {}
+        for shard in SHARDS:
+            groups = self.stub(shard).ListGroups(Empty(), timeout=10).groups
+            sizes[shard] = next((g.size for g in groups if g.key == group), None)
+        return sizes
+
+    def records(self, shard: str) -> list[dict[str, Any]]:
+        store = self.cluster.shard_store(shard)
+        return [json.loads(store.get(key)[0]) for key in store.list("instance/")]
+
+    def status(self, shard: str, instance_id: str) -> str:
+        request = operator_pb2.GetInstanceStatusRequest(instance_id=instance_id)
+        try:
+            return str(self.stub(shard).GetInstanceStatus(request, timeout=10).status)
+        except grpc.RpcError:
+            return "gone"
+
+    def live(self, shard: str, group: str) -> list[dict[str, Any]]:
+        return [
+            r
+            for r in self.records(shard)
+            if r.get("group") == group and r["status"] not in ("deleting", "deleted", "failed")
+        ]
+
+    def healthy(self, shard: str, group: str) -> list[str]:
+        return [
+            r["instance_id"]
+            for r in self.live(shard, group)
+            if self.status(shard, r["instance_id"]) in ("registered", "healthy")
+        ]
+
+    # --- operator -----------------------------------------------------------------------------
+
+    def operator_log(self) -> str:
+        return self.operator.log() if self.operator is not None else ""
+
+    async def kube(self) -> Kube:
+        return Kube.from_configuration(await load_configuration(str(self.kubeconfig)))
+
+    async def bootstrap(self) -> None:
+        kube = await self.kube()
+        try:
+            shards = {shard: s.addrs for shard, s in self.shards.items()}
+            for obj in bootstrap_objects(self.cluster, shards, namespace=self.namespace):
+                res = PODS
+                if obj["kind"] == "ConfigMap":
+                    res = Resource("", "v1", "configmaps", "ConfigMap")
+                elif obj["kind"] == "Secret":
+                    res = Resource("", "v1", "secrets", "Secret")
+                await kube.create(res, obj, self.namespace)
+        finally:
+            await kube.close()
+
+    def start_operator(self) -> OperatorProcess:
+        self.operator = OperatorProcess(
+            kubeconfig=self.kubeconfig,
+            namespace=self.namespace,
+            log_path=self.root / "operator.log",
+            args=[
+                "--log-format",
+                "text",
+                "--resync-interval",
+                "2s",
+                "--unreachable-retry",
+                "1s",
+                "--error-retry",
+                "2s",
+                "--backoff-cap",
+                "2s",
+                "--drain-poll",
+                "200ms",
+                "--leader-elect-lease-duration",
+                "4s",
+                "--leader-elect-renew-interval",
+                "1s",
+                "--leader-elect-renew-deadline",
+                "3s",
+                "--webhook-self-signed",
+                "--webhook-managed",
+                "nstance-operator-e2e",
+                "--webhook-host",
+                "127.0.0.1",
+                "--webhook-addr",
+                "127.0.0.1:0",
+            ],
+        ).start()
+        return self.operator
+
+    def stop(self) -> None:
+        if self.operator is not None:
+            self.operator.stop()
+        for server in self.shards.values():
+            if server.process is not None:
+                server.process.stop()
+
+
+@contextlib.contextmanager
+def kubernetes(root: Path) -> Iterator[tuple[Path, str]]:
+    """(kubeconfig, namespace): the emulator, or the cluster of $KUBECONFIG in a fresh namespace."""
+    real = os.environ.get("KUBECONFIG")
+    if real:
+        namespace = f"nstance-e2e-{uuid.uuid4().hex[:6]}"
+        kubeconfig = Path(real)
+
+        async def namespace_op(create: bool) -> None:
+            kube = Kube.from_configuration(await load_configuration(real))
+            res = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
+            try:
+                if create:
+                    await kube.create(res, {"metadata": {"name": namespace}})
+                else:
+                    await kube.delete(res, namespace)
+            finally:
+                await kube.close()
+
+        asyncio.run(namespace_op(True))
+        try:
+            yield kubeconfig, namespace
+        finally:
+            asyncio.run(namespace_op(False))
+        return
+    crds = [REPO / "config" / "crd" / "bases", REPO / "config" / "crd" / "capi"]
+    with KubeAPIServer.in_thread(crds=crds) as server:
+        yield server.write_kubeconfig(root / "kubeconfig"), "default"
+
+
+def make_system(root: Path, kubeconfig: Path, namespace: str) -> System:
+    cluster = LocalCluster(root / "bucket")
+    cluster.init()
+    shards = {s: ShardServer(s, server_addrs(), root / s) for s in SHARDS}
+    return System(root, kubeconfig, namespace, cluster, shards)
+
+
+@pytest.fixture(scope="module")
+def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
+    root = tmp_path_factory.mktemp("e2e")
+    with kubernetes(root) as (kubeconfig, namespace):
+        sys_ = make_system(root, kubeconfig, namespace)
+        try:
+            for shard in SHARDS:
+                sys_.start_shard(shard)
+            asyncio.run(sys_.bootstrap())
+            sys_.start_operator().wait_ready(60)
+            yield sys_
+        finally:
+            sys_.stop()
+
+
+async def create_pool(kube: Kube, system: System, name: str, shards: list[str], replicas: int) -> None:
+    pool = capi_machine_pool(name, system.namespace, f"{system.cluster.cluster_id}--default", replicas)
+    await kube.create(CAPI_POOLS, pool, system.namespace)
+    await kube.create(
+        POOLS,
+        {
+            "metadata": {"name": name, "namespace": system.namespace},
+            "spec": {"group": name, "shards": shards, "template": "app"},
+        },
+        system.namespace,
+    )
+
+
+async def test_a_pool_spreads_over_two_shards_scales_and_is_deleted(system: System) -> None:
+    kube = await system.kube()
+    log = system.operator_log
+    try:
+        await create_pool(kube, system, "workers", list(SHARDS), 5)
+
+        async def spread() -> bool:
+            return system.group_sizes("workers") == {"zone-a": 3, "zone-b": 2}
+
+        await eventually(spread, what="sizes 3 and 2 on the two shards", log=log)
+
+        async def registered() -> bool:
+            return [len(system.healthy(s, "workers")) for s in SHARDS] == [3, 2]
+
+        await eventually(registered, within=90, what="3 + 2 registered instances", log=log)
+
+        async def shard_groups_ready() -> bool:
+            pool = await kube.get(POOLS, "workers", system.namespace) or {}
+            status = pool.get("status") or {}
+            return bool(status.get("ready")) and status.get("replicas") == 5
+
+        await eventually(shard_groups_ready, what="pool status ready with 5 replicas", log=log)
+
+        await kube.patch(CAPI_POOLS, "workers", {"spec": {"replicas": 1}}, system.namespace)
+
+        async def scaled() -> bool:
+            return system.group_sizes("workers") == {"zone-a": 1, "zone-b": 0} and [
+                len(system.live(s, "workers")) for s in SHARDS
+            ] == [1, 0]
+
+        await eventually(scaled, within=90, what="scale-down to 1 instance on zone-a", log=log)
+
+        await kube.delete(POOLS, "workers", system.namespace)
+        await kube.delete(CAPI_POOLS, "workers", system.namespace)
+
+        async def deleted() -> bool:
+            gone = await kube.get(POOLS, "workers", system.namespace) is None
+            return gone and system.group_sizes("workers") == {"zone-a": None, "zone-b": None}
+
+        await eventually(deleted, what="the group deleted on both shards", log=log)
+    finally:
+        await kube.close()
+
+
+async def test_a_spot_notice_cordons_evicts_acknowledges_and_replaces(system: System) -> None:
+    kube = await system.kube()
+    log = system.operator_log
+    try:
+        await create_pool(kube, system, "spot", ["zone-a"], 1)
+
+        async def one_healthy() -> list[str]:
+            return system.healthy("zone-a", "spot")
+
+        (iid,) = await eventually(one_healthy, within=60, what="the spot instance registered", log=log)
+        record = next(r for r in system.records("zone-a") if r["instance_id"] == iid)
+        provider_id = str(record["provider_instance_id"])
+        node_name = f"node-{iid.lower()}"
+        await kube.create(
+            NODES,
+            {"metadata": {"name": node_name}, "spec": {"providerID": f"local:///{provider_id}"}},
+        )
+        ns = system.namespace
+        for pod, owner in (("app-1", None), ("logs-agent", "DaemonSet")):
+            meta: dict[str, Any] = {"name": pod, "namespace": ns}
+            if owner:
+                meta["ownerReferences"] = [
+                    {"apiVersion": "apps/v1", "kind": owner, "name": "logs", "uid": str(uuid.uuid4())}
+                ]
+            await kube.create(
+                PODS,
+                {
+                    "metadata": meta,
+                    "spec": {"nodeName": node_name, "containers": [{"name": "c", "image": "x"}]},
+                },
+                ns,
+            )
+
+        # The spot notice, sent with the instance's own identity as its agent's poller would.
+        agent_dir = system.cluster.agent_identity(system.root / f"agent-{iid}", iid)
+        agent = system.cluster.agent_stub(agent_dir, system.shards["zone-a"].addrs["agent_addr"])
+        notice = agent_pb2.TerminationNotice(action="terminate")
+        notice.deadline.GetCurrentTime()
+        agent.SubmitHealthReport(iter([agent_pb2.HealthReportRequest(termination_notice=notice)]), timeout=10)
+
+        async def drained() -> bool:
+            node = await kube.get(NODES, node_name) or {}
+            app = await kube.get(PODS, "app-1", ns)
+            daemon = await kube.get(PODS, "logs-agent", ns)
+            return bool((node.get("spec") or {}).get("unschedulable")) and app is None and daemon is not None
+
+        await eventually(drained, what="node cordoned, app pod evicted, DaemonSet pod kept", log=log)
+
+        async def replaced() -> bool:
+            live = [r["instance_id"] for r in system.live("zone-a", "spot")]
+            return iid not in live and len(live) == 1
+
+        # The group's drain timeout is 60 s: a replacement well before it means the drain was acknowledged.
+        await eventually(replaced, within=40, what="the noticed instance replaced after the ack", log=log)
+    finally:
+        with contextlib.suppress(KubeError):
+            await kube.delete(POOLS, "spot", system.namespace)
+            await kube.delete(CAPI_POOLS, "spot", system.namespace)
+        await kube.close()
+
+
+async def test_an_on_demand_pod_gets_its_own_vm_which_goes_with_the_pod(system: System) -> None:
+    kube = await system.kube()
+    log = system.operator_log
+    ns = system.namespace
+    try:
+        await kube.create(
+            PODS,
+            {
+                "metadata": {
+                    "name": "batch-job",
+                    "namespace": ns,
+                    "annotations": {"on-demand.nstance.dev/group": "web"},
+                },
+                "spec": {"containers": [{"name": "c", "image": "x"}]},
+            },
+            ns,
+        )
+
+        async def created() -> dict[str, Any] | None:
+            machine = await kube.get(MACHINES, "on-demand-batch-job", ns)
+            status = (machine or {}).get("status") or {}
+            if not status.get("instanceID") or not status.get("shard"):
+                return None
+            return status
+
+        status = await eventually(created, what="an NstanceMachine with an instance", log=log)
+        shard, iid = str(status["shard"]), str(status["instanceID"])
+        assert await kube.get(CAPI_MACHINES, "on-demand-batch-job", ns) is not None
+
+        async def vm_exists() -> bool:
+            return any(r["instance_id"] == iid and r.get("on_demand") for r in system.live(shard, "web"))
+
+        await eventually(vm_exists, what="the on-demand VM on its shard", log=log)
+
+        await kube.delete(PODS, "batch-job", ns)
+
+        async def cleaned() -> bool:
+            machine = await kube.get(MACHINES, "on-demand-batch-job", ns)
+            capi = await kube.get(CAPI_MACHINES, "on-demand-batch-job", ns)
+            vm_live = any(r["instance_id"] == iid for r in system.live(shard, "web"))
+            return machine is None and capi is None and not vm_live
+
+        await eventually(cleaned, what="machine objects and VM gone with the pod", log=log)
+    finally:
+        await kube.close()
+
+
+async def test_the_webhook_refuses_changing_the_template_of_a_static_group(system: System) -> None:
+    kube = await system.kube()
+    log = system.operator_log
+    try:
+
+        async def imported() -> dict[str, Any] | None:
+            pool = await kube.get(POOLS, "web", system.namespace)
+            return pool if pool and (pool.get("status") or {}).get("isStatic") else None
+
+        pool = await eventually(imported, what="static group web imported with isStatic", log=log)
+        assert pool["spec"]["shards"] == list(SHARDS)
+        with pytest.raises(KubeError) as refused:
+            await kube.patch(POOLS, "web", {"spec": {"template": "other"}}, system.namespace)
+        assert refused.value.status in (400, 403, 422)
+        assert "spec.template" in refused.value.message
+        assert "denied the request" in refused.value.message
+        # Changing what static groups allow (vars) still works.
+        await kube.patch(POOLS, "web", {"spec": {"vars": {"tier": "gold"}}}, system.namespace)
+    finally:
+        await kube.close()
+
+
+def test_no_pool_is_created_until_every_shard_has_answered(tmp_path: Path) -> None:
+    with kubernetes(tmp_path) as (kubeconfig, namespace):
+        sys_ = make_system(tmp_path, kubeconfig, namespace)
+        try:
+            sys_.start_shard("zone-a")
+            asyncio.run(sys_.bootstrap())
+            operator = sys_.start_operator()
+            operator.wait_ready(60)
+
+            async def pools() -> list[str]:
+                kube = await sys_.kube()
+                try:
+                    return [p["metadata"]["name"] for p in await kube.list(POOLS, namespace)]
+                finally:
+                    await kube.close()
+
+            # Absence needs a window: several resync rounds (2 s each) with zone-b unanswered.
+            time.sleep(5)
+            assert operator.proc is not None
+            assert operator.proc.poll() is None
+            assert asyncio.run(pools()) == []
+            sys_.start_shard("zone-b")
+
+            async def created() -> bool:
+                return await pools() == ["web"]
+
+            asyncio.run(eventually(created, within=60, what="pool web once zone-b is up", log=operator.log))
+        finally:
+            sys_.stop()
