@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from _agents import progress
 from google.protobuf.empty_pb2 import Empty
 
 from nstance.operator.crds import names
@@ -114,7 +115,7 @@ class Watcher:
             self.seen[(shard, event.group.key, event.group.size)] = time.monotonic()
             self.changed.set()
 
-    async def wait_all(self, group: str, size: int, limit: float = 60.0) -> float:
+    async def wait_all(self, group: str, size: int, limit: float = 300.0) -> float:
         """When the last shard announced ``group`` at ``size`` (waits for it)."""
         deadline = time.monotonic() + limit
         while True:
@@ -154,8 +155,10 @@ async def measure(kubeconfig: Path, cluster: LocalCluster, stubs: dict[str, Any]
                 },
                 NAMESPACE,
             )
+        progress(f"{POOLS} pools created; waiting for every shard to carry every group")
         for group in groups:
-            await watcher.wait_all(group, 1, limit=180)
+            await watcher.wait_all(group, 1, limit=300)
+        progress("initial sync done; measuring single changes")
 
         current = dict.fromkeys(groups, 3)
 
@@ -170,7 +173,9 @@ async def measure(kubeconfig: Path, cluster: LocalCluster, stubs: dict[str, Any]
         # Each single change flips one pool between 3 and 6 replicas (1 and 2 per shard).
         single = [await change(groups[i], 6) for i in range(SINGLE_CHANGES)]
         await asyncio.gather(*(change(groups[i], 3) for i in range(SINGLE_CHANGES)))
+        progress("measuring a burst of 100 changes")
         burst = list(await asyncio.gather(*(change(g, 6) for g in groups)))
+        progress("measuring the direct-UpsertGroup baseline")
 
         async def direct(group: str, size: int) -> float:
             watcher.forget(group)
@@ -226,6 +231,13 @@ def main() -> None:
                     provider_options={"latency": "1ms"},
                     groups={},
                     shard_extra={"create_rate_limit": "0s"},
+                    # Production's leader timeout: three servers, the operator and the API emulator
+                    # share two cores here, and a 1 s lease would flap under that load.
+                    election={
+                        "frequent_interval": "1s",
+                        "infrequent_interval": "5s",
+                        "leader_timeout": "15s",
+                    },
                 )
                 cluster.write_config(shard, config)
                 servers.append(start_leader(cluster, root / shard, shard=shard))

@@ -741,6 +741,10 @@ class OperatorRuntime:
     def _kopf_settings(self) -> kopf.OperatorSettings:
         settings = kopf.OperatorSettings()
         settings.posting.enabled = True
+        # kopf would post a Kubernetes Event (an API write) and log a line for every handler run;
+        # our controllers record their own Events, so kopf posts and logs only its warnings.
+        settings.posting.level = logging.WARNING
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
         settings.watching.server_timeout = 300
         settings.watching.client_timeout = 330
         settings.watching.connect_timeout = 30

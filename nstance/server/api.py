@@ -103,6 +103,10 @@ class ShardAPI(Protocol):
         """Every group of the tenant, merged static + dynamic."""
         ...
 
+    def find_group(self, tenant: str, group: str) -> GroupView | None:
+        """One group of the tenant, or None when it does not exist."""
+        ...
+
     async def upsert_group(self, tenant: str, group: str, update: GroupUpdate) -> GroupView:
         """Create or change a group; restricted fields of static groups are refused."""
         ...

@@ -260,6 +260,11 @@ class Shard:
                 views.append(self._view(merged))
         return views
 
+    def find_group(self, tenant: str, group: str) -> GroupView | None:
+        """The view of one group, or None when it does not exist (one query, not one per group)."""
+        merged = self._snapshot().merged(tenant, group)
+        return self._view(merged) if merged is not None else None
+
     def _group_view(self, tenant: str, group: str) -> GroupView:
         merged = self._snapshot().merged(tenant, group)
         if merged is None:

@@ -19,7 +19,6 @@ It must not be used to expose anything beyond 127.0.0.1.
 from __future__ import annotations
 
 import contextlib
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,14 +27,9 @@ import urllib.error
 import urllib.request
 from typing import IO
 
+from nstance.testing.procs import free_port
+
 _LOG_TAIL_BYTES = 4000
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """Return a TCP port that was free on ``host`` a moment ago (bind to port 0, read it, close)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 # Runs in the child process: moto's own WSGI app, served without threads (see the module docstring).

@@ -26,8 +26,8 @@ from typing import Any
 import yaml
 
 from nstance.pki.nonce import operator_nonce_claims, sign_nonce
-from nstance.testing.procs import http_probe, log_tail, spawn_logged, stop_process, wait_for_ok
-from nstance.testing.shardproc import LocalCluster, free_port
+from nstance.testing.procs import free_port, http_probe, log_tail, spawn_logged, stop_process, wait_for_ok
+from nstance.testing.shardproc import LocalCluster
 
 CONFIG_CONFIGMAP = "nstance-operator-config"
 CA_CONFIGMAP = "nstance-cluster-ca"

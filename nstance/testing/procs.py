@@ -1,6 +1,7 @@
 """Test and benchmark helpers shared by the child-process wrappers (``ServerProcess``,
 ``OperatorProcess``): start a program with its output in a log file, GET its HTTP probe, wait until the
-probe answers 200 (failing at once, with the log, when the child exits), read the log's tail, stop it.
+probe answers 200 (failing at once, with the log, when the child exits), read the log's tail, stop it;
+and ``free_port`` for the loopback ports those children listen on.
 
 Only process and HTTP plumbing lives here; which program runs, with which flags and probe path, is the
 wrapper's business. Nothing in the product imports this module, and it must not import the programs
@@ -9,13 +10,38 @@ wrapper's business. Nothing in the product imports this module, and it must not 
 
 from __future__ import annotations
 
+import random
 import signal
+import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+
+#: Ports handed to listeners come from below Linux's default ephemeral range (32768-60999): a port
+#: the kernel picked for ``bind(0)`` is an ephemeral one, and an outgoing connection of any process
+#: can take it between the check and the child's own bind ("Address already in use").
+LISTEN_PORTS = (20000, 32000)
+_handed_out: set[int] = set()
+_rng = random.Random()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that was free a moment ago, never handed out twice by this process."""
+    for _ in range(500):
+        port = _rng.randrange(*LISTEN_PORTS)
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free port on {host} in {LISTEN_PORTS[0]}-{LISTEN_PORTS[1] - 1}")
 
 
 def spawn_logged(argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> subprocess.Popen[bytes]:

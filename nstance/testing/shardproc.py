@@ -12,7 +12,6 @@ import base64
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,19 +29,12 @@ from nstance.pki.keys import generate_private_key, private_key_to_pem
 from nstance.rpc import agent_pb2_grpc, operator_pb2_grpc
 from nstance.secrets.cluster_identity import ClusterIdentity, ensure_cluster_identity
 from nstance.secrets.objectstorage import ObjectStorageSecretStore
+from nstance.testing.procs import free_port as free_port  # re-exported for tests
 from nstance.testing.procs import http_probe, log_tail, spawn_logged, stop_process, wait_for_ok
 
 ENCRYPTION_KEY = bytes(range(32))
 ENCRYPTION_KEY_B64 = base64.b64encode(ENCRYPTION_KEY).decode("ascii")
 ADDR_NAMES = ("health_addr", "election_addr", "registration_addr", "operator_addr", "agent_addr")
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def server_addrs() -> dict[str, str]:

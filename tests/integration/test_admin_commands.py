@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import json
-import socket
 import stat
 import threading
 from collections.abc import Iterator
@@ -37,6 +36,7 @@ from nstance.pki.peer import verify_client_certificate
 from nstance.rpc import operator_pb2, operator_pb2_grpc
 from nstance.secrets.cluster_identity import load_cluster_identity
 from nstance.secrets.objectstorage import ObjectStorageSecretStore
+from nstance.testing.procs import free_port
 
 KEY = bytes(range(32))
 KEY_B64 = base64.b64encode(KEY).decode()
@@ -197,10 +197,7 @@ def start_server(servicer: FakeShard, ca: CertificateAuthority) -> tuple[grpc.Se
 
 
 def unused_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
+    return free_port()
 
 
 # --- fixtures ------------------------------------------------------------------------------------

@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import datetime
 import ipaddress
-import socket
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from cryptography.x509.oid import NameOID
 from kubernetes_asyncio import client, config
 
 from nstance.testing.kubeapi import KubeAPIServer
+from nstance.testing.procs import free_port
 
 GROUP = "kopftest.nstance.dev"
 FINALIZER = "kopf.zalando.org/KopfFinalizerMarker"
@@ -226,9 +226,7 @@ def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_port()
 
 
 async def test_kopf_managed_validating_webhook_denies_bad_create(

@@ -147,8 +147,10 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
                     type=operator_pb2.GroupEvent.TYPE_UPSERT, group=convert.group_status(view)
                 )
             async for event in live:
-                views = {v.key: v for v in self._shard.list_groups(tenant)}
-                yield convert.group_event(event, views.get(event.group))
+                # Only the changed group's view: listing every group per event made each change
+                # cost one instance query per group per subscriber.
+                current = None if event.kind == "delete" else self._shard.find_group(tenant, event.group)
+                yield convert.group_event(event, current)
 
     async def WatchInstances(
         self, request: Empty, context: grpc.aio.ServicerContext
