@@ -74,15 +74,17 @@ def controller_uid(obj: Mapping[str, Any]) -> str | None:
     return None
 
 
-async def list_everywhere(ctx: OperatorContext, resource: Resource, namespace: str) -> list[Object]:
-    """Objects of ``resource`` in every namespace, or only in ``namespace`` when the operator may not
-    list cluster-wide (a namespaced installation manages its own namespace only)."""
+async def list_everywhere(
+    ctx: OperatorContext, resource: Resource, namespace: str, *, labels: str = ""
+) -> list[Object]:
+    """Objects of ``resource`` (matching ``labels``) in every namespace, or only in ``namespace`` when
+    the operator may not list cluster-wide (a namespaced installation manages its own namespace only)."""
     try:
-        return await ctx.kube.list(resource)
+        return await ctx.kube.list(resource, labels=labels)
     except KubeError as exc:
         if exc.status != 403:
             raise
-        return await ctx.kube.list(resource, namespace or None)
+        return await ctx.kube.list(resource, namespace or None, labels=labels)
 
 
 def merge_diff(

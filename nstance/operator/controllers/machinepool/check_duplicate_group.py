@@ -3,7 +3,9 @@
 Two pools driving one server group would fight over its size. The oldest pool (by creation time,
 then namespace/name) keeps the group; every newer one gets Ready=False reason DuplicateGroup naming
 the owner, and the run stops before anything is created. When the older pool goes away, the newer
-one takes over on its next run. Must not: touch shard groups or shards.
+one takes over on its next run. Every pool carries the label ``nstance.dev/group`` (set here), so the
+check lists only the pools claiming this group instead of every pool in the cluster (which made a
+burst of N pool changes cost N full lists). Must not: touch shard groups or shards.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 from nstance.operator.controllers.common import list_everywhere, meta, spec
 from nstance.operator.controllers.machinepool.reasons import PoolReason
 from nstance.operator.controllers.machinepool.state import PoolState
-from nstance.operator.crds.names import READY
+from nstance.operator.crds.names import GROUP_LABEL, READY
 from nstance.operator.steps import Done
 
 
@@ -35,7 +37,14 @@ class CheckDuplicateGroup:
     name: str = "check_duplicate_group"
 
     async def __call__(self, state: PoolState) -> None:
-        pools = await list_everywhere(state.ctx, state.resource, state.namespace)
+        labels = meta(state.obj).get("labels") or {}
+        if labels.get(GROUP_LABEL) != state.group:
+            # Labelled before the check, so a pool created at the same moment finds this one.
+            label = {"metadata": {"labels": {GROUP_LABEL: state.group}}}
+            await state.ctx.kube.patch(state.resource, state.name, label, state.namespace)
+        pools = await list_everywhere(
+            state.ctx, state.resource, state.namespace, labels=f"{GROUP_LABEL}={state.group}"
+        )
         owner = group_owner(pools, state.group)
         if owner is None or meta(owner).get("uid") == state.uid:
             return

@@ -18,7 +18,7 @@ from nstance.operator.controllers.machinepool.check_duplicate_group import group
 from nstance.operator.controllers.machinepool.reasons import PoolReason
 from nstance.operator.controllers.machinepool.state import PoolState
 from nstance.operator.controllers.shardcalls import Failure, ShardCallError, call
-from nstance.operator.crds.names import READY
+from nstance.operator.crds.names import GROUP_LABEL, READY
 from nstance.operator.steps import Requeue
 from nstance.rpc import operator_pb2
 
@@ -28,7 +28,11 @@ class DeleteServerGroups:
     name: str = "delete_server_groups"
 
     async def __call__(self, state: PoolState) -> None:
-        pools = await list_everywhere(state.ctx, state.resource, state.namespace)
+        # Pools claiming this group carry its label (check_duplicate_group sets it); an unlabelled
+        # pool never got past that check, so it manages nothing.
+        pools = await list_everywhere(
+            state.ctx, state.resource, state.namespace, labels=f"{GROUP_LABEL}={state.group}"
+        )
         owner = group_owner(pools, state.group)
         if owner is not None and meta(owner).get("uid") != state.uid:
             state.logger.info("group %r is managed by another pool; not deleting it", state.group)
