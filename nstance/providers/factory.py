@@ -1,8 +1,8 @@
 """Build the shard's Provider from its ``shard.infra`` config section.
 
-Only chooses and constructs: ``sim`` and ``local`` are available; the cloud providers (``aws``,
-``google``, ``proxmox``) are refused with an error naming the config path until they are built. It
-makes no provider calls and imports a provider's module only when that provider is asked for.
+Only chooses and constructs: ``sim``, ``local``, ``aws`` (EC2 via boto3), ``google`` (Compute Engine via
+google-cloud-compute) and ``proxmox`` (Proxmox VE via proxmoxer). It makes no provider calls and imports
+a provider's module (and its cloud SDK) only when that provider is asked for.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from nstance.core.clock import Clock
 from nstance.core.errors import InvalidArgument
 from nstance.providers.base import Provider
 
-AVAILABLE: tuple[str, ...] = ("local", "sim")
+AVAILABLE: tuple[str, ...] = ("aws", "google", "local", "proxmox", "sim")
 
 
 def create_provider(infra: InfraConfig, *, clock: Clock, base_dir: Path) -> Provider:
@@ -30,6 +30,19 @@ def create_provider(infra: InfraConfig, *, clock: Clock, base_dir: Path) -> Prov
         from nstance.providers.local import local_provider_from_options
 
         return local_provider_from_options(infra.options, clock=clock, base_dir=base_dir, zone=infra.zone)
+    if infra.provider == "aws":
+        from nstance.providers.aws import aws_provider_from_options
+
+        options = {"region": infra.region, **infra.options}  # shard.infra.region unless options say otherwise
+        return aws_provider_from_options(options, clock=clock, base_dir=base_dir, zone=infra.zone)
+    if infra.provider == "google":
+        from nstance.providers.gcp import gcp_provider_from_options
+
+        return gcp_provider_from_options(infra.options, clock=clock, base_dir=base_dir, zone=infra.zone)
+    if infra.provider == "proxmox":
+        from nstance.providers.proxmox import proxmox_provider_from_options
+
+        return proxmox_provider_from_options(infra.options, clock=clock, base_dir=base_dir, zone=infra.zone)
     raise InvalidArgument(
-        f'shard.infra.provider: "{infra.provider}" is not available in this build yet; use "local" or "sim"'
+        f'shard.infra.provider: "{infra.provider}" is not a provider; use one of {", ".join(AVAILABLE)}'
     )

@@ -387,8 +387,8 @@ def test_bad_options_name_their_config_path(
     assert str(info.value).startswith(message)
 
 
-async def test_factory_builds_sim_and_local_and_refuses_cloud_providers(
-    clock: ManualClock, tmp_path: Path
+async def test_factory_builds_every_provider_and_names_missing_options(
+    clock: ManualClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sim = create_provider(
         InfraConfig(provider="sim", region="r1", zone="z1", options={"seed": 1}),
@@ -404,8 +404,16 @@ async def test_factory_builds_sim_and_local_and_refuses_cloud_providers(
     assert isinstance(local, LocalProvider)
     assert local.base_dir == tmp_path / "local-instances"
 
-    for name in ("aws", "gcp", "proxmox"):
-        with pytest.raises(InvalidArgument, match=r'^shard\.infra\.provider: "(aws|google|proxmox)" is not'):
+    aws = create_provider(
+        InfraConfig(provider="aws", region="us-east-1", zone="us-east-1a"), clock=clock, base_dir=tmp_path
+    )
+    assert aws.kind == "aws"
+    await aws.close()
+
+    monkeypatch.delenv("GOOGLE_CLOUD_PROJECT", raising=False)
+    monkeypatch.delenv("PROXMOX_API_URL", raising=False)
+    for name in ("gcp", "proxmox"):
+        with pytest.raises(InvalidArgument, match=r"shard\.infra\.options"):
             create_provider(
                 InfraConfig(provider=name, region="r1", zone="z1"),  # type: ignore[arg-type]
                 clock=clock,
