@@ -1,4 +1,5 @@
-"""The Provider contract, run against every provider that needs no cloud: ``sim`` and ``local``.
+"""The Provider contract, run against ``sim``, ``local``, ``aws`` (moto), ``gcp`` (the GCE fake) and
+``proxmox`` (fakepve).
 
 What a shard server relies on: a created VM can be fetched and is listed under its cluster and shard
 only; a retried create with the same idempotency token returns the same VM without launching another;
@@ -10,13 +11,21 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
+import boto3
 import pytest
+from fakepve import FakePve  # type: ignore[import-untyped]
+from fakepve.certs import make_cert  # type: ignore[import-untyped]
+from google.auth.credentials import AnonymousCredentials
+from moto import mock_aws
 
 from nstance.core.clock import ManualClock
 from nstance.core.ids import new_instance_id
+from nstance.providers.aws import AwsProvider
+from nstance.providers.aws.calls import client_config
 from nstance.providers.base import (
     CreateRequest,
     InstanceNotFound,
@@ -24,15 +33,31 @@ from nstance.providers.base import (
     Provider,
     ProviderInvalidRequest,
 )
+from nstance.providers.gcp import GcpProvider
 from nstance.providers.local import LocalProvider
+from nstance.providers.proxmox import ProxmoxProvider
+from nstance.providers.proxmox.client import Endpoint, PveClient
+from nstance.providers.proxmox.vmid import VmidAllocator
 from nstance.providers.sim import SimProvider
+from nstance.testing.gcefake import GceFake
 from nstance.testing.requests import sample_create_request
+
+AWS_REGION = "us-east-1"
+AWS_ZONE = "us-east-1a"
+GCE_ZONE = "us-central1-a"
 
 
 @dataclass
 class Harness:
     provider: Provider
     launches: Callable[[], int]  # how many VMs the provider has actually started so far
+    # What this cloud needs in every request (a real instance type, subnet and image).
+    defaults: dict[str, Any] = field(default_factory=dict)
+    subnet: str = "subnet-a"
+
+    def request(self, cluster_id: str = "c1", shard: str = "s1", token: str | None = None) -> CreateRequest:
+        base = sample_create_request(cluster_id=cluster_id, shard=shard, token=token)
+        return replace(base, **self.defaults) if self.defaults else base
 
 
 def _pid_gone(pid: int) -> bool:
@@ -43,9 +68,91 @@ def _pid_gone(pid: int) -> bool:
     return False
 
 
-@pytest.fixture(params=["sim", "local"])
-async def harness(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Harness]:
+async def _no_sleep(_: float) -> None:
+    return None
+
+
+@pytest.fixture(params=["sim", "local", "aws", "gcp", "proxmox"])
+async def harness(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Harness]:
     clock = ManualClock()
+    if request.param == "aws":
+        for name, value in {
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_CONFIG_FILE": "/dev/null",
+            "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
+            "MOTO_EC2_LOAD_DEFAULT_AMIS": "false",
+        }.items():
+            monkeypatch.setenv(name, value)
+        for name in ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL"):
+            monkeypatch.delenv(name, raising=False)
+        with mock_aws():
+            ec2 = boto3.client("ec2", region_name=AWS_REGION, config=client_config())
+            vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
+            subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.0.0/20", AvailabilityZone=AWS_ZONE)
+            subnet_id = subnet["Subnet"]["SubnetId"]
+            aws = AwsProvider(ec2=ec2, clock=clock, zone=AWS_ZONE, sleep=_no_sleep)
+
+            def aws_launches() -> int:
+                pages = ec2.get_paginator("describe_instances").paginate()
+                return sum(len(r["Instances"]) for page in pages for r in page["Reservations"])
+
+            defaults = {
+                "instance_type": "t3.micro",
+                "subnet_id": subnet_id,
+                "args": {"ImageId": "ami-12c6146b"},
+            }
+            yield Harness(aws, aws_launches, defaults, subnet_id)
+            await aws.close()
+        return
+    if request.param == "gcp":
+        with GceFake(project="proj-1", zones=(GCE_ZONE,)) as fake:
+            fake.add_machine_type("small")
+            fake.add_subnetwork("subnet-a")
+            gcp = GcpProvider(
+                project=fake.project,
+                zone=GCE_ZONE,
+                clock=clock,
+                endpoint=fake.endpoint,
+                credentials=AnonymousCredentials(),  # type: ignore[no-untyped-call]
+                sleep=_no_sleep,
+            )
+            image = "projects/debian-cloud/global/images/family/debian-12"
+            yield Harness(gcp, lambda: len(fake.instances()), {"args": {"SourceImage": image}})
+            await gcp.close()
+        return
+    if request.param == "proxmox":
+        certfile, keyfile, _ = make_cert(str(tmp_path))
+        pve = FakePve(host="127.0.0.1", port=0)
+        pve.apitokens["root@pam!nstance"] = "contract-secret"
+        pve.add_ceph_storage("ceph")
+        pve.add_vm(
+            9000,
+            "debian-tmpl",
+            status="stopped",
+            template=True,
+            config={"template": 1, "memory": 1024, "cores": 1, "scsi0": "ceph:base-9000-disk-0,size=8G"},
+        )
+        await pve.start(certfile, keyfile)
+        endpoint = Endpoint(
+            api_url=pve.url + "/api2/json",
+            token_id="root@pam!nstance",
+            token_secret="contract-secret",
+            verify=certfile,
+        )
+        proxmox = ProxmoxProvider(
+            PveClient(endpoint), clock=clock, allocator=VmidAllocator(tmp_path / "vmid.json")
+        )
+
+        def clones() -> int:
+            return sum(1 for t in pve.tasklog if t["type"] == "qmclone")
+
+        yield Harness(proxmox, clones, {"args": {"TemplateVMID": 9000}, "subnet_id": "vmbr0"}, "vmbr0")
+        await proxmox.close()
+        await pve.stop()
+        return
     if request.param == "sim":
         sim = SimProvider(clock=clock, seed=1)
         yield Harness(sim, lambda: sim.launch_count)
@@ -68,20 +175,14 @@ async def harness(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
     assert [pid for pid in pids if not _pid_gone(pid)] == [], "an agent process outlived the test"
 
 
-def make_request(
-    cluster_id: str = "c1", shard: str = "s1", token: str | None = None, **changes: object
-) -> CreateRequest:
-    return sample_create_request(cluster_id=cluster_id, shard=shard, token=token, **changes)
-
-
 async def test_created_vm_can_be_fetched_and_is_listed_only_under_its_cluster_and_shard(
     harness: Harness,
 ) -> None:
     provider = harness.provider
-    mine = make_request()
+    mine = harness.request()
     made = await provider.create_instance(mine)
-    other_cluster = await provider.create_instance(make_request(cluster_id="c2"))
-    other_shard = await provider.create_instance(make_request(shard="s2"))
+    other_cluster = await provider.create_instance(harness.request(cluster_id="c2"))
+    other_shard = await provider.create_instance(harness.request(shard="s2"))
 
     assert made.instance_id == mine.instance_id
     assert made.provider_id
@@ -100,7 +201,7 @@ async def test_created_vm_can_be_fetched_and_is_listed_only_under_its_cluster_an
 
 
 async def test_create_with_a_seen_token_returns_the_same_vm_and_launches_nothing(harness: Harness) -> None:
-    request = make_request()
+    request = harness.request()
     first = await harness.provider.create_instance(request)
     assert harness.launches() == 1
 
@@ -112,18 +213,18 @@ async def test_create_with_a_seen_token_returns_the_same_vm_and_launches_nothing
 
 
 async def test_a_token_cannot_be_reused_for_another_instance(harness: Harness) -> None:
-    await harness.provider.create_instance(make_request(token="shared"))
+    await harness.provider.create_instance(harness.request(token="shared"))
 
     with pytest.raises(ProviderInvalidRequest, match="shared"):
-        await harness.provider.create_instance(make_request(token="shared"))
+        await harness.provider.create_instance(harness.request(token="shared"))
     assert harness.launches() == 1
 
 
 async def test_deleted_vm_is_gone_and_delete_can_be_repeated(harness: Harness) -> None:
     provider = harness.provider
-    request = make_request()
+    request = harness.request()
     made = await provider.create_instance(request)
-    kept = await provider.create_instance(make_request())
+    kept = await provider.create_instance(harness.request())
 
     await provider.delete_instance(request.instance_id, made.provider_id)
 
@@ -147,7 +248,7 @@ async def test_delete_of_a_vm_that_never_existed_is_not_an_error(harness: Harnes
 
 async def test_get_by_instance_id_alone_finds_the_vm(harness: Harness) -> None:
     """After a crash the server may know only the instance id it chose."""
-    request = make_request()
+    request = harness.request()
     made = await harness.provider.create_instance(request)
 
     got = await harness.provider.get_instance(request.instance_id, "")
@@ -156,4 +257,4 @@ async def test_get_by_instance_id_alone_finds_the_vm(harness: Harness) -> None:
 
 
 async def test_subnets_have_capacity_by_default(harness: Harness) -> None:
-    assert await harness.provider.check_subnet_capacity("subnet-a") is True
+    assert await harness.provider.check_subnet_capacity(harness.subnet) is True
