@@ -230,8 +230,13 @@ class ConfigSource:
         self._last_text: str | None = None
         self._last_missing = ""
 
-    async def run(self) -> None:  # pragma: no cover - abstract
-        raise NotImplementedError
+    async def run(self) -> None:
+        """Fetch the document for as long as the operator runs, handing each text to ``offer``.
+
+        A plain ``ConfigSource`` is fed only through ``offer`` (embedding, tests): it has nothing to
+        fetch and waits until cancelled. ``FileSource`` and ``ConfigMapSource`` override this.
+        """
+        await asyncio.Event().wait()
 
     async def wait_config(self) -> OperatorConfig:
         """The current config, waiting for the first good one."""
