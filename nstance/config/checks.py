@@ -5,8 +5,9 @@ one mistake does not hide others; names of entries (templates, load balancers, p
 are taken from the raw document so references can be checked even when an entry is invalid.
 
 Checked here: group references (template, load balancers, subnet pool), template subnet pools and
-certificate files, image provider vs shard provider, certificate kinds, Proxmox args per group, and
-that every template (userdata, args, files, certificate fields) compiles. Pure; returns Problems.
+certificate files, image and load balancer providers vs the shard's provider, a leader network only
+where the provider can move one, certificate kinds, Proxmox args per group, and that every template
+(userdata, args, files, certificate fields) compiles. Pure; returns Problems.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 from nstance.config.errors import Problem, join_path
 from nstance.config.merge import deep_merge
 from nstance.config.render import template_problem
-from nstance.config.resources import SPECIAL_CERTIFICATES, CertConfig, ImageConfig
+from nstance.config.resources import SPECIAL_CERTIFICATES, CertConfig, ImageConfig, LoadBalancerConfig
 from nstance.config.shard import ShardConfig
 from nstance.config.userdata import decode_userdata
 from nstance.config.workloads import DefaultsConfig, FileConfig, GroupConfig, TemplateConfig, UserdataConfig
@@ -33,6 +34,7 @@ class Sections:
 
     shard: ShardConfig | None
     images: Mapping[str, ImageConfig] | None
+    load_balancers: Mapping[str, LoadBalancerConfig] | None
     certificates: Mapping[str, CertConfig] | None
     defaults: DefaultsConfig | None
     templates: Mapping[str, TemplateConfig] | None
@@ -141,17 +143,72 @@ def _group_checks(s: Sections) -> list[Problem]:
     return out
 
 
+#: Providers that take ``images`` entries of each kind (``sim`` imitates every kind).
+_IMAGE_PROVIDERS: Mapping[str, frozenset[str]] = {"aws": frozenset({"aws", "sim"}), "oci": frozenset({"sim"})}
+#: Providers that register targets with load balancers of each kind.
+_LB_PROVIDERS: Mapping[str, frozenset[str]] = {
+    "aws": frozenset({"aws", "sim"}),
+    "google": frozenset({"google", "sim"}),
+    "tunnel": frozenset(),
+}
+#: Providers that can move a leader address (``shard.leader_network``).
+LEADER_NETWORK_PROVIDERS: frozenset[str] = frozenset({"aws", "google", "sim"})
+
+
 def _image_checks(s: Sections) -> list[Problem]:
     if s.shard is None or s.images is None:
         return []
     provider = s.shard.infra.provider
+    out: list[Problem] = []
+    for name, image in s.images.items():
+        if provider in _IMAGE_PROVIDERS[image.provider]:
+            continue
+        hint = ""
+        if provider == "google":
+            hint = "; on google, set args.SourceImage to an image or image family path instead"
+        elif image.provider == "oci":
+            hint = "; no OCI provider exists yet"
+        out.append(
+            Problem(
+                join_path("images", name, "provider"),
+                f'"{image.provider}" images need shard.infra.provider "{image.provider}" '
+                f'(it is "{provider}"){hint}',
+            )
+        )
+    return out
+
+
+def _load_balancer_checks(s: Sections) -> list[Problem]:
+    if s.shard is None or s.load_balancers is None:
+        return []
+    provider = s.shard.infra.provider
+    out: list[Problem] = []
+    for name, lb in s.load_balancers.items():
+        if provider in _LB_PROVIDERS[lb.provider]:
+            continue
+        if lb.provider == "tunnel":
+            message = '"tunnel" load balancers are not supported by this server yet'
+        else:
+            message = (
+                f'"{lb.provider}" load balancers need shard.infra.provider "{lb.provider}" '
+                f'(it is "{provider}")'
+            )
+        out.append(Problem(join_path("load_balancers", name, "provider"), message))
+    return out
+
+
+def _leader_network_checks(s: Sections) -> list[Problem]:
+    if s.shard is None or s.shard.leader_network is None:
+        return []
+    provider = s.shard.infra.provider
+    if provider in LEADER_NETWORK_PROVIDERS:
+        return []
+    hint = " (keep a floating address with keepalived/VRRP between the servers instead)"
     return [
         Problem(
-            join_path("images", name, "provider"),
-            f'"aws" images need shard.infra.provider "aws" (it is "{provider}")',
+            "shard.leader_network",
+            f'the "{provider}" provider cannot move a leader address; remove it{hint}',
         )
-        for name, image in s.images.items()
-        if image.provider == "aws" and provider != "aws"
     ]
 
 
@@ -203,6 +260,8 @@ def cross_section_problems(sections: Sections) -> list[Problem]:
         *_template_checks(sections),
         *_group_checks(sections),
         *_image_checks(sections),
+        *_load_balancer_checks(sections),
+        *_leader_network_checks(sections),
         *_certificate_checks(sections),
         *_proxmox_checks(sections),
     ]

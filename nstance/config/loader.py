@@ -100,6 +100,7 @@ def _validate(raw: object) -> tuple[ServerConfig | None, list[Problem]]:
     sections = Sections(
         shard=values.get("shard"),
         images=values.get("images"),
+        load_balancers=values.get("load_balancers"),
         certificates=values.get("certificates"),
         defaults=values.get("defaults"),
         templates=values.get("templates"),

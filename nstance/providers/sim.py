@@ -8,6 +8,13 @@ boot time (``pending`` then ``running``), per-call latency, and injected failure
 that happen *after* the cloud acted (a timed-out create that launched the VM anyway). Everything random
 comes from ``random.Random`` streams derived from the seed, so a run is reproducible.
 
+It also has the optional capabilities of ``nstance.providers.features``: load balancer membership
+(each ``load_balancers`` entry is one pool; a registered VM reads ``healthy`` after ``lb_health_delay``
+seconds; a deregistered one ``draining`` for ``lb_deregistration_delay`` seconds, then gone), a leader
+address that one VM holds at a time, deterministic image lookups (``img-`` and a hash of the entry's
+filters) and instance-type checks for EC2-shaped names (a ``g`` after the generation, as in
+``t4g.small`` or ``m7gd.large``, is arm64; other EC2-shaped types are amd64; other names pass).
+
 Visibility rules: a deleted VM leaves ``list_instances`` at once; ``get_instance`` reports it as
 ``deleted`` for ``deleted_retention`` seconds and then raises InstanceNotFound. Its record (a tombstone)
 is kept so that a retried create with the same idempotency token still returns it. Ages use the wall
@@ -25,18 +32,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import random
+import re
 import secrets
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from nstance.config.resources import ImageConfig, LoadBalancerConfig
 from nstance.core.clock import Clock
 from nstance.core.durations import parse_duration
 from nstance.core.errors import FailedPrecondition, InvalidArgument
@@ -49,6 +59,7 @@ from nstance.providers.base import (
     ProviderInvalidRequest,
     ProviderThrottled,
 )
+from nstance.providers.features import LbTarget, TargetState
 
 #: Provider methods that failures can be injected into (and that ``calls`` counts).
 METHODS: tuple[str, ...] = (
@@ -57,6 +68,12 @@ METHODS: tuple[str, ...] = (
     "get_instance",
     "list_instances",
     "check_subnet_capacity",
+    "register_targets",
+    "deregister_targets",
+    "target_states",
+    "assign_leader_network",
+    "release_leader_network",
+    "lookup_image",
 )
 
 #: Keys accepted in ``shard.infra.options`` when the provider is ``sim``.
@@ -71,7 +88,11 @@ OPTION_KEYS: tuple[str, ...] = (
     "request_bucket",
     "instance_bucket",
     "throttle_probability",
+    "lb_health_delay",
+    "lb_deregistration_delay",
 )
+#: An EC2-style family: letters, the generation digit(s), then attribute letters (``g`` = Graviton).
+_EC2_FAMILY = re.compile(r"^[a-z]+\d+([a-z-]*)$")
 _BUCKET_KEYS: tuple[str, ...] = ("capacity", "refill_per_second")
 _STATE_VERSION = 1
 
@@ -102,6 +123,14 @@ class _Record:
 
 
 @dataclass(slots=True)
+class _Member:
+    """One VM's membership of one simulated load balancer. Serialised as-is to the state file."""
+
+    registered_at: str  # ISO 8601
+    deregistered_at: str | None = None
+
+
+@dataclass(slots=True)
 class _Injected:
     error: Exception
     remaining: int
@@ -127,8 +156,12 @@ class SimProvider:
         throttle_probability: float = 0.0,
         state_path: Path | None = None,
         zone: str = "",
+        lb_health_delay: float = 0.0,
+        lb_deregistration_delay: float = 0.0,
     ) -> None:
         for name, value in (
+            ("lb_health_delay", lb_health_delay),
+            ("lb_deregistration_delay", lb_deregistration_delay),
             ("latency", latency),
             ("boot_time", boot_time),
             ("not_found_after_create", not_found_after_create),
@@ -153,6 +186,8 @@ class SimProvider:
         self._deleted_retention = timedelta(seconds=deleted_retention)
         self._throttle_probability = throttle_probability
         self._zone = zone
+        self._lb_health_delay = timedelta(seconds=lb_health_delay)
+        self._lb_deregistration_delay = timedelta(seconds=lb_deregistration_delay)
         # Independent streams, so that e.g. enabling jitter does not change the ids a run produces.
         self._id_rng = random.Random(f"{seed}:ids")
         self._latency_rng = random.Random(f"{seed}:latency")
@@ -164,6 +199,8 @@ class SimProvider:
         self._records: dict[str, _Record] = {}
         self._by_token: dict[str, str] = {}
         self._ip_counter = 0
+        self._members: dict[str, dict[str, _Member]] = {}  # load balancer -> provider id -> membership
+        self._leader: dict[str, str] = {}  # leader address -> provider id holding it
         self._state_path = state_path
 
         self.calls: Counter[str] = Counter()
@@ -233,11 +270,13 @@ class SimProvider:
             self._save()
 
     def vanish(self, provider_id: str) -> None:
-        """Remove a VM without a delete call, as when a cloud reclaims it and forgets it."""
+        """Remove a VM without a delete call, as when a cloud reclaims it and forgets it (and its targets)."""
         with self._shared_state(exclusive=True):
             record = self._records.pop(provider_id, None)
             if record is not None:
                 self._by_token.pop(record.idempotency_token, None)
+                for members in self._members.values():
+                    members.pop(provider_id, None)
                 self._save()
 
     @staticmethod
@@ -276,7 +315,12 @@ class SimProvider:
         with self._shared_state(exclusive=True):
             for record in self._matching(instance_id, provider_id):
                 if record.deleted_at is None:
-                    record.deleted_at = self._clock.now().isoformat()
+                    now = self._clock.now().isoformat()
+                    record.deleted_at = now
+                    for members in self._members.values():  # as a cloud drops a terminated target
+                        member = members.get(record.provider_id)
+                        if member is not None and member.deregistered_at is None:
+                            member.deregistered_at = now
                     self._save()
         self._end(late)
 
@@ -316,6 +360,112 @@ class SimProvider:
 
     async def close(self) -> None:
         """Nothing to release; the state file is already up to date after every change."""
+
+    # ---- capabilities (nstance.providers.features) -------------------------------------------
+
+    def lb_members(self, name: str) -> dict[str, TargetState]:
+        """Every VM attached to simulated load balancer ``name`` now, by provider id (for tests)."""
+        now = self._clock.now()
+        with self._shared_state(exclusive=False):
+            members = self._members.get(name, {})
+            states = {pid: self._member_state(m, now) for pid, m in members.items()}
+        return {pid: state for pid, state in states.items() if state != TargetState.DEREGISTERED}
+
+    def leader_holder(self, ip: str) -> str:
+        """The provider id of the VM holding leader address ``ip`` (``""`` when none does)."""
+        with self._shared_state(exclusive=False):
+            return self._leader.get(ip, "")
+
+    async def register_targets(self, name: str, lb: LoadBalancerConfig, targets: Sequence[LbTarget]) -> None:
+        late = await self._begin("register_targets")
+        now = self._clock.now()
+        with self._shared_state(exclusive=True):
+            members = self._members.setdefault(name, {})
+            for target in targets:
+                record = self._records.get(target.provider_id)
+                if record is None or record.deleted_at is not None:
+                    raise ProviderInvalidRequest(
+                        f"sim: load balancer {name}: VM {target.provider_id} does not exist"
+                    )
+                member = members.get(target.provider_id)
+                if member is None or self._member_state(member, now) == TargetState.DEREGISTERED:
+                    members[target.provider_id] = _Member(registered_at=now.isoformat())
+                elif member.deregistered_at is not None:  # re-registered while draining
+                    members[target.provider_id] = _Member(registered_at=member.registered_at)
+            self._save()
+        self._end(late)
+
+    async def deregister_targets(
+        self, name: str, lb: LoadBalancerConfig, targets: Sequence[LbTarget]
+    ) -> None:
+        late = await self._begin("deregister_targets")
+        now = self._clock.now()
+        with self._shared_state(exclusive=True):
+            members = self._members.get(name, {})
+            for target in targets:
+                member = members.get(target.provider_id)
+                if member is not None and member.deregistered_at is None:
+                    member.deregistered_at = now.isoformat()
+            self._save()
+        self._end(late)
+
+    async def target_states(
+        self, name: str, lb: LoadBalancerConfig, targets: Sequence[LbTarget]
+    ) -> dict[str, TargetState]:
+        late = await self._begin("target_states")
+        now = self._clock.now()
+        with self._shared_state(exclusive=False):
+            members = self._members.get(name, {})
+            out = {}
+            for target in targets:
+                member = members.get(target.provider_id)
+                out[target.instance_id] = (
+                    TargetState.DEREGISTERED if member is None else self._member_state(member, now)
+                )
+        self._end(late)
+        return out
+
+    async def assign_leader_network(self, provider_id: str, ip: str, interface_id: str) -> None:
+        late = await self._begin("assign_leader_network")
+        with self._shared_state(exclusive=True):
+            self._leader[ip] = provider_id
+            self._save()
+        self._end(late)
+
+    async def release_leader_network(self, provider_id: str, ip: str, interface_id: str) -> None:
+        late = await self._begin("release_leader_network")
+        with self._shared_state(exclusive=True):
+            if self._leader.get(ip) == provider_id:
+                del self._leader[ip]
+                self._save()
+        self._end(late)
+
+    async def lookup_image(self, name: str, image: ImageConfig) -> str:
+        late = await self._begin("lookup_image")
+        self._end(late)
+        digest = hashlib.sha256(
+            json.dumps(image.model_dump(exclude={"fallback"}), sort_keys=True).encode()
+        ).hexdigest()
+        return f"img-{digest[:12]}"
+
+    async def check_instance_type(self, instance_type: str, arch: str, *, template: str, where: str) -> None:
+        match = _EC2_FAMILY.match(instance_type.split(".", 1)[0])
+        if match is None:
+            return  # not EC2-shaped: the sim does not know its architecture
+        actual = "arm64" if "g" in match.group(1) else "amd64"
+        if arch and arch != actual:
+            raise ProviderInvalidRequest(
+                f'{where}: instance type "{instance_type}" is {actual}, but template "{template}" is {arch}'
+            )
+
+    def _member_state(self, member: _Member, now: datetime) -> TargetState:
+        if member.deregistered_at is not None:
+            if now >= _parse_time(member.deregistered_at) + self._lb_deregistration_delay:
+                return TargetState.DEREGISTERED
+            return TargetState.DRAINING
+        if now >= _parse_time(member.registered_at) + self._lb_health_delay:
+            return TargetState.HEALTHY
+        return TargetState.REGISTERED
 
     # ---- internals -------------------------------------------------------------------------
 
@@ -470,6 +620,7 @@ class SimProvider:
             raw = path.read_bytes()
         except FileNotFoundError:
             self._records, self._by_token, self._ip_counter = {}, {}, 0  # no file: an empty cloud
+            self._members, self._leader = {}, {}
             return
         except OSError as exc:
             raise FailedPrecondition(f"cannot read sim state file {path}: {exc}") from exc
@@ -479,6 +630,11 @@ class SimProvider:
                 raise ValueError(f"unsupported version {doc.get('version')!r}")
             records = [_Record(**item) for item in doc["vms"]]
             ip_counter = int(doc.get("ip_counter", len(records)))
+            members = {
+                lb: {pid: _Member(**m) for pid, m in pool.items()}
+                for lb, pool in doc.get("load_balancers", {}).items()
+            }
+            leader = {str(ip): str(pid) for ip, pid in doc.get("leader_network", {}).items()}
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise FailedPrecondition(
                 f"sim state file {path} is not a valid sim VM table ({exc}); delete it to start with no VMs"
@@ -486,6 +642,7 @@ class SimProvider:
         self._records = {r.provider_id: r for r in records}
         self._by_token = {r.idempotency_token: r.provider_id for r in records if r.idempotency_token}
         self._ip_counter = ip_counter
+        self._members, self._leader = members, leader
 
     def _save(self) -> None:
         path = self._state_path
@@ -495,6 +652,10 @@ class SimProvider:
             "version": _STATE_VERSION,
             "ip_counter": self._ip_counter,
             "vms": [asdict(r) for r in self._records.values()],
+            "load_balancers": {
+                lb: {pid: asdict(m) for pid, m in pool.items()} for lb, pool in self._members.items()
+            },
+            "leader_network": dict(self._leader),
         }
         data = json.dumps(doc, indent=1, sort_keys=True).encode("utf-8")
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -558,6 +719,8 @@ def sim_provider_from_options(
         instance_bucket=_bucket_option(options, "instance_bucket", prefix),
         state_path=state_path,
         zone=zone,
+        lb_health_delay=_seconds(options, "lb_health_delay", prefix),
+        lb_deregistration_delay=_seconds(options, "lb_deregistration_delay", prefix),
     )
 
 

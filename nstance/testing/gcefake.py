@@ -1,23 +1,43 @@
 """A small local fake of the Google Compute Engine REST API (``compute/v1``), for provider tests.
 
 It answers the calls the ``gcp`` provider makes, shaped the way the real API shapes them, so that the
-real ``google-cloud-compute`` client (REST transport) parses them: ``instances`` insert, get (by name
-or numeric id), list (``filter``, ``maxResults``, ``pageToken``) and delete; zone ``operations`` get
-and wait, with **numeric-string** ``id`` fields (a hex id makes the client fail to parse); machine
-types get (with ``architecture``); regional subnetworks get. Errors use Google's JSON error body
-(``{"error": {"code", "message", "errors": [{"domain", "reason", "message"}]}}``) with the real HTTP
-codes: 404 ``notFound``, 409 ``alreadyExists``, 400 ``invalid``, 429 ``rateLimitExceeded``, 503
+real ``google-cloud-compute`` client (REST transport) parses them: ``instances`` insert, get (by name or
+numeric id), list (``filter``, ``maxResults``, ``pageToken``), delete and ``updateNetworkInterface``
+(``PATCH``; alias IP ranges only); zone ``operations`` get and wait, with **numeric-string** ``id``
+fields (a hex id makes the client fail to parse); machine types get (with ``architecture``); regional
+subnetworks get; zonal ``networkEndpointGroups`` get, ``attachNetworkEndpoints``,
+``detachNetworkEndpoints`` (both return zone operations) and ``listNetworkEndpoints`` (paged, with
+``healthStatus: SHOW`` giving each endpoint's ``healths[].healthState``). Errors use Google's JSON error
+body (``{"error": {"code", "message", "errors": [{"domain", "reason", "message"}]}}``) with the real
+HTTP codes: 404 ``notFound``, 409 ``alreadyExists``, 400 ``invalid``, 429 ``rateLimitExceeded``, 503
 ``backendError``. Validation follows the real service where the provider depends on it: instance names
 (RFC 1035), label keys and values, a boot disk, known machine types and subnetworks, and spot /
 preemptible scheduling that cannot restart automatically. A repeated ``requestId`` returns the first
 request's operation (what makes inserts idempotent).
+
+Network interfaces carry ``fingerprint`` and (when not empty) ``aliasIpRanges``.
+``updateNetworkInterface`` needs the current fingerprint (412 ``conditionNotMet`` when stale; every
+change makes a new one), changes only ``aliasIpRanges`` (``name``, ``network``, ``subnetwork`` and
+``networkIP`` may be sent unchanged; any other field is refused as not updatable), keeps the ranges when
+``aliasIpRanges`` is left out and clears them when it is ``[]``, and refuses (400) a range outside the
+subnetwork's primary range or an address another VM of the subnetwork uses: "IP address '...' is already
+being used by another resource" (or, after ``report_ip_conflicts_in_operations``, an operation ending in
+``IP_IN_USE_BY_ANOTHER_RESOURCE``). Network endpoint groups (``add_network_endpoint_group``) are
+``GCE_VM_IP_PORT`` (endpoints get the default port unless they name one) or ``GCE_VM_IP`` (no ports). An
+endpoint must name a VM of the NEG's zone (400 otherwise) with an interface in the NEG's network; its
+``ipAddress`` defaults to that interface's primary address and must be it or one of its alias addresses.
+The fake is strict where the real service's leniency is not documented: attaching an endpoint that is
+already attached, or detaching one that is not, is refused with 400. Attach and detach take effect when
+their operation finishes; an unknown NEG answers 404. Tests set endpoint health with
+``set_endpoint_health``.
 
 Operations start ``RUNNING``; ``wait`` finishes them at once (the real ``wait`` blocks up to two
 minutes), while ``get`` finishes them after ``operation_polls`` polls. A finished insert makes the
 instance ``RUNNING``; a finished delete removes it. Tests inject faults: ``inject_error`` (an HTTP
 error on the next calls of one method), ``hide_after_insert`` (a freshly inserted VM answers 404 to
 ``get`` a few times - eventual consistency), ``fail_next_operation`` (an operation that ends with an
-``error`` such as ``ZONE_RESOURCE_POOL_EXHAUSTED``) and ``set_status``.
+``error`` such as ``ZONE_RESOURCE_POOL_EXHAUSTED``), ``set_status`` and ``bump_fingerprint_on_update``
+(the next updates find the interface changed since it was read).
 
 It is a ``ThreadingHTTPServer`` on 127.0.0.1 in a daemon thread; all state sits behind one lock. It
 uses only the standard library, must never listen beyond loopback, and is not a general GCE emulator:
@@ -34,7 +54,7 @@ import random
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -56,8 +76,15 @@ _LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 _LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
 _PATH = re.compile(
     r"^/compute/v1/projects/(?P<project>[^/]+)/(?P<scope>zones|regions)/(?P<where>[^/]+)"
-    r"/(?P<collection>instances|operations|machineTypes|subnetworks)(?:/(?P<name>[^/]+))?(?:/(?P<verb>wait))?$"
+    r"/(?P<collection>instances|operations|machineTypes|subnetworks|networkEndpointGroups)"
+    r"(?:/(?P<name>[^/]+))?"
+    r"(?:/(?P<verb>wait|attachNetworkEndpoints|detachNetworkEndpoints|listNetworkEndpoints"
+    r"|updateNetworkInterface))?$"
 )
+_NEG_TYPES = frozenset({"GCE_VM_IP_PORT", "GCE_VM_IP"})
+_HEALTH_STATES = frozenset({"HEALTHY", "UNHEALTHY", "DRAINING", "UNKNOWN"})
+#: Fields of a network interface that ``updateNetworkInterface`` may carry unchanged.
+_NIC_IDENTITY_FIELDS = ("name", "kind", "network", "subnetwork", "networkIP")
 _FILTER_TERM = re.compile(r'\(?\s*([A-Za-z0-9_.-]+)\s*(=|!=)\s*("(?:[^"\\]|\\.)*"|[^\s()]+)\s*\)?')
 _STATUS_VALUES = frozenset(
     {
@@ -98,10 +125,27 @@ class FakeHttpError(Exception):
 class _Operation:
     doc: dict[str, Any]
     polls_left: int
-    on_done: str  # "insert" or "delete"
-    target: str  # instance name
+    on_done: str  # the operationType: "insert", "delete", "attachNetworkEndpoints", ...
+    target: str  # instance (or network endpoint group) name
     zone: str
     error: dict[str, Any] | None = None
+    effect: Callable[[], None] | None = None  # applied when the operation finishes without error
+
+
+@dataclass(slots=True)
+class _Neg:
+    """A zonal network endpoint group and its endpoints (``{"instance", "ipAddress"[, "port"]}``)."""
+
+    name: str
+    zone: str
+    id: str
+    type: str
+    default_port: int | None
+    network: str
+    subnetwork: str  # "" or the subnetwork's name in the zone's region
+    created: str
+    endpoints: list[dict[str, Any]] = field(default_factory=list)
+    health: dict[str, str] = field(default_factory=dict)  # instance name -> healthState
 
 
 @dataclass(slots=True)
@@ -142,6 +186,9 @@ class _State:
     op_failures: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
     hidden: dict[str, int] = field(default_factory=dict)  # instance name -> 404s left for get
     hide_next_inserts: int = 0
+    negs: dict[tuple[str, str], _Neg] = field(default_factory=dict)  # (zone, name) -> NEG
+    fingerprint_bumps: int = 0  # updates left that find the interface changed since it was read
+    ip_conflicts_in_operations: bool = False
     calls: list[RecordedCall] = field(default_factory=list)
 
 
@@ -254,7 +301,11 @@ class GceFake:
             self._state.hide_next_inserts = gets
 
     def fail_next_operation(self, method: str, *, code: str, message: str) -> None:
-        """The next ``method`` (``insert`` or ``delete``) operation ends DONE with this error."""
+        """The next ``method`` operation ends DONE with this error.
+
+        ``method`` is an ``operationType``: ``insert``, ``delete``, ``attachNetworkEndpoints``,
+        ``detachNetworkEndpoints`` or ``updateNetworkInterface``.
+        """
         with self._lock:
             self._state.op_failures.setdefault(method, []).append((code, message))
 
@@ -268,6 +319,80 @@ class GceFake:
             raise ValueError(f"unknown GCE status {status!r}")
         with self._lock:
             self._state.instances[zone or self._state.zones[0]][name]["status"] = status
+
+    def set_alias_ranges(
+        self, name: str, ranges: list[str], *, nic: str = "nic0", zone: str | None = None
+    ) -> None:
+        """Give a VM's interface these alias ranges (as if set outside Nstance); a new fingerprint."""
+        with self._lock:
+            interface = self._nic(self._find(zone or self._state.zones[0], name), nic)
+            self._set_aliases(interface, [{"ipCidrRange": r} for r in ranges])
+
+    def bump_fingerprint_on_update(self, times: int = 1) -> None:
+        """The next ``times`` updateNetworkInterface calls find the interface changed since it was read.
+
+        The interface gets a new fingerprint just before the call is checked, as if another client had
+        updated it in between, so the call fails with 412 ``conditionNotMet``.
+        """
+        with self._lock:
+            self._state.fingerprint_bumps = times
+
+    def report_ip_conflicts_in_operations(self, enabled: bool = True) -> None:
+        """Report an alias address in use as a failed operation instead of a 400 on the request."""
+        with self._lock:
+            self._state.ip_conflicts_in_operations = enabled
+
+    def add_network_endpoint_group(
+        self,
+        name: str,
+        *,
+        zone: str | None = None,
+        type: str = "GCE_VM_IP_PORT",
+        default_port: int | None = 80,
+        network: str = "default",
+        subnetwork: str = "",
+    ) -> None:
+        """Create zonal NEG ``name`` (``type`` ``GCE_VM_IP_PORT`` or ``GCE_VM_IP``, which has no port)."""
+        if type not in _NEG_TYPES:
+            raise ValueError(f"unsupported network endpoint type {type!r}")
+        zone = zone or self._state.zones[0]
+        with self._lock:
+            if zone not in self._state.zones:
+                raise ValueError(f"unknown zone {zone!r}")
+            self._state.negs[(zone, name)] = _Neg(
+                name=name,
+                zone=zone,
+                id=str(self._rng.randrange(10**18, 2**63)),
+                type=type,
+                default_port=(default_port or None) if type == "GCE_VM_IP_PORT" else None,
+                network=network,
+                subnetwork=subnetwork,
+                created=_timestamp(),
+            )
+
+    def delete_network_endpoint_group(self, name: str, *, zone: str | None = None) -> None:
+        """Delete NEG ``name`` (with its endpoints), as an operator might behind Nstance's back."""
+        with self._lock:
+            self._state.negs.pop((zone or self._state.zones[0], name), None)
+
+    def network_endpoints(self, name: str, *, zone: str | None = None) -> list[dict[str, Any]]:
+        """Copies of NEG ``name``'s endpoints (``{"instance", "ipAddress"[, "port"]}``)."""
+        with self._lock:
+            neg = self._neg(zone or self._state.zones[0], name)
+            return [dict(e) for e in neg.endpoints]
+
+    def set_endpoint_health(
+        self, name: str, instance: str, state: str | None, *, zone: str | None = None
+    ) -> None:
+        """The ``healthState`` the NEG reports for ``instance``'s endpoints (None: no health yet)."""
+        if state is not None and state not in _HEALTH_STATES:
+            raise ValueError(f"unknown health state {state!r}")
+        with self._lock:
+            neg = self._neg(zone or self._state.zones[0], name)
+            if state is None:
+                neg.health.pop(instance, None)
+            else:
+                neg.health[instance] = state
 
     def instances(self, zone: str | None = None) -> list[dict[str, Any]]:
         """Copies of the VMs in ``zone`` (default: the first zone), as the API would return them."""
@@ -341,6 +466,18 @@ class GceFake:
             return self._poll(zone, name or "", finish=method == "zoneOperations.wait")
         if method == "machineTypes.get":
             return self._machine_type(zone, name or "")
+        if method == "instances.updateNetworkInterface":
+            return self._update_network_interface(zone, name or "", query, body or {})
+        if method == "networkEndpointGroups.get":
+            return self._neg_doc(self._neg(zone, name or ""))
+        if method == "networkEndpointGroups.listNetworkEndpoints":
+            return self._list_endpoints(zone, name or "", query, body or {})
+        if method in (
+            "networkEndpointGroups.attachNetworkEndpoints",
+            "networkEndpointGroups.detachNetworkEndpoints",
+        ):
+            verb = method.split(".", 1)[1]
+            return self._change_endpoints(zone, name or "", verb, body or {}, query.get("requestId", ""))
         raise FakeHttpError(404, "notFound", f"method {method} is not supported by the fake")
 
     # ---- instances ---------------------------------------------------------------------------
@@ -378,27 +515,15 @@ class GceFake:
         terms = _parse_filter(query.get("filter", ""))
         items = [i for i in self._state.instances[zone].values() if all(_matches(i, t) for t in terms)]
         items.sort(key=lambda i: str(i["name"]))
-        try:
-            size = min(int(query.get("maxResults", "500")), 500)
-            start = (
-                int(base64.urlsafe_b64decode(query["pageToken"]).decode()) if query.get("pageToken") else 0
-            )
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise FakeHttpError(400, "invalid", f"Invalid value for pageToken or maxResults: {exc}") from exc
-        if size < 0:
-            raise FakeHttpError(400, "invalid", "Invalid value for field 'maxResults': must be >= 0")
-        page = items[start : start + size]
-        out: dict[str, Any] = {
-            "kind": "compute#instanceList",
-            "id": f"projects/{self._state.project}/zones/{zone}/instances",
-            "items": page,
-            "selfLink": f"{SELF_LINK_ROOT}projects/{self._state.project}/zones/{zone}/instances",
-        }
-        if start + size < len(items):
-            out["nextPageToken"] = base64.urlsafe_b64encode(str(start + size).encode()).decode()
-        if not page:
-            del out["items"]  # the real API omits an empty list
-        return out
+        return _paged(
+            {
+                "kind": "compute#instanceList",
+                "id": f"projects/{self._state.project}/zones/{zone}/instances",
+                "selfLink": f"{SELF_LINK_ROOT}projects/{self._state.project}/zones/{zone}/instances",
+            },
+            items,
+            query,
+        )
 
     def _insert(self, zone: str, body: dict[str, Any], request_id: str) -> dict[str, Any]:
         replay = self._replay(request_id)
@@ -591,24 +716,383 @@ class GceFake:
             network_link, subnet_link = self._net(region, name, subnet.network)
             ip = subnet.cidr.network_address + subnet.next_host
             subnet.next_host += 1
-            out.append(
-                {
-                    "kind": "compute#networkInterface",
-                    "network": network_link,
-                    "subnetwork": subnet_link,
-                    "networkIP": str(ip),
-                    "name": f"nic{index}",
-                    "fingerprint": _fingerprint(self._rng),
-                    "stackType": "IPV4_ONLY",
-                    "aliasIpRanges": list(nic.get("aliasIpRanges") or []),
-                }
-            )
+            while self._address_user(region, name, ipaddress.IPv4Network(ip)):
+                ip = subnet.cidr.network_address + subnet.next_host  # never hand out an alias IP in use
+                subnet.next_host += 1
+            interface: dict[str, Any] = {
+                "kind": "compute#networkInterface",
+                "network": network_link,
+                "subnetwork": subnet_link,
+                "networkIP": str(ip),
+                "name": f"nic{index}",
+                "fingerprint": _fingerprint(self._rng),
+                "stackType": "IPV4_ONLY",
+            }
+            if nic.get("aliasIpRanges"):
+                interface["aliasIpRanges"] = list(nic["aliasIpRanges"])
+            out.append(interface)
         return out
+
+    # ---- network interfaces: alias IP ranges -------------------------------------------------
+
+    @staticmethod
+    def _nic(instance: dict[str, Any], name: str) -> dict[str, Any]:
+        found: dict[str, Any] | None = next(
+            (n for n in instance.get("networkInterfaces", []) if n.get("name") == name), None
+        )
+        if found is None:
+            raise FakeHttpError(
+                400,
+                "invalid",
+                f"Invalid value for field 'networkInterface': '{name}'. Network interface '{name}' does not "
+                f"exist on instance '{instance['name']}'.",
+            )
+        return found
+
+    def _set_aliases(self, nic: dict[str, Any], ranges: list[dict[str, Any]]) -> None:
+        if ranges:
+            nic["aliasIpRanges"] = ranges
+        else:
+            nic.pop("aliasIpRanges", None)  # the real API omits an empty list
+        nic["fingerprint"] = _fingerprint(self._rng)
+
+    @staticmethod
+    def _subnet_key(nic: dict[str, Any]) -> tuple[str, str]:
+        parts = str(nic.get("subnetwork", "")).split("/")
+        return parts[parts.index("regions") + 1], parts[parts.index("subnetworks") + 1]
+
+    def _address_user(self, region: str, subnet: str, net: ipaddress.IPv4Network, *, skip: str = "") -> str:
+        """The VM (other than ``skip``) of a subnetwork whose primary or alias addresses overlap ``net``."""
+        for zone in self._state.zones:
+            if region_of(zone) != region:
+                continue
+            for instance in self._state.instances[zone].values():
+                if instance["name"] == skip:
+                    continue
+                for nic in instance.get("networkInterfaces", []):
+                    if self._subnet_key(nic) != (region, subnet):
+                        continue
+                    if ipaddress.IPv4Address(nic["networkIP"]) in net:
+                        return str(instance["name"])
+                    for alias in nic.get("aliasIpRanges", []):
+                        if ipaddress.IPv4Network(alias["ipCidrRange"], strict=False).overlaps(net):
+                            return str(instance["name"])
+        return ""
+
+    def _update_network_interface(
+        self, zone: str, name: str, query: dict[str, str], body: dict[str, Any]
+    ) -> dict[str, Any]:
+        replay = self._replay(query.get("requestId", ""))
+        if replay is not None:
+            return replay
+        instance = self._find(zone, name)
+        nic_name = query.get("networkInterface", "")
+        if not nic_name:
+            raise FakeHttpError(400, "required", "Required field 'networkInterface' not specified")
+        nic = self._nic(instance, nic_name)
+        for key, value in body.items():
+            if key in ("aliasIpRanges", "fingerprint"):
+                continue
+            if key not in _NIC_IDENTITY_FIELDS or value != nic.get(key, value if key == "kind" else None):
+                raise FakeHttpError(
+                    400,
+                    "invalid",
+                    f"Invalid value for field 'resource.{key}': '{value}'. "
+                    "Updating this field is not supported.",
+                )
+        if self._state.fingerprint_bumps > 0:
+            self._state.fingerprint_bumps -= 1
+            nic["fingerprint"] = _fingerprint(self._rng)  # someone else changed it after the caller read it
+        supplied = str(body.get("fingerprint", ""))
+        if not supplied:
+            raise FakeHttpError(
+                400,
+                "invalid",
+                "Invalid value for field 'resource.fingerprint': ''. A fingerprint is required.",
+            )
+        if supplied != nic["fingerprint"]:
+            raise FakeHttpError(
+                412,
+                "conditionNotMet",
+                "Supplied fingerprint does not match current network interface fingerprint.",
+            )
+        error: dict[str, Any] | None = None
+        ranges: list[dict[str, Any]] | None = None
+        if "aliasIpRanges" in body:
+            ranges, conflict = self._check_alias_ranges(instance, nic, body.get("aliasIpRanges") or [])
+            if conflict and self._state.ip_conflicts_in_operations:
+                error = {"errors": [{"code": "IP_IN_USE_BY_ANOTHER_RESOURCE", "message": conflict}]}
+            elif conflict:
+                raise FakeHttpError(400, "invalid", conflict)
+
+        def apply() -> None:
+            self._set_aliases(nic, nic.get("aliasIpRanges", []) if ranges is None else ranges)
+
+        return self._new_operation(
+            zone,
+            "updateNetworkInterface",
+            str(instance["name"]),
+            str(instance["id"]),
+            query.get("requestId", ""),
+            effect=apply,
+            error=error,
+        )
+
+    def _check_alias_ranges(
+        self, instance: dict[str, Any], nic: dict[str, Any], ranges: list[dict[str, Any]]
+    ) -> tuple[list[dict[str, Any]], str]:
+        """The normalised ranges, and a conflict message when another VM uses one of their addresses."""
+        region, subnet_name = self._subnet_key(nic)
+        subnet = self._state.subnetworks[(region, subnet_name)]
+        out: list[dict[str, Any]] = []
+        nets: list[ipaddress.IPv4Network] = []
+        conflict = ""
+        for index, item in enumerate(ranges):
+            field_name = f"resource.aliasIpRanges[{index}].ipCidrRange"
+            raw = str(item.get("ipCidrRange", "")) if isinstance(item, dict) else ""
+            if isinstance(item, dict) and item.get("subnetworkRangeName"):
+                raise FakeHttpError(
+                    400, "invalid", "the fake supports alias ranges from the subnetwork's primary range only"
+                )
+            try:
+                net = ipaddress.IPv4Network(raw if "/" in raw else f"{raw}/32")
+            except ValueError:
+                raise FakeHttpError(
+                    400, "invalid", f"Invalid value for field '{field_name}': '{raw}'. Invalid IP CIDR range."
+                ) from None
+            if not net.subnet_of(subnet.cidr):
+                raise FakeHttpError(
+                    400,
+                    "invalid",
+                    f"Invalid value for field '{field_name}': '{raw}'. The alias IP range must be within the "
+                    f"primary range {subnet.cidr} of subnetwork '{subnet_name}'.",
+                )
+            if ipaddress.IPv4Address(nic["networkIP"]) in net:
+                raise FakeHttpError(
+                    400,
+                    "invalid",
+                    f"Invalid value for field '{field_name}': '{raw}'. The range contains the primary IP "
+                    f"address {nic['networkIP']} of this network interface.",
+                )
+            if any(net.overlaps(n) for n in nets):
+                raise FakeHttpError(
+                    400,
+                    "invalid",
+                    f"Invalid value for field '{field_name}': '{raw}'. The range overlaps another range of "
+                    "this network interface.",
+                )
+            nets.append(net)
+            out.append({"ipCidrRange": str(net)})
+            if not conflict and self._address_user(region, subnet_name, net, skip=str(instance["name"])):
+                shown = net.network_address if net.prefixlen == 32 else net
+                conflict = (
+                    f"Invalid value for field '{field_name}': '{raw}'. IP address '{shown}' is already being "
+                    "used by another resource."
+                )
+        return out, conflict
+
+    # ---- network endpoint groups -------------------------------------------------------------
+
+    def _neg(self, zone: str, name: str) -> _Neg:
+        neg = self._state.negs.get((zone, name))
+        if neg is None:
+            raise self._nf(f"zones/{zone}/networkEndpointGroups/{name}")
+        return neg
+
+    def _neg_doc(self, neg: _Neg) -> dict[str, Any]:
+        region = region_of(neg.zone)
+        network_link, subnet_link = self._net(region, neg.subnetwork or "default", neg.network)
+        doc: dict[str, Any] = {
+            "kind": "compute#networkEndpointGroup",
+            "id": neg.id,
+            "creationTimestamp": neg.created,
+            "selfLink": self._link(neg.zone, "networkEndpointGroups", neg.name),
+            "name": neg.name,
+            "networkEndpointType": neg.type,
+            "size": len(neg.endpoints),
+            "zone": f"{SELF_LINK_ROOT}projects/{self._state.project}/zones/{neg.zone}",
+            "network": network_link,
+        }
+        if neg.subnetwork:
+            doc["subnetwork"] = subnet_link
+        if neg.default_port is not None:
+            doc["defaultPort"] = neg.default_port
+        return doc
+
+    def _list_endpoints(
+        self, zone: str, name: str, query: dict[str, str], body: dict[str, Any]
+    ) -> dict[str, Any]:
+        neg = self._neg(zone, name)
+        mode = str(body.get("healthStatus", "SKIP"))
+        if mode not in ("SHOW", "SKIP"):
+            raise FakeHttpError(
+                400,
+                "invalid",
+                f"Invalid value for field 'resource.healthStatus': '{mode}'. Must be SHOW or SKIP.",
+            )
+        backend = f"{SELF_LINK_ROOT}projects/{self._state.project}/global/backendServices/{neg.name}-backend"
+        health_check = f"{SELF_LINK_ROOT}projects/{self._state.project}/global/healthChecks/{neg.name}-hc"
+        items: list[dict[str, Any]] = []
+        for endpoint in sorted(
+            neg.endpoints, key=lambda e: (e["instance"], e["ipAddress"], e.get("port", 0))
+        ):
+            item: dict[str, Any] = {"networkEndpoint": dict(endpoint)}
+            state = neg.health.get(endpoint["instance"])
+            if mode == "SHOW" and state is not None:
+                item["healths"] = [
+                    {
+                        "backendService": {"backendService": backend},
+                        "healthCheck": {"healthCheck": health_check},
+                        "healthState": state,
+                    }
+                ]
+            items.append(item)
+        return _paged({"kind": "compute#networkEndpointGroupsListNetworkEndpoints"}, items, query)
+
+    def _change_endpoints(
+        self, zone: str, name: str, verb: str, body: dict[str, Any], request_id: str
+    ) -> dict[str, Any]:
+        replay = self._replay(request_id)
+        if replay is not None:
+            return replay
+        neg = self._neg(zone, name)
+        given = body.get("networkEndpoints")
+        if not isinstance(given, list) or not given:
+            raise FakeHttpError(
+                400, "invalid", "Invalid value for field 'resource.networkEndpoints': ''. No endpoints given."
+            )
+        wanted: list[dict[str, Any]] = []
+        for index, item in enumerate(given):
+            endpoint = self._endpoint(
+                neg, item if isinstance(item, dict) else {}, index, attach=verb.startswith("attach")
+            )
+            attached = _endpoint_key(endpoint) in {_endpoint_key(e) for e in neg.endpoints}
+            repeated = _endpoint_key(endpoint) in {_endpoint_key(e) for e in wanted}
+            if verb.startswith("attach") and (attached or repeated):
+                raise FakeHttpError(
+                    400,
+                    "invalid",
+                    f"Invalid value for field 'resource.networkEndpoints[{index}]': "
+                    f"'{_endpoint_text(endpoint)}'. The network endpoint is already attached to network "
+                    f"endpoint group '{neg.name}'.",
+                )
+            if verb.startswith("detach") and not attached:
+                raise FakeHttpError(
+                    400,
+                    "invalid",
+                    f"Invalid value for field 'resource.networkEndpoints[{index}]': "
+                    f"'{_endpoint_text(endpoint)}'. The network endpoint is not attached to network "
+                    f"endpoint group '{neg.name}'.",
+                )
+            wanted.append(endpoint)
+        keys = {_endpoint_key(e) for e in wanted}
+
+        def apply() -> None:
+            if verb.startswith("attach"):
+                present = {_endpoint_key(e) for e in neg.endpoints}
+                neg.endpoints.extend(e for e in wanted if _endpoint_key(e) not in present)
+                return
+            neg.endpoints[:] = [e for e in neg.endpoints if _endpoint_key(e) not in keys]
+            remaining = {e["instance"] for e in neg.endpoints}
+            for instance in list(neg.health):
+                if instance not in remaining:
+                    del neg.health[instance]
+
+        return self._new_operation(
+            zone, verb, neg.name, neg.id, request_id, collection="networkEndpointGroups", effect=apply
+        )
+
+    def _endpoint(self, neg: _Neg, item: dict[str, Any], index: int, *, attach: bool) -> dict[str, Any]:
+        """A requested endpoint as the NEG stores it (VM name, address, port); refuses bad ones."""
+        field_name = f"resource.networkEndpoints[{index}]"
+        ref = str(item.get("instance", ""))
+        if not ref:
+            raise FakeHttpError(
+                400,
+                "invalid",
+                f"Invalid value for field '{field_name}.instance': ''. An instance is required for network "
+                f"endpoints of type {neg.type}.",
+            )
+        vm_name = ref.rsplit("/", 1)[-1]
+        if neg.type == "GCE_VM_IP":
+            if "port" in item:
+                raise FakeHttpError(
+                    400,
+                    "invalid",
+                    f"Invalid value for field '{field_name}.port': '{item['port']}'. GCE_VM_IP network "
+                    "endpoints have no port.",
+                )
+            port = None
+        else:
+            port = item.get("port", neg.default_port)
+            if port is None:
+                raise FakeHttpError(
+                    400,
+                    "invalid",
+                    f"Invalid value for field '{field_name}.port': ''. A port is required: network endpoint "
+                    f"group '{neg.name}' has no default port.",
+                )
+            if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+                raise FakeHttpError(400, "invalid", f"Invalid value for field '{field_name}.port': '{port}'.")
+        instance = self._state.instances[neg.zone].get(vm_name)
+        address = str(item.get("ipAddress", ""))
+        if instance is None:
+            if attach or not address:
+                raise FakeHttpError(
+                    400,
+                    "invalid",
+                    f"Invalid value for field '{field_name}.instance': '{ref}'. The resource "
+                    f"'projects/{self._state.project}/zones/{neg.zone}/instances/{vm_name}' was not found",
+                )
+        else:
+            nic = next(
+                (
+                    n
+                    for n in instance.get("networkInterfaces", [])
+                    if str(n.get("network", "")).rsplit("/", 1)[-1] == neg.network
+                ),
+                None,
+            )
+            if nic is None:
+                raise FakeHttpError(
+                    400,
+                    "invalid",
+                    f"Invalid value for field '{field_name}.instance': '{ref}'. The instance has no network "
+                    f"interface in network '{neg.network}' of the network endpoint group.",
+                )
+            address = address or str(nic["networkIP"])
+            own = [ipaddress.IPv4Network(nic["networkIP"])] + [
+                ipaddress.IPv4Network(a["ipCidrRange"], strict=False) for a in nic.get("aliasIpRanges", [])
+            ]
+            try:
+                belongs = any(ipaddress.IPv4Address(address) in net for net in own)
+            except ValueError:
+                belongs = False
+            if not belongs:
+                raise FakeHttpError(
+                    400,
+                    "invalid",
+                    f"Invalid value for field '{field_name}.ipAddress': '{address}'. The IP address does not "
+                    f"belong to instance '{vm_name}' in network '{neg.network}'.",
+                )
+        endpoint: dict[str, Any] = {"instance": vm_name, "ipAddress": address}
+        if port is not None:
+            endpoint["port"] = port
+        return endpoint
 
     # ---- operations --------------------------------------------------------------------------
 
     def _new_operation(
-        self, zone: str, kind: str, target: str, target_id: str, request_id: str
+        self,
+        zone: str,
+        kind: str,
+        target: str,
+        target_id: str,
+        request_id: str,
+        *,
+        collection: str = "instances",
+        effect: Callable[[], None] | None = None,
+        error: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         millis = int(time.time() * 1000)
         name = (
@@ -622,7 +1106,7 @@ class GceFake:
             "name": name,
             "zone": f"{SELF_LINK_ROOT}projects/{self._state.project}/zones/{zone}",
             "operationType": kind,
-            "targetLink": self._link(zone, "instances", target),
+            "targetLink": self._link(zone, collection, target),
             "targetId": target_id,
             "status": "RUNNING",
             "user": "fake@nstance.test",
@@ -632,11 +1116,12 @@ class GceFake:
             "selfLink": self._link(zone, "operations", name),
         }
         failures = self._state.op_failures.get(kind)
-        error = None
-        if failures:
+        if failures and error is None:
             code, message = failures.pop(0)
             error = {"errors": [{"code": code, "message": message}]}
-        self._state.operations[name] = _Operation(doc, self._operation_polls, kind, target, zone, error)
+        self._state.operations[name] = _Operation(
+            doc, self._operation_polls, kind, target, zone, error, effect
+        )
         if request_id:
             self._state.request_ids[request_id] = name
         return doc
@@ -662,9 +1147,11 @@ class GceFake:
             )
             if op.on_done == "insert":
                 instances.pop(op.target, None)
-            elif op.target in instances:
+            elif op.on_done == "delete" and op.target in instances:
                 instances[op.target]["status"] = "RUNNING"
             return
+        if op.effect is not None:
+            op.effect()
         if op.on_done == "insert" and op.target in instances:
             instance = instances[op.target]
             instance["status"] = "RUNNING"
@@ -717,20 +1204,40 @@ class GceFake:
 
 
 def _method_name(verb: str, match: re.Match[str]) -> str:
-    collection, name, wait = match["collection"], match["name"], match["verb"]
-    if collection == "instances":
+    collection, name, action = match["collection"], match["name"], match["verb"]
+    zonal = match["scope"] == "zones"
+    if collection == "instances" and zonal:
         if name is None:
             return {"POST": "instances.insert", "GET": "instances.list"}.get(verb, "unknown")
-        return {"GET": "instances.get", "DELETE": "instances.delete"}.get(verb, "unknown")
-    if collection == "operations" and name is not None:
-        if wait:
+        if action == "updateNetworkInterface" and verb == "PATCH":
+            return "instances.updateNetworkInterface"
+        if action is None:
+            return {"GET": "instances.get", "DELETE": "instances.delete"}.get(verb, "unknown")
+        return "unknown"
+    if collection == "operations" and name is not None and zonal:
+        if action == "wait":
             return "zoneOperations.wait" if verb == "POST" else "unknown"
-        return "zoneOperations.get" if verb == "GET" else "unknown"
-    if collection == "machineTypes" and name is not None and verb == "GET":
+        return "zoneOperations.get" if verb == "GET" and action is None else "unknown"
+    if collection == "networkEndpointGroups" and name is not None and zonal:
+        if action in ("attachNetworkEndpoints", "detachNetworkEndpoints", "listNetworkEndpoints"):
+            return f"networkEndpointGroups.{action}" if verb == "POST" else "unknown"
+        return "networkEndpointGroups.get" if verb == "GET" and action is None else "unknown"
+    if action is not None or name is None or verb != "GET":
+        return "unknown"
+    if collection == "machineTypes" and zonal:
         return "machineTypes.get"
-    if collection == "subnetworks" and name is not None and verb == "GET" and match["scope"] == "regions":
+    if collection == "subnetworks" and not zonal:
         return "subnetworks.get"
     return "unknown"
+
+
+def _endpoint_key(endpoint: dict[str, Any]) -> tuple[str, str, int]:
+    return str(endpoint["instance"]), str(endpoint["ipAddress"]), int(endpoint.get("port") or 0)
+
+
+def _endpoint_text(endpoint: dict[str, Any]) -> str:
+    port = f":{endpoint['port']}" if "port" in endpoint else ""
+    return f"{endpoint['instance']} {endpoint['ipAddress']}{port}"
 
 
 def _parse_filter(text: str) -> list[tuple[str, str, str]]:
@@ -780,6 +1287,23 @@ def _scheduling_out(scheduling: dict[str, Any]) -> dict[str, Any]:
     }
     if spot:
         out["instanceTerminationAction"] = scheduling.get("instanceTerminationAction", "STOP")
+    return out
+
+
+def _paged(out: dict[str, Any], items: list[Any], query: dict[str, str]) -> dict[str, Any]:
+    """``out`` with the page of ``items`` that ``maxResults`` and ``pageToken`` ask for."""
+    try:
+        size = min(int(query.get("maxResults", "500")), 500)
+        start = int(base64.urlsafe_b64decode(query["pageToken"]).decode()) if query.get("pageToken") else 0
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise FakeHttpError(400, "invalid", f"Invalid value for pageToken or maxResults: {exc}") from exc
+    if size < 0:
+        raise FakeHttpError(400, "invalid", "Invalid value for field 'maxResults': must be >= 0")
+    page = items[start : start + size]
+    if page:
+        out["items"] = page  # the real API omits an empty list
+    if start + size < len(items):
+        out["nextPageToken"] = base64.urlsafe_b64encode(str(start + size).encode()).decode()
     return out
 
 
@@ -833,6 +1357,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_DELETE(self) -> None:
         self._serve("DELETE")
+
+    def do_PATCH(self) -> None:
+        self._serve("PATCH")
 
 
 @contextlib.contextmanager

@@ -1,14 +1,15 @@
-"""A small local instance-metadata server speaking the AWS IMDSv2 and Google metadata paths the agent uses.
+"""A small local instance-metadata server speaking the AWS IMDSv2 and Google metadata paths Nstance uses.
 
-For tests and demos of the agent's spot poller: ``MetadataServer`` listens on 127.0.0.1 (a free port)
-in a background thread and answers
+For tests and demos of the agent's spot poller and of the server's lookup of its own VM (leader
+network): ``MetadataServer`` listens on 127.0.0.1 (a free port) in a background thread and answers
 
 * AWS: ``PUT /latest/api/token`` (needs ``X-aws-ec2-metadata-token-ttl-seconds``), then with the
-  ``X-aws-ec2-metadata-token`` header (401 without it) ``GET /latest/meta-data/instance-life-cycle``
-  and ``GET /latest/meta-data/spot/instance-action`` (404 without a notice, 200 JSON
-  ``{"action", "time"}`` with one);
-* Google: ``GET /computeMetadata/v1/instance/scheduling/preemptible`` and
-  ``GET /computeMetadata/v1/instance/preempted`` (403 without ``Metadata-Flavor: Google``).
+  ``X-aws-ec2-metadata-token`` header (401 without it) ``GET /latest/meta-data/instance-life-cycle``,
+  ``GET /latest/meta-data/spot/instance-action`` (404 without a notice, 200 JSON
+  ``{"action", "time"}`` with one) and ``GET /latest/meta-data/instance-id``;
+* Google: ``GET /computeMetadata/v1/instance/scheduling/preemptible``,
+  ``GET /computeMetadata/v1/instance/preempted``, ``.../instance/id`` and ``.../instance/name``
+  (403 without ``Metadata-Flavor: Google``).
 
 A cloud that is switched off (``aws_life_cycle=None`` / ``google_preemptible=None``) answers 404 on
 its paths, as a machine on another cloud would. State is plain attributes, settable while running.
@@ -33,6 +34,9 @@ class MetadataServer:
         self.aws_action: dict[str, str] | None = None  # {"action": ..., "time": ...}
         self.google_preemptible: bool | None = None  # None (not Google)
         self.google_preempted: bool = False
+        self.aws_instance_id = "i-0123456789abcdef0"
+        self.google_instance_id = "4242424242424242424"
+        self.google_instance_name = "nstance-server-1"
         self.requests: list[tuple[str, str]] = []
         self._tokens: set[str] = set()
         self._lock = threading.Lock()
@@ -97,6 +101,8 @@ class MetadataServer:
             return 401, b"", "text/plain"
         if path == "/latest/meta-data/instance-life-cycle":
             return 200, self.aws_life_cycle.encode(), "text/plain"
+        if path == "/latest/meta-data/instance-id":
+            return 200, self.aws_instance_id.encode(), "text/plain"
         if path == "/latest/meta-data/spot/instance-action":
             action = self.aws_action
             if action is None:
@@ -115,6 +121,10 @@ class MetadataServer:
             return 200, b"TRUE" if self.google_preemptible else b"FALSE", "application/text"
         if path == "/computeMetadata/v1/instance/preempted":
             return 200, b"TRUE" if self.google_preempted else b"FALSE", "application/text"
+        if path == "/computeMetadata/v1/instance/id":
+            return 200, self.google_instance_id.encode(), "application/text"
+        if path == "/computeMetadata/v1/instance/name":
+            return 200, self.google_instance_name.encode(), "application/text"
         return 404, b"", "text/plain"
 
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:

@@ -30,14 +30,7 @@ from nstance.config.resources import ImageConfig, ImageFilterConfig, LoadBalance
 from nstance.core.backoff import Backoff
 from nstance.core.clock import ManualClock
 from nstance.core.errors import InvalidArgument
-from nstance.providers.aws import (
-    AwsProvider,
-    CachedImage,
-    MemoryImageCache,
-    TargetGroupRef,
-    aws_provider_from_options,
-    target_groups_from_config,
-)
+from nstance.providers.aws import AwsProvider, aws_provider_from_options, target_groups_from_config
 from nstance.providers.aws.args import client_token, run_instances_params
 from nstance.providers.aws.calls import client_config
 from nstance.providers.aws.provider import region_from_zone
@@ -50,6 +43,17 @@ from nstance.providers.base import (
     ProviderThrottled,
     ProviderUnavailable,
 )
+from nstance.providers.features import (
+    LbTarget,
+    TargetState,
+    image_lookup,
+    instance_type_check,
+    leader_networking,
+    load_balancing,
+    own_instance,
+)
+from nstance.providers.images import CachedImage, MemoryImageCache, resolve_images
+from nstance.testing.metadata import MetadataServer
 from nstance.testing.motoserver import MotoServer
 from nstance.testing.requests import sample_create_request
 
@@ -57,22 +61,6 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "aws" / "config.jso
 REGION = "us-east-1"
 ZONE = "us-east-1a"
 AMI = "ami-0123456789abcdef0"  # moto launches any AMI id
-
-
-@pytest.fixture
-def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Fake credentials; nothing from the host's AWS config; moto without its 1,300 default AMIs."""
-    for name, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": REGION,
-        "AWS_CONFIG_FILE": "/dev/null",
-        "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
-        "MOTO_EC2_LOAD_DEFAULT_AMIS": "false",
-    }.items():
-        monkeypatch.setenv(name, value)
-    for name in ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_REGION"):
-        monkeypatch.delenv(name, raising=False)
 
 
 class Faults:
@@ -451,8 +439,20 @@ async def test_images_are_looked_up_sorted_cached_and_fall_back(world: World) ->
         "missing": _image("ubuntu-*", fallback="ami-fallback"),
         "broken": _image("centos-*"),
     }
+    cache = MemoryImageCache()
+    interval = timedelta(hours=6)
 
-    first = await world.provider.resolve_images(images)
+    async def resolve(wanted: dict[str, ImageConfig], **kwargs: Any) -> Any:
+        return await resolve_images(
+            world.provider.lookup_image,
+            wanted,
+            cache=cache,
+            now=world.clock.now(),
+            refresh_interval=interval,
+            **kwargs,
+        )
+
+    first = await resolve(images)
 
     assert dict(first.images) == {
         "last": ids["debian-12-c"],
@@ -463,17 +463,17 @@ async def test_images_are_looked_up_sorted_cached_and_fall_back(world: World) ->
     assert "images.broken: no available image matches" in first.errors["broken"]
 
     world.provider.caller.sent.clear()
-    cached = await world.provider.resolve_images({"last": images["last"]})
+    cached = await resolve({"last": images["last"]})
     assert cached.sources == {"last": "cache"}
     assert world.provider.caller.sent == {}
 
     world.clock.advance(timedelta(hours=7))  # past image_refresh_interval
     world.faults.fail("DescribeImages", "UnauthorizedOperation", status=403)
-    stale = await world.provider.resolve_images({"last": images["last"]})
+    stale = await resolve({"last": images["last"]})
     assert (stale.images["last"], stale.sources["last"]) == (ids["debian-12-c"], "stale-cache")
 
     newer = world.ec2.create_image(InstanceId=source, Name="debian-12-d")["ImageId"]
-    forced = await world.provider.resolve_images({"last": images["last"]}, force=True)
+    forced = await resolve({"last": images["last"]}, force=True)
     assert (forced.images["last"], forced.sources["last"]) == (newer, "lookup")
 
 
@@ -503,10 +503,13 @@ async def test_image_sort_by_creation_date_picks_newest_or_oldest(world: World) 
 
     world.ec2.meta.events.register_first("before-call.ec2.DescribeImages", answer)
     cache = MemoryImageCache()
-    world.provider.images.cache = cache
 
-    got = await world.provider.resolve_images(
-        {"newest": _image("x"), "oldest": _image("x", order="asc")}, force=True
+    got = await resolve_images(
+        world.provider.lookup_image,
+        {"newest": _image("x"), "oldest": _image("x", order="asc")},
+        cache=cache,
+        now=world.clock.now(),
+        refresh_interval=timedelta(hours=6),
     )
 
     assert dict(got.images) == {"newest": "ami-new", "oldest": "ami-old"}
@@ -523,50 +526,63 @@ def _target_group(world: World, name: str) -> str:
     return str(group["TargetGroups"][0]["TargetGroupArn"])
 
 
-async def test_target_registration_and_confirmed_deregistration(world: World) -> None:
+def _target(made: Any) -> LbTarget:
+    return LbTarget(instance_id=made.instance_id, provider_id=made.provider_id, ip4=made.ip4)
+
+
+async def test_targets_are_registered_in_batches_and_deregistration_is_confirmed(world: World) -> None:
     arn_a, arn_b = _target_group(world, "tg-a"), _target_group(world, "tg-b")
-    config = {
-        "ingress": LoadBalancerConfig(
-            provider="aws",
-            target_groups=[
-                TargetGroupConfig(arn=arn_a, target_port=30080),
-                TargetGroupConfig(arn=arn_b, target_port=30443),
-            ],
-        )
-    }
-    groups = target_groups_from_config(["ingress"], config)
-    made = await world.provider.create_instance(world.request())
+    lb = LoadBalancerConfig(
+        provider="aws",
+        target_groups=[
+            TargetGroupConfig(arn=arn_a, target_port=30080),
+            TargetGroupConfig(arn=arn_b, target_port=30443),
+        ],
+    )
+    made = [
+        await world.provider.create_instance(world.request(instance_id=f"web-{i}", idempotency_token=f"t{i}"))
+        for i in range(3)
+    ]
+    targets = [_target(m) for m in made]
+    world.provider.caller.sent.clear()
 
-    await world.provider.register_with_load_balancers(made.provider_id, groups)
+    await world.provider.register_targets("ingress", lb, targets)
 
-    assert await world.provider.load_balancer_states(made.provider_id, groups) == {
-        arn_a: "healthy",
-        arn_b: "healthy",
-    }
+    assert world.provider.caller.sent["register_targets"] == 2  # one call per target group
+    states = await world.provider.target_states("ingress", lb, targets)
+    assert states == {t.instance_id: TargetState.HEALTHY for t in targets}
     health = world.elbv2.describe_target_health(TargetGroupArn=arn_b)["TargetHealthDescriptions"]
-    assert [(h["Target"]["Id"], h["Target"]["Port"]) for h in health] == [(made.provider_id, 30443)]
+    assert sorted((h["Target"]["Id"], h["Target"]["Port"]) for h in health) == sorted(
+        (m.provider_id, 30443) for m in made
+    )
 
-    await world.provider.deregister_from_load_balancers(made.provider_id, groups)
+    await world.provider.deregister_targets("ingress", lb, targets[:1])
 
-    assert set((await world.provider.load_balancer_states(made.provider_id, groups)).values()) <= {
-        "unused",
-        "gone",
-    }
-    assert world.elbv2.describe_target_health(TargetGroupArn=arn_a)["TargetHealthDescriptions"] == []
-    await world.provider.deregister_from_load_balancers(made.provider_id, groups)  # again: nothing to do
+    states = await world.provider.target_states("ingress", lb, targets)
+    assert states[targets[0].instance_id] == TargetState.DEREGISTERED
+    assert states[targets[1].instance_id] == TargetState.HEALTHY
+    await world.provider.deregister_targets("ingress", lb, targets[:1])  # again: nothing to do
 
 
-async def test_deregistration_waits_for_draining_and_gives_up_after_the_timeout(world: World) -> None:
-    arn = _target_group(world, "tg-drain")
-    groups = [TargetGroupRef(arn, 30080)]
+async def test_a_draining_or_half_attached_target_is_not_deregistered_yet(world: World) -> None:
+    arn_a, arn_b = _target_group(world, "tg-d1"), _target_group(world, "tg-d2")
+    lb = LoadBalancerConfig(
+        provider="aws",
+        target_groups=[
+            TargetGroupConfig(arn=arn_a, target_port=30080),
+            TargetGroupConfig(arn=arn_b, target_port=80),
+        ],
+    )
     made = await world.provider.create_instance(world.request())
-    await world.provider.register_with_load_balancers(made.provider_id, groups)
-    draining = {"left": 3}
+    target = _target(made)
+    world.elbv2.register_targets(TargetGroupArn=arn_a, Targets=[{"Id": made.provider_id, "Port": 30080}])
 
-    def drain(**_: Any) -> tuple[AWSResponse, dict[str, Any]] | None:
-        if draining["left"] == 0:
+    half = await world.provider.target_states("ingress", lb, [target])
+    assert half == {made.instance_id: TargetState.PARTIALLY_REGISTERED}
+
+    def draining(**kwargs: Any) -> tuple[AWSResponse, dict[str, Any]] | None:
+        if kwargs["params"]["body"].get("TargetGroupArn") != arn_a:
             return None
-        draining["left"] -= 1
         description = {
             "Target": {"Id": made.provider_id, "Port": 30080},
             "TargetHealth": {"State": "draining"},
@@ -574,25 +590,38 @@ async def test_deregistration_waits_for_draining_and_gives_up_after_the_timeout(
         return AWSResponse("https://x.invalid/", 200, {}, None), {"TargetHealthDescriptions": [description]}
 
     world.elbv2.meta.events.register_first(
-        "before-call.elastic-load-balancing-v2.DescribeTargetHealth", drain
+        "before-call.elastic-load-balancing-v2.DescribeTargetHealth", draining
     )
+    assert await world.provider.target_states("ingress", lb, [target]) == {
+        made.instance_id: TargetState.DRAINING
+    }
 
-    await world.provider.deregister_from_load_balancers(made.provider_id, groups)
-    assert world.sleeps == [5.0, 5.0, 5.0]
 
-    await world.provider.register_with_load_balancers(made.provider_id, groups)
-    draining["left"] = 1000
-    world.provider.target_groups.timeout = 20.0
-    with pytest.raises(ProviderUnavailable, match="still attached to target groups after 20s"):
-        await world.provider.deregister_from_load_balancers(made.provider_id, groups)
+async def test_a_deleted_target_group_holds_nothing_and_cannot_be_registered_with(world: World) -> None:
+    arn = _target_group(world, "tg-gone")
+    lb = LoadBalancerConfig(provider="aws", target_groups=[TargetGroupConfig(arn=arn, target_port=80)])
+    made = await world.provider.create_instance(world.request())
+    world.elbv2.delete_target_group(TargetGroupArn=arn)
+
+    assert await world.provider.target_states("web", lb, [_target(made)]) == {
+        made.instance_id: TargetState.DEREGISTERED
+    }
+    await world.provider.deregister_targets("web", lb, [_target(made)])
+    with pytest.raises(
+        ProviderInvalidRequest, match=r"load_balancers\.web\.target_groups\[0\]\.arn: target group"
+    ):
+        await world.provider.register_targets("web", lb, [_target(made)])
 
 
 def test_load_balancers_of_another_provider_are_refused() -> None:
-    config = {"neg": LoadBalancerConfig(provider="google", network_endpoint_groups=["n1"])}
+    lb = LoadBalancerConfig(provider="google", network_endpoint_groups=["n1"])
     with pytest.raises(ProviderInvalidRequest, match=r'load_balancers\.neg\.provider: is "google"'):
-        target_groups_from_config(["neg"], config)
-    with pytest.raises(ProviderInvalidRequest, match=r"load_balancers\.nope: no such load balancer"):
-        target_groups_from_config(["nope"], config)
+        target_groups_from_config("neg", lb)
+
+
+def test_the_aws_provider_offers_every_capability(world: World) -> None:
+    for probe in (image_lookup, instance_type_check, load_balancing, leader_networking, own_instance):
+        assert probe(world.provider) is world.provider
 
 
 # ---- leader network ----------------------------------------------------------------------------
@@ -607,22 +636,38 @@ async def test_leader_eni_moves_to_the_new_leader_and_is_released_only_by_its_ho
     async def holder() -> str:
         return await world.provider.leader_network.attached_to(eni_id)
 
-    await world.provider.assign_leader_network(old.provider_id, eni_id, "10.0.0.10")
+    await world.provider.assign_leader_network(old.provider_id, "10.0.0.10", eni_id)
     assert await holder() == old.provider_id
-    await world.provider.assign_leader_network(new.provider_id, eni_id, "10.0.0.10")
+    await world.provider.assign_leader_network(new.provider_id, "10.0.0.10", eni_id)
     assert await holder() == new.provider_id
 
-    await world.provider.release_leader_network(old.provider_id, eni_id)  # not the holder: no effect
+    await world.provider.release_leader_network(old.provider_id, "10.0.0.10", eni_id)  # not the holder
     assert await holder() == new.provider_id
-    await world.provider.release_leader_network(new.provider_id, eni_id)
+    await world.provider.release_leader_network(new.provider_id, "10.0.0.10", eni_id)
     assert await holder() == ""
 
     with pytest.raises(
         ProviderInvalidRequest, match=r'shard\.leader_network\.ip: "10\.0\.0\.99" is not an address'
     ):
-        await world.provider.assign_leader_network(new.provider_id, eni_id, "10.0.0.99")
+        await world.provider.assign_leader_network(new.provider_id, "10.0.0.99", eni_id)
     with pytest.raises(ProviderInvalidRequest, match=r"shard\.leader_network\.interface_id"):
-        await world.provider.assign_leader_network(new.provider_id, "", "10.0.0.10")
+        await world.provider.assign_leader_network(new.provider_id, "10.0.0.10", "")
+
+
+async def test_own_instance_id_comes_from_imdsv2(world: World) -> None:
+    with MetadataServer() as metadata:
+        metadata.aws_life_cycle = "on-demand"
+        metadata.aws_instance_id = "i-0feedfacecafe0001"
+        provider = AwsProvider(
+            ec2=world.ec2,
+            clock=world.clock,
+            environ={"AWS_EC2_METADATA_SERVICE_ENDPOINT": metadata.url + "/"},
+        )
+        assert await provider.own_instance_id() == "i-0feedfacecafe0001"
+        assert ("PUT", "/latest/api/token") in metadata.requests
+        metadata.aws_life_cycle = None  # answers 404, as a machine outside AWS would
+        with pytest.raises(ProviderUnavailable, match="--provider-instance-id"):
+            await provider.own_instance_id()
 
 
 # ---- options and a real moto_server ------------------------------------------------------------
@@ -715,7 +760,11 @@ async def test_every_example_group_makes_a_valid_runinstances_request(world: Wor
             merged.instance_type, merged.arch, template=merged.template, where=f"groups.{tenant}.{group}"
         )
         if merged.load_balancers:
-            groups = target_groups_from_config(merged.load_balancers, config.load_balancers)
+            groups = [
+                g
+                for name in merged.load_balancers
+                for g in target_groups_from_config(name, config.load_balancers[name])
+            ]
             assert [g.port for g in groups] == [30080, 30443]
         checked.append((tenant, group))
     assert checked == [

@@ -4,11 +4,15 @@ What a shard server relies on: VMs carry the nstance-* labels and are listed by 
 across pages; creates are idempotent per token (requestId) and per name; deletes tolerate absence;
 throttling and 5xx are retried with backoff and then reported as the right error; a VM that is not yet
 visible after its insert is not an error; an instance type of the wrong arch is refused before launch;
-operations are waited on the configured endpoint (never compute.googleapis.com).
+operations are waited on the configured endpoint (never compute.googleapis.com). And the capabilities:
+VMs join and leave load balancers through network endpoint groups, the leader alias IP follows the
+leader without ever being held twice, the server learns its own VM id from the metadata server, and
+config validation can check a machine type's architecture.
 """
 
 from __future__ import annotations
 
+import socket
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +22,7 @@ from google.auth.credentials import AnonymousCredentials
 
 from nstance.config.loader import load_config_file
 from nstance.config.merge import all_group_keys, merged_group
+from nstance.config.resources import LoadBalancerConfig
 from nstance.core.backoff import Backoff
 from nstance.core.clock import ManualClock
 from nstance.core.errors import InvalidArgument
@@ -30,11 +35,22 @@ from nstance.providers.base import (
     ProviderThrottled,
     ProviderUnavailable,
 )
+from nstance.providers.features import (
+    ImageLookup,
+    InstanceTypeCheck,
+    LbTarget,
+    LeaderNetworking,
+    LoadBalancing,
+    OwnInstance,
+    TargetState,
+)
 from nstance.providers.gcp import GcpProvider, gcp_provider_from_options, request_id_for
 from nstance.providers.gcp.labels import label_key, label_value, merge_labels
+from nstance.providers.gcp.loadbalancers import neg_refs
 from nstance.providers.gcp.resources import subnetwork_path
 from nstance.providers.gcp.status import map_status
 from nstance.testing.gcefake import GceFake
+from nstance.testing.metadata import MetadataServer
 from nstance.testing.requests import sample_create_request
 
 ZONE = "us-central1-a"
@@ -64,7 +80,7 @@ def sleeps() -> Sleeps:
     return Sleeps()
 
 
-def make_provider(fake: GceFake, sleeps: Sleeps, *, page_size: int = 500) -> GcpProvider:
+def make_provider(fake: GceFake, sleeps: Sleeps, *, page_size: int = 500, **overrides: Any) -> GcpProvider:
     return GcpProvider(
         project=fake.project,
         zone=ZONE,
@@ -75,6 +91,7 @@ def make_provider(fake: GceFake, sleeps: Sleeps, *, page_size: int = 500) -> Gcp
         max_attempts=4,
         backoff=Backoff(base=0.5, cap=8.0, jitter=0.0),
         sleep=sleeps,
+        **overrides,
     )
 
 
@@ -535,3 +552,399 @@ async def test_every_group_of_the_shipped_example_launches_on_the_fake(
     assert spot["scheduling"]["provisioningModel"] == "SPOT"
     arm = next(i for i in fake.instances() if i["labels"]["nstance-template"] == "kna")
     assert arm["cpuPlatform"] == "Ampere Altra"
+
+
+# ---- capabilities --------------------------------------------------------------------------------
+
+
+def test_the_gcp_provider_has_every_capability_but_image_lookup(fake: GceFake, sleeps: Sleeps) -> None:
+    provider = make_provider(fake, sleeps)
+    for protocol in (LoadBalancing, LeaderNetworking, OwnInstance, InstanceTypeCheck):
+        assert isinstance(provider, protocol), protocol
+    assert not isinstance(provider, ImageLookup)
+
+
+# ---- load balancers: zonal network endpoint groups -----------------------------------------------
+
+
+def google_lb(*negs: str) -> LoadBalancerConfig:
+    return LoadBalancerConfig.model_validate(
+        {
+            "provider": "google",
+            "network_endpoint_groups": list(negs),
+            "frontends": [{"ip": "34.1.2.3", "port": 443}],
+        }
+    )
+
+
+async def new_targets(provider: GcpProvider, count: int = 2) -> list[LbTarget]:
+    made = [await provider.create_instance(req()) for _ in range(count)]
+    return [LbTarget(instance_id=m.instance_id, provider_id=m.provider_id, ip4=m.ip4) for m in made]
+
+
+def endpoints(fake: GceFake, neg: str) -> list[tuple[str, str, int | None]]:
+    return sorted((e["instance"], e["ipAddress"], e.get("port")) for e in fake.network_endpoints(neg))
+
+
+async def test_registered_vms_are_listed_by_every_neg_and_their_health_is_reported(
+    fake: GceFake, provider: GcpProvider
+) -> None:
+    fake.add_network_endpoint_group("ingress-a", default_port=30080)
+    fake.add_network_endpoint_group("ingress-b", default_port=30443)
+    lb = google_lb("ingress-a", f"zones/{ZONE}/networkEndpointGroups/ingress-b")
+    first, second = targets = await new_targets(provider)
+
+    await provider.register_targets("ingress", lb, targets)
+
+    for neg, port in (("ingress-a", 30080), ("ingress-b", 30443)):
+        assert endpoints(fake, neg) == sorted((t.instance_id, t.ip4, port) for t in targets)
+    assert len(fake.calls("networkEndpointGroups.attachNetworkEndpoints")) == 2  # one per NEG, both VMs
+    assert fake.calls("zoneOperations.wait"), "attach operations are waited on the configured endpoint"
+    registered = {t.instance_id: TargetState.REGISTERED for t in targets}
+    assert await provider.target_states("ingress", lb, targets) == registered
+
+    for neg in ("ingress-a", "ingress-b"):
+        fake.set_endpoint_health(neg, first.instance_id, "HEALTHY")
+    fake.set_endpoint_health("ingress-a", second.instance_id, "HEALTHY")
+    fake.set_endpoint_health("ingress-b", second.instance_id, "UNHEALTHY")
+    assert await provider.target_states("ingress", lb, targets) == {
+        first.instance_id: TargetState.HEALTHY,
+        second.instance_id: TargetState.REGISTERED,
+    }
+    fake.set_endpoint_health("ingress-b", second.instance_id, "DRAINING")
+    assert (await provider.target_states("ingress", lb, [second]))[second.instance_id] == TargetState.DRAINING
+
+    await provider.register_targets("ingress", lb, targets)  # again: harmless, nothing re-attached
+
+    assert len(fake.calls("networkEndpointGroups.attachNetworkEndpoints")) == 2
+    assert len(endpoints(fake, "ingress-a")) == len(endpoints(fake, "ingress-b")) == 2
+    assert (await provider.target_states("ingress", lb, [first]))[first.instance_id] == TargetState.HEALTHY
+
+
+async def test_a_vm_attached_to_only_some_negs_is_partially_registered(
+    fake: GceFake, provider: GcpProvider
+) -> None:
+    fake.add_network_endpoint_group("ingress-a")
+    fake.add_network_endpoint_group("ingress-b")
+    targets = await new_targets(provider, 1)
+    await provider.register_targets("only-a", google_lb("ingress-a"), targets)
+
+    states = await provider.target_states("ingress", google_lb("ingress-a", "ingress-b"), targets)
+
+    assert states == {targets[0].instance_id: TargetState.PARTIALLY_REGISTERED}
+
+
+async def test_deregistered_vms_leave_every_neg(fake: GceFake, provider: GcpProvider) -> None:
+    fake.add_network_endpoint_group("ingress-a")
+    fake.add_network_endpoint_group("ingress-b")
+    lb = google_lb("ingress-a", "ingress-b")
+    targets = await new_targets(provider)
+    bystander = await new_targets(provider, 1)
+    await provider.register_targets("ingress", lb, [*targets, *bystander])
+    fake.set_endpoint_health("ingress-a", targets[0].instance_id, "HEALTHY")
+
+    await provider.deregister_targets("ingress", lb, targets)
+
+    assert (
+        endpoints(fake, "ingress-a")
+        == endpoints(fake, "ingress-b")
+        == [(bystander[0].instance_id, bystander[0].ip4, 80)]
+    )
+    assert len(fake.calls("networkEndpointGroups.detachNetworkEndpoints")) == 2  # one per NEG, both VMs
+    assert await provider.target_states("ingress", lb, targets) == {
+        t.instance_id: TargetState.DEREGISTERED for t in targets
+    }
+    await provider.deregister_targets("ingress", lb, targets)  # again: nothing attached, nothing to do
+    assert len(fake.calls("networkEndpointGroups.detachNetworkEndpoints")) == 2
+
+
+async def test_deregistering_from_a_deleted_neg_or_one_without_the_vm_is_not_an_error(
+    fake: GceFake, provider: GcpProvider
+) -> None:
+    for neg in ("kept", "doomed", "unrelated"):
+        fake.add_network_endpoint_group(neg)
+    targets = await new_targets(provider)
+    await provider.register_targets("ingress", google_lb("kept", "doomed"), targets)
+    fake.delete_network_endpoint_group("doomed")
+    lb = google_lb("kept", "doomed", "unrelated", "never-existed")
+
+    await provider.deregister_targets("ingress", lb, targets)
+
+    assert endpoints(fake, "kept") == []
+    assert await provider.target_states("ingress", lb, targets) == {
+        t.instance_id: TargetState.DEREGISTERED for t in targets
+    }
+    with pytest.raises(
+        ProviderInvalidRequest,
+        match=r"load_balancers\.ingress\.network_endpoint_groups\[1\]: .*does not exist",
+    ):
+        await provider.register_targets("ingress", google_lb("kept", "never-existed"), targets)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "Bad_Name",
+        "regions/us-central1/networkEndpointGroups/ingress",
+        f"zones/{ZONE}/instanceGroups/ingress",
+        "projects/proj-1/zones/us-central1-b/networkEndpointGroups/ingress",
+    ],
+)
+async def test_a_bad_neg_reference_is_refused_naming_its_config_path(
+    fake: GceFake, provider: GcpProvider, bad: str
+) -> None:
+    fake.add_network_endpoint_group("ingress")
+    lb = google_lb("ingress", bad)
+    targets = [LbTarget(instance_id="web-1", provider_id="1")]
+    path = r"load_balancers\.ingress\.network_endpoint_groups\[1\]"
+
+    with pytest.raises(ProviderInvalidRequest, match=path):
+        await provider.register_targets("ingress", lb, targets)
+    with pytest.raises(ProviderInvalidRequest, match=path):
+        await provider.deregister_targets("ingress", lb, targets)
+    with pytest.raises(ProviderInvalidRequest, match=path):
+        await provider.target_states("ingress", lb, targets)
+    assert [c for c in fake.calls() if c.method.startswith("networkEndpointGroups.")] == []
+
+
+def test_neg_references_accept_a_name_a_zonal_path_a_project_path_and_a_url() -> None:
+    path = f"projects/proj-1/zones/{ZONE}/networkEndpointGroups/ingress"
+    refs = [
+        "ingress",
+        f"zones/{ZONE}/networkEndpointGroups/ingress",
+        path,
+        f"https://www.googleapis.com/compute/v1/{path}",
+    ]
+    parsed = neg_refs("web", google_lb(*refs), project="proj-1", zone=ZONE)
+    assert [r.path for r in parsed] == [path] * 4
+    assert [r.where for r in parsed] == [f"load_balancers.web.network_endpoint_groups[{i}]" for i in range(4)]
+    with pytest.raises(ProviderInvalidRequest, match=r'load_balancers\.web\.provider: is "aws"'):
+        neg_refs(
+            "web",
+            LoadBalancerConfig.model_validate(
+                {"provider": "aws", "target_groups": [{"arn": "arn:aws:x", "target_port": 80}]}
+            ),
+            project="proj-1",
+            zone=ZONE,
+        )
+
+
+async def test_registering_a_vm_gce_does_not_know_is_refused_naming_the_neg(
+    fake: GceFake, provider: GcpProvider
+) -> None:
+    fake.add_network_endpoint_group("ingress")
+    with pytest.raises(
+        ProviderInvalidRequest, match=r"load_balancers\.ingress\.network_endpoint_groups\[0\]: .*web-gone"
+    ):
+        await provider.register_targets(
+            "ingress", google_lb("ingress"), [LbTarget(instance_id="web-gone", provider_id="1")]
+        )
+    assert fake.network_endpoints("ingress") == []
+
+
+async def test_many_targets_are_attached_in_chunks_and_listed_across_pages(
+    fake: GceFake, sleeps: Sleeps
+) -> None:
+    provider = make_provider(fake, sleeps, page_size=2, neg_batch_size=2)
+    fake.add_network_endpoint_group("ingress")
+    lb = google_lb("ingress")
+    targets = await new_targets(provider, 5)
+    fake.inject_error("networkEndpointGroups.attachNetworkEndpoints", code=503, reason="backendError")
+
+    await provider.register_targets("ingress", lb, targets)
+
+    assert len(endpoints(fake, "ingress")) == 5
+    attaches = fake.calls("networkEndpointGroups.attachNetworkEndpoints")
+    assert [c.status for c in attaches] == [503, 200, 200, 200]  # 3 chunks, the first one retried
+    for target in targets:
+        fake.set_endpoint_health("ingress", target.instance_id, "HEALTHY")
+    assert set((await provider.target_states("ingress", lb, targets)).values()) == {TargetState.HEALTHY}
+    lists = fake.calls("networkEndpointGroups.listNetworkEndpoints")
+    assert [bool(c.query.get("pageToken")) for c in lists] == [False, False, True, True]  # 5 read in 3 pages
+    await provider.deregister_targets("ingress", lb, targets)
+    assert fake.network_endpoints("ingress") == []
+    assert len(fake.calls("networkEndpointGroups.detachNetworkEndpoints")) == 3
+    await provider.close()
+
+
+async def test_a_detach_still_running_reads_draining_until_its_operation_is_done(sleeps: Sleeps) -> None:
+    with GceFake(project="proj-1", zones=(ZONE,), operation_polls=3) as slow:
+        slow.add_subnetwork("workers", cidr="10.20.0.0/24")
+        slow.add_network_endpoint_group("ingress")
+        lb = google_lb("ingress")
+        provider = make_provider(slow, sleeps)
+        impatient = make_provider(slow, sleeps, operation_timeout=0.0)  # never waits for an operation
+        targets = await new_targets(provider, 1)
+        await provider.register_targets("ingress", lb, targets)
+        key = targets[0].instance_id
+
+        await impatient.deregister_targets("ingress", lb, targets)  # the detach operation is still running
+
+        assert await impatient.target_states("ingress", lb, targets) == {key: TargetState.DRAINING}
+        assert await impatient.target_states("ingress", lb, targets) == {key: TargetState.DRAINING}
+        assert await impatient.target_states("ingress", lb, targets) == {key: TargetState.DEREGISTERED}
+        assert slow.network_endpoints("ingress") == []
+        await provider.close()
+        await impatient.close()
+
+
+# ---- the leader network: an alias IP range ---------------------------------------------------------
+
+LEADER_IP = "10.20.0.200"
+
+
+def aliases(fake: GceFake, name: str) -> list[str]:
+    return [r["ipCidrRange"] for r in vm(fake, name)["networkInterfaces"][0].get("aliasIpRanges", [])]
+
+
+@pytest.mark.parametrize("conflict_in_operation", [False, True])
+async def test_the_leader_alias_ip_moves_to_the_new_leader_and_only_the_holder_releases_it(
+    fake: GceFake, provider: GcpProvider, conflict_in_operation: bool
+) -> None:
+    fake.report_ip_conflicts_in_operations(conflict_in_operation)
+    a = await provider.create_instance(req())
+    b = await provider.create_instance(req())
+
+    await provider.assign_leader_network(a.provider_id, LEADER_IP, "")
+    assert aliases(fake, a.instance_id) == [f"{LEADER_IP}/32"]
+    updates = len(fake.calls("instances.updateNetworkInterface"))
+    await provider.assign_leader_network(a.provider_id, LEADER_IP, "nic0")  # already held: no call
+    assert len(fake.calls("instances.updateNetworkInterface")) == updates
+
+    await provider.assign_leader_network(b.provider_id, LEADER_IP, "")  # A still holds it
+
+    assert aliases(fake, b.instance_id) == [f"{LEADER_IP}/32"]
+    assert aliases(fake, a.instance_id) == []
+    await provider.release_leader_network(a.provider_id, LEADER_IP, "")  # A no longer holds it
+    assert aliases(fake, b.instance_id) == [f"{LEADER_IP}/32"]
+    await provider.release_leader_network(b.instance_id, LEADER_IP, "")  # a VM name works too
+    assert aliases(fake, b.instance_id) == []
+    await provider.release_leader_network(b.provider_id, LEADER_IP, "")  # nothing held: no error
+    await provider.release_leader_network("99999", LEADER_IP, "")  # a VM that is gone holds nothing
+
+
+async def test_the_leader_range_keeps_other_alias_ranges_and_a_stale_fingerprint_is_retried(
+    fake: GceFake, provider: GcpProvider
+) -> None:
+    made = await provider.create_instance(req())
+    fake.set_alias_ranges(made.instance_id, ["10.20.0.128/28"])
+    fake.bump_fingerprint_on_update(1)
+
+    await provider.assign_leader_network(made.provider_id, LEADER_IP, "nic0")
+
+    assert aliases(fake, made.instance_id) == ["10.20.0.128/28", f"{LEADER_IP}/32"]
+    assert [c.status for c in fake.calls("instances.updateNetworkInterface")] == [412, 200]
+    await provider.release_leader_network(made.provider_id, LEADER_IP, "nic0")
+    assert aliases(fake, made.instance_id) == ["10.20.0.128/28"]
+
+    fake.bump_fingerprint_on_update(50)
+    with pytest.raises(ProviderUnavailable, match="fingerprint"):
+        await provider.assign_leader_network(made.provider_id, LEADER_IP, "")
+
+
+async def test_leader_network_errors_name_the_setting_to_fix(fake: GceFake, provider: GcpProvider) -> None:
+    made = await provider.create_instance(req())
+    other = await provider.create_instance(req())
+
+    with pytest.raises(ProviderInvalidRequest, match=r"shard\.leader_network\.interface_id: .*nic3.*nic0"):
+        await provider.assign_leader_network(made.provider_id, LEADER_IP, "nic3")
+    with pytest.raises(ProviderInvalidRequest, match=r"shard\.leader_network\.ip: \"leader\""):
+        await provider.assign_leader_network(made.provider_id, "leader", "")
+    with pytest.raises(ProviderInvalidRequest, match=r"shard\.leader_network\.ip: .*IPv6"):
+        await provider.assign_leader_network(made.provider_id, "fd00::10", "")
+    with pytest.raises(ProviderInvalidRequest, match=r"shard\.leader_network\.ip: .*primary range"):
+        await provider.assign_leader_network(made.provider_id, "10.99.0.5", "")
+    with pytest.raises(ProviderInvalidRequest, match=r"shard\.leader_network\.ip: .*no other VM"):
+        await provider.assign_leader_network(made.provider_id, other.ip4, "")  # another VM's own address
+    assert aliases(fake, made.instance_id) == []
+    assert aliases(fake, other.instance_id) == []
+
+
+# ---- the VM this process runs on, and machine-type checks -------------------------------------------
+
+
+async def test_own_instance_id_comes_from_the_metadata_server(
+    provider: GcpProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with MetadataServer() as server:
+        server.google_preemptible = False
+        server.google_instance_id = "7350142185551115712"
+        monkeypatch.setenv("GCE_METADATA_HOST", server.url.removeprefix("http://"))
+
+        assert await provider.own_instance_id() == "7350142185551115712"
+        assert ("GET", "/computeMetadata/v1/instance/id") in server.requests
+
+
+async def test_own_instance_id_without_a_google_metadata_server_is_unavailable(
+    provider: GcpProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed_port = probe.getsockname()[1]
+    monkeypatch.setenv("GCE_METADATA_HOST", f"127.0.0.1:{closed_port}")
+    with pytest.raises(ProviderUnavailable, match=r"did not answer.*--provider-instance-id"):
+        await provider.own_instance_id()
+
+    with MetadataServer() as elsewhere:  # a metadata server that is not Google's answers 404
+        monkeypatch.setenv("GCE_METADATA_HOST", elsewhere.url.removeprefix("http://"))
+        with pytest.raises(ProviderUnavailable, match=r"404.*NSTANCE_PROVIDER_INSTANCE_ID"):
+            await provider.own_instance_id()
+
+
+async def test_check_instance_type_refuses_another_arch_naming_the_given_path(
+    fake: GceFake, provider: GcpProvider
+) -> None:
+    with pytest.raises(
+        ProviderInvalidRequest,
+        match=r"^templates\.web\.instance_type: machine type 't2a-standard-1' .* is arm64, "
+        r"but template 'web' has arch 'amd64'",
+    ):
+        await provider.check_instance_type(
+            "t2a-standard-1", "amd64", template="web", where="templates.web.instance_type"
+        )
+    await provider.check_instance_type(
+        "t2a-standard-1", "arm64", template="web", where="templates.web.instance_type"
+    )
+    with pytest.raises(
+        ProviderInvalidRequest, match=r"^groups\.default\.api\.instance_type: 'huge-1' is not"
+    ):
+        await provider.check_instance_type(
+            "huge-1", "amd64", template="web", where="groups.default.api.instance_type"
+        )
+    assert len(fake.calls("machineTypes.get")) == 2  # t2a-standard-1 read once, then cached
+
+
+async def test_the_shipped_example_load_balancer_and_leader_network_work_on_the_fake(sleeps: Sleeps) -> None:
+    config = load_config_file(EXAMPLE)
+    project = config.shard.infra.options["project"]
+    leader = config.shard.leader_network
+    assert leader is not None
+    with GceFake(project=project, zones=(ZONE,)) as fake:
+        fake.add_machine_type("n2-standard-8", guest_cpus=8, memory_mb=32768)
+        fake.add_subnetwork("workers", cidr="10.20.0.0/24")
+        fake.add_subnetwork("control", cidr="10.10.0.0/24")
+        provider = make_provider(fake, sleeps)
+        merged = merged_group(config, {}, "default", "ingress")
+        (lb_name,) = merged.load_balancers
+        lb = config.load_balancers[lb_name]
+        for ref in neg_refs(lb_name, lb, project=project, zone=ZONE):
+            fake.add_network_endpoint_group(ref.name, default_port=30443)
+        made = await provider.create_instance(
+            req(
+                group="ingress",
+                template=merged.template,
+                instance_type=merged.instance_type,
+                args=merged.args,
+            )
+        )
+        target = LbTarget(instance_id=made.instance_id, provider_id=made.provider_id, ip4=made.ip4)
+
+        await provider.register_targets(lb_name, lb, [target])
+
+        assert await provider.target_states(lb_name, lb, [target]) == {
+            made.instance_id: TargetState.REGISTERED
+        }
+        server = await provider.create_instance(req(subnet_id="control", args=merged.args))
+        await provider.assign_leader_network(server.provider_id, leader.ip, leader.interface_id)
+        assert aliases(fake, server.instance_id) == [f"{leader.ip}/32"]
+        await provider.close()

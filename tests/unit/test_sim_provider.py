@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from nstance.config.resources import ImageConfig, ImageFilterConfig, LoadBalancerConfig, TargetGroupConfig
 from nstance.config.shard import InfraConfig
 from nstance.core.clock import ManualClock
 from nstance.core.errors import FailedPrecondition, InvalidArgument
@@ -15,10 +16,12 @@ from nstance.providers.base import (
     CreateRequest,
     InstanceNotFound,
     InstanceStatus,
+    ProviderInvalidRequest,
     ProviderThrottled,
     ProviderUnavailable,
 )
 from nstance.providers.factory import create_provider
+from nstance.providers.features import LbTarget, TargetState
 from nstance.providers.local import LocalProvider
 from nstance.providers.sim import SimProvider, sim_provider_from_options
 from nstance.testing.requests import sample_create_request
@@ -419,3 +422,81 @@ async def test_factory_builds_every_provider_and_names_missing_options(
                 clock=clock,
                 base_dir=tmp_path,
             )
+
+
+# ---- load balancers, leader address, images, instance types ---------------------------------------
+
+
+def _lb() -> LoadBalancerConfig:
+    return LoadBalancerConfig(provider="aws", target_groups=[TargetGroupConfig(arn="arn:tg", target_port=80)])
+
+
+async def test_load_balancer_members_turn_healthy_then_drain_for_the_delay(clock: ManualClock) -> None:
+    sim = SimProvider(clock=clock, lb_health_delay=10, lb_deregistration_delay=30)
+    vm = await sim.create_instance(req())
+    target = LbTarget(vm.instance_id, vm.provider_id)
+
+    await sim.register_targets("web", _lb(), [target])
+    assert await sim.target_states("web", _lb(), [target]) == {vm.instance_id: TargetState.REGISTERED}
+    clock.advance(10)
+    assert sim.lb_members("web") == {vm.provider_id: TargetState.HEALTHY}
+
+    await sim.deregister_targets("web", _lb(), [target])
+    clock.advance(29)
+    assert await sim.target_states("web", _lb(), [target]) == {vm.instance_id: TargetState.DRAINING}
+    clock.advance(1)
+    assert await sim.target_states("web", _lb(), [target]) == {vm.instance_id: TargetState.DEREGISTERED}
+    assert sim.lb_members("web") == {}
+
+
+async def test_a_deleted_vm_leaves_its_load_balancers_and_cannot_join_one(clock: ManualClock) -> None:
+    sim = SimProvider(clock=clock)
+    vm = await sim.create_instance(req())
+    target = LbTarget(vm.instance_id, vm.provider_id)
+    await sim.register_targets("web", _lb(), [target])
+
+    await sim.delete_instance(vm.instance_id, vm.provider_id)
+
+    assert sim.lb_members("web") == {}
+    with pytest.raises(ProviderInvalidRequest, match="does not exist"):
+        await sim.register_targets("web", _lb(), [target])
+
+
+async def test_the_leader_address_has_one_holder_and_only_it_releases(
+    clock: ManualClock, tmp_path: Path
+) -> None:
+    path = tmp_path / "sim.json"
+    first, second = SimProvider(clock=clock, state_path=path), SimProvider(clock=clock, state_path=path)
+
+    await first.assign_leader_network("vm-a", "10.0.0.10", "")
+    await second.assign_leader_network("vm-b", "10.0.0.10", "")
+    await first.release_leader_network("vm-a", "10.0.0.10", "")  # not the holder: no effect
+
+    assert first.leader_holder("10.0.0.10") == "vm-b"
+    await second.release_leader_network("vm-b", "10.0.0.10", "")
+    assert first.leader_holder("10.0.0.10") == ""
+
+
+async def test_image_lookups_are_deterministic_and_can_fail(clock: ManualClock) -> None:
+    sim = SimProvider(clock=clock)
+    image = ImageConfig(provider="aws", filters=[ImageFilterConfig(name="name", values=["debian-12-*"])])
+    other = ImageConfig(provider="aws", filters=[ImageFilterConfig(name="name", values=["debian-13-*"])])
+
+    first = await sim.lookup_image("debian", image)
+
+    assert first.startswith("img-")
+    assert await sim.lookup_image("debian", image) == first
+    assert await sim.lookup_image("debian", other) != first
+    sim.fail_next("lookup_image", ProviderUnavailable("image service down"))
+    with pytest.raises(ProviderUnavailable):
+        await sim.lookup_image("debian", image)
+
+
+async def test_ec2_shaped_instance_types_must_match_the_arch(clock: ManualClock) -> None:
+    sim = SimProvider(clock=clock)
+    await sim.check_instance_type("m7g.large", "arm64", template="app", where="groups.t.g.instance_type")
+    await sim.check_instance_type("sim.small", "arm64", template="app", where="x")  # unknown shape: passes
+    with pytest.raises(
+        ProviderInvalidRequest, match=r'groups\.t\.g\.instance_type: instance type "t4g\.small"'
+    ):
+        await sim.check_instance_type("t4g.small", "amd64", template="app", where="groups.t.g.instance_type")

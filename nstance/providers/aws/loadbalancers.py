@@ -1,145 +1,139 @@
-"""Register instances with ELBv2 target groups and deregister them, confirming before delete.
+"""ELBv2 target groups: register instances, start deregistering them, and read where they stand.
 
-``load_balancers`` entries with provider ``aws`` list target groups (``arn`` and ``target_port``).
-``register`` adds the instance to each target group on its port. ``deregister`` removes it and then
-polls DescribeTargetHealth until every target group reports it gone (state ``unused``, or not listed),
-so the caller terminates the VM only after the load balancer has stopped sending it traffic
-(connection draining finished). A target group that no longer exists counts as deregistered. When
-draining outlasts ``timeout`` the call raises ``ProviderUnavailable`` and the caller retries later.
+A ``load_balancers`` entry with provider ``aws`` lists target groups (``arn`` and ``target_port``).
+``register`` adds a batch of instances to each target group on its port (one RegisterTargets call per
+target group and chunk). ``deregister`` starts removing them and returns at once: connection draining
+(the target group's deregistration delay) runs at AWS while the caller polls ``states``, which reads
+each target group's members with one DescribeTargetHealth call and folds the target groups of the
+entry into one ``TargetState`` per instance. A target group that no longer exists counts as holding
+nothing, so a deleted target group never blocks a VM's deletion.
 
-Waiting uses the injected ``sleep`` and counts the time slept, so tests need no real time. This module
-must not touch EC2 instances themselves.
+This module must not touch EC2 instances themselves and never waits: the caller owns the timing.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from botocore.exceptions import ClientError
 
 from nstance.config.resources import LoadBalancerConfig
-from nstance.providers.aws.calls import AwsCaller, Sleep, error_code, translate
-from nstance.providers.base import ProviderInvalidRequest, ProviderUnavailable
+from nstance.providers.aws.calls import AwsCaller, error_code, translate
+from nstance.providers.base import ProviderInvalidRequest
+from nstance.providers.features import LbTarget, TargetState, combine_states
 
-#: Target states in which the load balancer may still send the target traffic.
-ATTACHED_STATES: frozenset[str] = frozenset(
-    {"initial", "healthy", "unhealthy", "unhealthy.draining", "draining", "unavailable"}
-)
+#: DescribeTargetHealth states -> where the target stands in that target group.
+ELB_STATES: Mapping[str, TargetState] = {
+    "initial": TargetState.REGISTERED,
+    "healthy": TargetState.HEALTHY,
+    "unhealthy": TargetState.REGISTERED,
+    "unavailable": TargetState.REGISTERED,
+    "draining": TargetState.DRAINING,
+    "unhealthy.draining": TargetState.DRAINING,
+    "unused": TargetState.DEREGISTERED,
+}
 _GONE_CODES: frozenset[str] = frozenset({"TargetGroupNotFound", "InvalidTarget"})
+#: Targets per RegisterTargets / DeregisterTargets call.
+CHUNK = 100
 
 
 @dataclass(frozen=True, slots=True)
 class TargetGroupRef:
-    """One target group an instance belongs to, and the port traffic reaches it on."""
+    """One target group of an entry, the port its targets get, and where the config names it."""
 
     arn: str
     port: int
-    where: str = ""  # config path, for error messages
+    where: str
 
 
-def target_groups_from_config(
-    names: Iterable[str], load_balancers: Mapping[str, LoadBalancerConfig]
-) -> list[TargetGroupRef]:
-    """The target groups of the named ``load_balancers`` entries (provider ``aws`` only)."""
-    out: list[TargetGroupRef] = []
-    for name in names:
-        lb = load_balancers.get(name)
-        if lb is None:
-            raise ProviderInvalidRequest(f"load_balancers.{name}: no such load balancer in the config")
-        if lb.provider != "aws":
-            raise ProviderInvalidRequest(
-                f'load_balancers.{name}.provider: is "{lb.provider}"; an aws shard needs provider "aws"'
-            )
-        for i, tg in enumerate(lb.target_groups):
-            out.append(TargetGroupRef(tg.arn, tg.target_port, f"load_balancers.{name}.target_groups[{i}]"))
-    return out
+def target_groups_from_config(name: str, lb: LoadBalancerConfig) -> list[TargetGroupRef]:
+    """The target groups of entry ``name``; refuse an entry of another provider."""
+    if lb.provider != "aws":
+        raise ProviderInvalidRequest(
+            f'load_balancers.{name}.provider: is "{lb.provider}"; an aws shard needs provider "aws"'
+        )
+    return [
+        TargetGroupRef(tg.arn, tg.target_port, f"load_balancers.{name}.target_groups[{i}]")
+        for i, tg in enumerate(lb.target_groups)
+    ]
+
+
+def _chunks(targets: Sequence[LbTarget]) -> Iterator[Sequence[LbTarget]]:
+    for start in range(0, len(targets), CHUNK):
+        yield targets[start : start + CHUNK]
 
 
 class TargetGroups:
-    """ELBv2 target registration for instances."""
+    """ELBv2 target registration for instances (batched, never waiting)."""
 
-    def __init__(
-        self,
-        elbv2: Any,
-        caller: AwsCaller,
-        *,
-        sleep: Sleep = asyncio.sleep,
-        poll_interval: float = 5.0,
-        timeout: float = 600.0,
-    ) -> None:
+    def __init__(self, elbv2: Any, caller: AwsCaller) -> None:
         self._elbv2 = elbv2
         self._caller = caller
-        self._sleep = sleep
-        self.poll_interval = poll_interval
-        self.timeout = timeout
 
-    async def register(self, provider_id: str, groups: Sequence[TargetGroupRef]) -> None:
-        """Add the instance to every target group (registering twice is harmless)."""
-        for group in groups:
-            try:
-                await self._caller.call(
-                    self._elbv2,
-                    "register_targets",
-                    TargetGroupArn=group.arn,
-                    Targets=[{"Id": provider_id, "Port": group.port}],
-                )
-            except ClientError as exc:
-                raise translate(exc, "RegisterTargets", path=group.where or group.arn) from exc
+    async def register(self, name: str, lb: LoadBalancerConfig, targets: Sequence[LbTarget]) -> None:
+        """Add every target to every target group of entry ``name`` (registering twice is harmless)."""
+        for group in target_groups_from_config(name, lb):
+            for chunk in _chunks(targets):
+                try:
+                    await self._caller.call(
+                        self._elbv2,
+                        "register_targets",
+                        TargetGroupArn=group.arn,
+                        Targets=[{"Id": t.provider_id, "Port": group.port} for t in chunk],
+                    )
+                except ClientError as exc:
+                    if error_code(exc) == "TargetGroupNotFound":
+                        raise ProviderInvalidRequest(
+                            f"{group.where}.arn: target group {group.arn} does not exist"
+                        ) from exc
+                    raise translate(exc, "RegisterTargets", path=group.where) from exc
 
-    async def states(self, provider_id: str, groups: Sequence[TargetGroupRef]) -> dict[str, str]:
-        """Target state by target group ARN (``healthy``, ``draining``, ``unused``; ``gone`` if absent)."""
-        out: dict[str, str] = {}
-        for group in groups:
-            try:
-                response = await self._caller.call(
-                    self._elbv2,
-                    "describe_target_health",
-                    TargetGroupArn=group.arn,
-                    Targets=[{"Id": provider_id, "Port": group.port}],
-                )
-            except ClientError as exc:
-                if error_code(exc) in _GONE_CODES:
-                    out[group.arn] = "gone"
-                    continue
-                raise translate(exc, "DescribeTargetHealth", path=group.where or group.arn) from exc
-            state = "gone"
-            for description in response.get("TargetHealthDescriptions", []):
-                if description.get("Target", {}).get("Id") == provider_id:
-                    state = str(description.get("TargetHealth", {}).get("State", "unknown"))
-                    if state in ATTACHED_STATES:
-                        break
-            out[group.arn] = state
+    async def deregister(self, name: str, lb: LoadBalancerConfig, targets: Sequence[LbTarget]) -> None:
+        """Start removing every target from every target group of ``name``; do not wait for draining."""
+        for group in target_groups_from_config(name, lb):
+            for chunk in _chunks(targets):
+                try:
+                    await self._caller.call(
+                        self._elbv2,
+                        "deregister_targets",
+                        TargetGroupArn=group.arn,
+                        Targets=[{"Id": t.provider_id, "Port": group.port} for t in chunk],
+                    )
+                except ClientError as exc:
+                    if error_code(exc) in _GONE_CODES:
+                        continue  # not registered, or the target group is gone: nothing to drain
+                    raise translate(exc, "DeregisterTargets", path=group.where) from exc
+
+    async def members(self, group: TargetGroupRef) -> dict[str, TargetState]:
+        """Every target of one target group on its configured port, by EC2 instance id."""
+        try:
+            response = await self._caller.call(
+                self._elbv2, "describe_target_health", TargetGroupArn=group.arn
+            )
+        except ClientError as exc:
+            if error_code(exc) in _GONE_CODES:
+                return {}
+            raise translate(exc, "DescribeTargetHealth", path=group.where) from exc
+        out: dict[str, TargetState] = {}
+        for description in response.get("TargetHealthDescriptions", []):
+            target = description.get("Target", {})
+            port = target.get("Port")
+            if port is not None and port != group.port:
+                continue
+            raw = str(description.get("TargetHealth", {}).get("State", ""))
+            out[str(target.get("Id", ""))] = ELB_STATES.get(raw, TargetState.REGISTERED)
         return out
 
-    async def deregister(self, provider_id: str, groups: Sequence[TargetGroupRef]) -> None:
-        """Remove the instance from every target group and wait until each confirms it is gone."""
-        for group in groups:
-            try:
-                await self._caller.call(
-                    self._elbv2,
-                    "deregister_targets",
-                    TargetGroupArn=group.arn,
-                    Targets=[{"Id": provider_id, "Port": group.port}],
-                )
-            except ClientError as exc:
-                if error_code(exc) in _GONE_CODES:
-                    continue  # not registered, or the target group is gone: nothing to drain
-                raise translate(exc, "DeregisterTargets", path=group.where or group.arn) from exc
-        waited = 0.0
-        pending = list(groups)
-        while True:
-            states = await self.states(provider_id, pending)
-            pending = [g for g in pending if states[g.arn] in ATTACHED_STATES]
-            if not pending:
-                return
-            if waited >= self.timeout:
-                listed = ", ".join(f"{g.arn} ({states[g.arn]})" for g in pending)
-                raise ProviderUnavailable(
-                    f"instance {provider_id} is still attached to target groups after {waited:.0f}s: "
-                    f"{listed}; the delete waits until deregistration is confirmed"
-                )
-            await self._sleep(self.poll_interval)
-            waited += self.poll_interval
+    async def states(
+        self, name: str, lb: LoadBalancerConfig, targets: Sequence[LbTarget]
+    ) -> dict[str, TargetState]:
+        """Each target's state in entry ``name`` as a whole, by instance id."""
+        per_group = [await self.members(group) for group in target_groups_from_config(name, lb)]
+        return {
+            t.instance_id: combine_states(
+                [members.get(t.provider_id, TargetState.DEREGISTERED) for members in per_group]
+            )
+            for t in targets
+        }

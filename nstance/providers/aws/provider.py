@@ -11,11 +11,12 @@ TerminateInstances; an instance EC2 does not know is already gone. Right after a
 get returns the instance as created (pending) and delete retries until EC2 sees it. Throttling and
 transient failures are retried with backoff inside every call (``calls.AwsCaller``).
 
-Also here, beyond the Provider protocol: subnet capacity (DescribeSubnets, more than 10 free
-addresses), image lookup (``images``), target-group registration (``loadbalancers``) and the leader
-ENI (``network``). Blocking boto3 calls run in worker threads. This module must not decide whether to
-create or delete anything, and never touches instances without asking for them by id or by the
-cluster's tags.
+Also here, the optional capabilities of ``nstance.providers.features``: image lookup (``images``),
+instance-type architectures (``types``), target-group registration (``loadbalancers``), the leader
+ENI (``network``) and this VM's own id (IMDSv2, ``nstance.providers.metadata``); and subnet capacity
+(DescribeSubnets, more than 10 free addresses). Blocking boto3 calls run in worker threads. This
+module must not decide whether to create or delete anything, and never touches instances without
+asking for them by id or by the cluster's tags.
 """
 
 from __future__ import annotations
@@ -24,13 +25,13 @@ import asyncio
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from botocore.exceptions import ClientError
 
-from nstance.config.resources import ImageConfig
+from nstance.config.resources import ImageConfig, LoadBalancerConfig
 from nstance.core.backoff import Backoff
 from nstance.core.clock import Clock
 from nstance.core.errors import InvalidArgument
@@ -46,8 +47,8 @@ from nstance.providers.aws.args import (
     run_instances_params,
 )
 from nstance.providers.aws.calls import AwsCaller, Sleep, client_config, error_code, error_message, translate
-from nstance.providers.aws.images import ImageCache, ImageResolution, ImageResolver
-from nstance.providers.aws.loadbalancers import TargetGroupRef, TargetGroups
+from nstance.providers.aws.images import ImageFinder
+from nstance.providers.aws.loadbalancers import TargetGroups
 from nstance.providers.aws.network import LeaderNetwork
 from nstance.providers.aws.status import LISTED_STATE_NAMES, status_from_state
 from nstance.providers.aws.types import InstanceTypeArchs
@@ -59,6 +60,8 @@ from nstance.providers.base import (
     ProviderInvalidRequest,
     ProviderUnavailable,
 )
+from nstance.providers.features import LbTarget, TargetState
+from nstance.providers.metadata import aws_instance_id
 
 #: A subnet has room for one more VM when it has more than this many free addresses.
 MIN_FREE_ADDRESSES = 10
@@ -70,8 +73,6 @@ OPTION_KEYS: tuple[str, ...] = (
     "max_attempts",
     "page_size",
     "consistency_window",
-    "deregistration_timeout",
-    "deregistration_poll_interval",
 )
 
 _NOT_FOUND_CODES = frozenset({"InvalidInstanceID.NotFound"})
@@ -103,10 +104,7 @@ class AwsProvider:
         max_attempts: int = 5,
         page_size: int = 500,
         consistency_window: float = 300.0,
-        image_cache: ImageCache | None = None,
-        image_refresh_interval: timedelta = timedelta(hours=6),
-        deregistration_timeout: float = 600.0,
-        deregistration_poll_interval: float = 5.0,
+        environ: Mapping[str, str] | None = None,
     ) -> None:
         if not 5 <= page_size <= 1000:
             raise InvalidArgument(f"aws provider: page_size must be between 5 and 1000 (got {page_size})")
@@ -123,16 +121,9 @@ class AwsProvider:
         self._consistency_window = consistency_window
         self.caller = AwsCaller(sleep=sleep, backoff=backoff, max_attempts=max_attempts)
         self.instance_types = InstanceTypeArchs(ec2, self.caller)
-        self.images = ImageResolver(
-            ec2, self.caller, clock=clock, cache=image_cache, refresh_interval=image_refresh_interval
-        )
-        self.target_groups = TargetGroups(
-            elbv2,
-            self.caller,
-            sleep=sleep,
-            timeout=deregistration_timeout,
-            poll_interval=deregistration_poll_interval,
-        )
+        self.images = ImageFinder(ec2, self.caller)
+        self.target_groups = TargetGroups(elbv2, self.caller)
+        self._environ = environ
         self.leader_network = LeaderNetwork(ec2, self.caller, sleep=sleep)
         self._recent: dict[str, _Recent] = {}  # provider id -> our create
         self._create_locks: dict[str, tuple[asyncio.Lock, int]] = {}  # instance id -> (lock, users)
@@ -298,38 +289,36 @@ class AwsProvider:
             if callable(closer):
                 await asyncio.to_thread(closer)
 
-    # ---- beyond the protocol: images, load balancers, leader network --------------------------
+    # ---- capabilities (nstance.providers.features) -------------------------------------------
 
-    async def resolve_images(
-        self, images: Mapping[str, ImageConfig], *, force: bool = False
-    ) -> ImageResolution:
-        """AMI ids for the config's ``images`` (cached for ``image_refresh_interval``)."""
-        return await self.images.resolve(images, force=force)
+    async def lookup_image(self, name: str, image: ImageConfig) -> str:
+        """The AMI that best matches ``images.<name>`` now (DescribeImages)."""
+        return await self.images.lookup(name, image)
 
     async def check_instance_type(self, instance_type: str, arch: str, *, template: str, where: str) -> None:
-        """Refuse an instance type that does not run the template's arch (for config validation)."""
+        """Refuse an instance type that does not run the template's arch (DescribeInstanceTypes, cached)."""
         await self.instance_types.check(instance_type, arch, where=where, template=template)
 
-    async def register_with_load_balancers(self, provider_id: str, groups: Sequence[TargetGroupRef]) -> None:
-        """Register the instance with every target group."""
+    async def register_targets(self, name: str, lb: LoadBalancerConfig, targets: Sequence[LbTarget]) -> None:
+        """Register the instances with every target group of entry ``name``."""
         self._need_elbv2()
-        await self.target_groups.register(provider_id, groups)
+        await self.target_groups.register(name, lb, targets)
 
-    async def deregister_from_load_balancers(
-        self, provider_id: str, groups: Sequence[TargetGroupRef]
+    async def deregister_targets(
+        self, name: str, lb: LoadBalancerConfig, targets: Sequence[LbTarget]
     ) -> None:
-        """Deregister the instance and return once every target group confirms it is gone."""
+        """Start deregistering the instances from every target group of ``name`` (no waiting)."""
         self._need_elbv2()
-        await self.target_groups.deregister(provider_id, groups)
+        await self.target_groups.deregister(name, lb, targets)
 
-    async def load_balancer_states(
-        self, provider_id: str, groups: Sequence[TargetGroupRef]
-    ) -> dict[str, str]:
-        """Target state of the instance by target group ARN."""
+    async def target_states(
+        self, name: str, lb: LoadBalancerConfig, targets: Sequence[LbTarget]
+    ) -> dict[str, TargetState]:
+        """Where each instance stands in entry ``name`` (by instance id)."""
         self._need_elbv2()
-        return await self.target_groups.states(provider_id, groups)
+        return await self.target_groups.states(name, lb, targets)
 
-    async def assign_leader_network(self, provider_id: str, interface_id: str, ip: str) -> None:
+    async def assign_leader_network(self, provider_id: str, ip: str, interface_id: str) -> None:
         """Attach the leader ENI (holding ``ip``) to the leading server's instance."""
         if not interface_id:
             raise ProviderInvalidRequest(
@@ -337,10 +326,14 @@ class AwsProvider:
             )
         await self.leader_network.attach(provider_id, interface_id, ip)
 
-    async def release_leader_network(self, provider_id: str, interface_id: str) -> None:
+    async def release_leader_network(self, provider_id: str, ip: str, interface_id: str) -> None:
         """Detach the leader ENI from this instance, if it holds it."""
         if interface_id:
             await self.leader_network.release(provider_id, interface_id)
+
+    async def own_instance_id(self) -> str:
+        """This EC2 instance's id, from IMDSv2."""
+        return await aws_instance_id(self._environ)
 
     # ---- internals -------------------------------------------------------------------------
 
@@ -597,6 +590,4 @@ def aws_provider_from_options(
         max_attempts=max_attempts,
         page_size=page_size,
         consistency_window=_positive(options, "consistency_window", 300.0, prefix),
-        deregistration_timeout=_positive(options, "deregistration_timeout", 600.0, prefix),
-        deregistration_poll_interval=_positive(options, "deregistration_poll_interval", 5.0, prefix),
     )

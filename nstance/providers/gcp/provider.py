@@ -4,7 +4,13 @@ One provider serves one project and one zone (the shard's). A VM's GCE name is t
 id and its ``nstance-*`` labels carry the rest of the metadata (see ``labels``); ``provider_id`` is
 GCE's numeric instance id, so a VM recreated under the same name is told apart.
 
-Calls and their failure handling:
+Besides the ``Provider`` protocol it has the optional capabilities of ``nstance.providers.features``
+that GCE offers: ``LoadBalancing`` through zonal network endpoint groups (``loadbalancers``),
+``LeaderNetworking`` with an alias IP range (``network``), ``OwnInstance`` from the metadata server
+(``nstance.providers.metadata``) and ``InstanceTypeCheck`` (the machine type's architecture). It has
+no ``ImageLookup``: GCE image families already resolve to the newest image at create time.
+
+Calls and their failure handling (retries, error mapping and operation waits live in ``calls``):
 
 * ``instances.insert`` carries ``requestId`` = UUIDv5 of the idempotency token, so a retried create
   (after a timeout, a crash, a 503) returns the first request's operation instead of launching again.
@@ -22,7 +28,8 @@ Calls and their failure handling:
 * ``delete`` tolerates 404 and waits for its operation; ``list`` filters on the cluster and shard
   labels server-side and reads every page.
 * The machine type is fetched (cached per provider) before a create so a type whose architecture is
-  not the template's ``arch`` is refused with a clear error before anything is launched.
+  not the template's ``arch`` is refused with a clear error before anything is launched;
+  ``check_instance_type`` runs the same check for config validation.
 
 Every SDK call runs in a worker thread. This module must not decide whether to create or delete, and
 must not call ``ExtendedOperation.result()``/``done()``.
@@ -35,10 +42,10 @@ import functools
 import math
 import os
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from google.api_core import exceptions as gexc
 from google.api_core.client_options import ClientOptions
@@ -47,25 +54,27 @@ from google.auth import exceptions as gauth_exceptions
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1
 
+from nstance.config.resources import LoadBalancerConfig
 from nstance.core.backoff import Backoff
 from nstance.core.clock import Clock
 from nstance.core.durations import parse_duration
 from nstance.core.errors import InvalidArgument
+from nstance.providers import metadata
 from nstance.providers.base import (
     CreateRequest,
     InstanceNotFound,
     InstanceStatus,
     ProviderInstance,
     ProviderInvalidRequest,
-    ProviderThrottled,
     ProviderUnavailable,
 )
+from nstance.providers.features import LbTarget, TargetState
 from nstance.providers.gcp import labels as lbl
+from nstance.providers.gcp.calls import GceCalls, Sleep
+from nstance.providers.gcp.loadbalancers import DEFAULT_BATCH_SIZE, NegTargets
+from nstance.providers.gcp.network import AliasLeaderNetwork
 from nstance.providers.gcp.resources import build_instance, check_arch, short_subnet, subnetwork_path
 from nstance.providers.gcp.status import map_status
-
-T = TypeVar("T")
-Sleep = Callable[[float], Awaitable[None]]
 
 OPTION_KEYS: tuple[str, ...] = (
     "project",
@@ -78,29 +87,12 @@ OPTION_KEYS: tuple[str, ...] = (
 )
 #: Namespace of the UUIDv5 request ids derived from idempotency tokens.
 REQUEST_ID_NAMESPACE = uuid.UUID("7b0c1f4e-2d7a-5e55-9a53-6e7374616e63")
-_THROTTLE_REASONS = frozenset({"rateLimitExceeded", "userRateLimitExceeded"})
-_CAPACITY_CODES = frozenset(
-    {
-        "ZONE_RESOURCE_POOL_EXHAUSTED",
-        "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
-        "RESOURCE_POOL_EXHAUSTED",
-        "QUOTA_EXCEEDED",
-        "RESOURCE_NOT_READY",
-    }
-)
-_MAX_WAIT_CALLS = 30
 _MAX_FAILED_CHAIN = 8
 
 
 def request_id_for(token: str) -> str:
     """The ``requestId`` GCE deduplicates inserts by: a UUIDv5 of the idempotency token."""
     return str(uuid.uuid5(REQUEST_ID_NAMESPACE, token))
-
-
-class _Retryable(Exception):
-    def __init__(self, throttled: bool, message: str) -> None:
-        super().__init__(message)
-        self.throttled = throttled
 
 
 class GcpProvider:
@@ -121,6 +113,7 @@ class GcpProvider:
         not_found_retries: int = 5,
         backoff: Backoff | None = None,
         sleep: Sleep = asyncio.sleep,
+        neg_batch_size: int = DEFAULT_BATCH_SIZE,
     ) -> None:
         if not project or not zone:
             raise InvalidArgument("gcp: a project and a zone are required")
@@ -129,8 +122,6 @@ class GcpProvider:
         self._region = zone.rsplit("-", 1)[0]
         self._clock = clock
         self._page_size = page_size
-        self._max_attempts = max(1, max_attempts)
-        self._operation_timeout = operation_timeout
         self._request_timeout = request_timeout
         self._not_found_retries = not_found_retries
         self._backoff = backoff or Backoff(base=0.5, cap=20.0)
@@ -146,12 +137,32 @@ class GcpProvider:
             self._operations = compute_v1.ZoneOperationsClient(**kwargs)
             self._machine_type_client = compute_v1.MachineTypesClient(**kwargs)
             self._subnetworks = compute_v1.SubnetworksClient(**kwargs)
+            self._neg_client = compute_v1.NetworkEndpointGroupsClient(**kwargs)
         except gauth_exceptions.DefaultCredentialsError as exc:
             raise InvalidArgument(
                 "shard.infra.options.credentials_file: no Google credentials found "
                 f"({exc}); set credentials_file, GOOGLE_APPLICATION_CREDENTIALS, or run on GCE "
                 "with a service account"
             ) from exc
+        self._api = GceCalls(
+            project=project,
+            zone=zone,
+            clock=clock,
+            operations=self._operations,
+            max_attempts=max_attempts,
+            backoff=self._backoff,
+            sleep=sleep,
+            request_timeout=request_timeout,
+            operation_timeout=operation_timeout,
+        )
+        self._negs = NegTargets(self._neg_client, self._api, page_size=page_size, batch_size=neg_batch_size)
+        self._leader = AliasLeaderNetwork(
+            self._instances,
+            self._api,
+            lambda key: self._get("", key),
+            credentials=credentials,
+            page_size=page_size,
+        )
 
     @property
     def kind(self) -> str:
@@ -168,14 +179,23 @@ class GcpProvider:
     # ---- the Provider protocol -------------------------------------------------------------
 
     async def create_instance(self, request: CreateRequest) -> ProviderInstance:
-        machine_type = await self._machine_type(request)
-        check_arch(request, machine_type, zone=self._zone)
+        if not request.instance_type:
+            raise ProviderInvalidRequest(
+                f"templates.{request.template}.instance_type: required for gcp (a machine type such as "
+                "e2-standard-2)"
+            )
+        await self.check_instance_type(
+            request.instance_type,
+            request.arch,
+            template=request.template,
+            where=f"groups.{request.tenant}.{request.group}.instance_type",
+        )
         body = build_instance(request, project=self._project, zone=self._zone)
         token = request.idempotency_token or request.instance_id
         request_id = request_id_for(token)
         for _ in range(_MAX_FAILED_CHAIN):
             try:
-                op = await self._call(
+                op = await self._api.call(
                     "instances.insert",
                     functools.partial(self._insert_blocking, body, request_id),
                 )
@@ -187,19 +207,19 @@ class GcpProvider:
                     f"{exc.message}; check shard.subnet_pools and templates.{request.template}.args"
                 ) from exc
             except gexc.GoogleAPICallError as exc:
-                raise self._map_error(exc, f"create {request.instance_id}") from exc
+                raise self._api.map_error(exc, f"create {request.instance_id}") from exc
             target = op.target_link.rsplit("/", 1)[-1]
             if target and target != request.instance_id:
                 raise ProviderInvalidRequest(
                     f"gcp: idempotency token {request.idempotency_token!r} was already used to create "
                     f"instance {target}; a new instance needs a new token"
                 )
-            if self._is_done(op) and op.error.errors:
+            if self._api.is_done(op) and op.error.errors:
                 # A replay of an insert that already failed: chain to a new, still-deterministic id.
                 request_id = str(uuid.uuid5(REQUEST_ID_NAMESPACE, f"{token}:{op.name}"))
                 continue
-            done = await self._wait(op, f"create {request.instance_id}")
-            self._raise_op_error(done, f"create {request.instance_id}")
+            done = await self._api.wait(op, f"create {request.instance_id}")
+            self._api.raise_op_error(done, f"create {request.instance_id}")
             return await self._fetch_new(request, str(done.target_id or op.target_id))
         raise ProviderUnavailable(
             f"gcp: create {request.instance_id}: {_MAX_FAILED_CHAIN} inserts with this idempotency token "
@@ -214,7 +234,7 @@ class GcpProvider:
         name = found.name
         request_id = str(uuid.uuid4())
         try:
-            op = await self._call(
+            op = await self._api.call(
                 "instances.delete",
                 lambda: self._instances.delete_unary(
                     request=compute_v1.DeleteInstanceRequest(
@@ -227,12 +247,12 @@ class GcpProvider:
         except gexc.NotFound:
             return
         except gexc.GoogleAPICallError as exc:
-            raise self._map_error(exc, f"delete {name}") from exc
+            raise self._api.map_error(exc, f"delete {name}") from exc
         self._deleting.add(name)
-        done = await self._wait(op, f"delete {name}")
-        if self._is_done(done):
+        done = await self._api.wait(op, f"delete {name}")
+        if self._api.is_done(done):
             self._deleting.discard(name)
-            self._raise_op_error(done, f"delete {name}")
+            self._api.raise_op_error(done, f"delete {name}")
 
     async def get_instance(self, instance_id: str, provider_id: str) -> ProviderInstance:
         return self._to_instance(await self._get(instance_id, provider_id))
@@ -247,13 +267,15 @@ class GcpProvider:
         seen: set[str] = set()
         while True:
             try:
-                page = await self._call(
+                page = await self._api.call(
                     "instances.list",
                     functools.partial(self._list_blocking, flt, token),
                 )
             except gexc.GoogleAPICallError as exc:
-                raise self._map_error(exc, f"list instances of cluster {cluster_id} shard {shard}") from exc
-            # Only this page: iterating the pager itself would fetch the next pages outside _call.
+                raise self._api.map_error(
+                    exc, f"list instances of cluster {cluster_id} shard {shard}"
+                ) from exc
+            # Only this page: iterating the pager itself would fetch the next pages outside call().
             for item in page.items:
                 if item.name in seen:
                     continue
@@ -274,7 +296,7 @@ class GcpProvider:
         parts = path.split("/")
         project, region, name = parts[1], parts[3], parts[5]
         try:
-            await self._call(
+            await self._api.call(
                 "subnetworks.get",
                 lambda: self._subnetworks.get(
                     project=project, region=region, subnetwork=name, retry=None, timeout=self._request_timeout
@@ -285,15 +307,64 @@ class GcpProvider:
                 f"shard.subnet_pools: subnetwork {path} does not exist (or the service account cannot see it)"
             ) from exc
         except gexc.GoogleAPICallError as exc:
-            raise self._map_error(exc, f"read subnetwork {path}") from exc
+            raise self._api.map_error(exc, f"read subnetwork {path}") from exc
         return True
 
+    # ---- capabilities (nstance.providers.features) -------------------------------------------
+
+    async def register_targets(self, name: str, lb: LoadBalancerConfig, targets: Sequence[LbTarget]) -> None:
+        """Attach the VMs to every network endpoint group of ``load_balancers.<name>``."""
+        await self._negs.register(name, lb, targets)
+
+    async def deregister_targets(
+        self, name: str, lb: LoadBalancerConfig, targets: Sequence[LbTarget]
+    ) -> None:
+        """Detach the VMs from every NEG of ``name`` (waits for the detach, not for draining)."""
+        await self._negs.deregister(name, lb, targets)
+
+    async def target_states(
+        self, name: str, lb: LoadBalancerConfig, targets: Sequence[LbTarget]
+    ) -> dict[str, TargetState]:
+        """Each VM's state across the NEGs of ``name``, keyed by instance id."""
+        return await self._negs.states(name, lb, targets)
+
+    async def assign_leader_network(self, provider_id: str, ip: str, interface_id: str) -> None:
+        """Give VM ``provider_id`` (GCE id or name) the alias range ``ip/32`` on ``interface_id`` (nic0)."""
+        await self._leader.assign(provider_id, ip, interface_id)
+
+    async def release_leader_network(self, provider_id: str, ip: str, interface_id: str) -> None:
+        """Remove the alias range ``ip/32`` from VM ``provider_id`` if it holds it."""
+        await self._leader.release(provider_id, ip, interface_id)
+
+    async def own_instance_id(self) -> str:
+        """The numeric GCE id of the VM this process runs on, from the metadata server."""
+        found = await metadata.google_instance_field("id")
+        if not found.isdigit():
+            raise ProviderUnavailable(
+                f"gcp: the metadata server answered {found[:40]!r} for instance/id, not a numeric GCE id; "
+                "check GCE_METADATA_HOST, or give the id with --provider-instance-id "
+                "(NSTANCE_PROVIDER_INSTANCE_ID)"
+            )
+        return found
+
+    async def check_instance_type(self, instance_type: str, arch: str, *, template: str, where: str) -> None:
+        """Refuse (naming ``where``) a machine type that is unknown here or does not run ``arch``."""
+        machine_type = await self._machine_type(instance_type, template=template, where=where)
+        check_arch(machine_type, arch, template=template, where=where, zone=self._zone)
+
     async def close(self) -> None:
-        clients = (self._instances, self._operations, self._machine_type_client, self._subnetworks)
+        clients = (
+            self._instances,
+            self._operations,
+            self._machine_type_client,
+            self._subnetworks,
+            self._neg_client,
+        )
         for client in clients:
             await asyncio.to_thread(client.transport.close)
+        await asyncio.to_thread(self._leader.close_blocking)
 
-    # ---- calls, retries and error mapping --------------------------------------------------
+    # ---- blocking SDK calls (run through GceCalls.call) -------------------------------------
 
     def _insert_blocking(self, body: compute_v1.Instance, request_id: str) -> compute_v1.Operation:
         return self._instances.insert_unary(
@@ -318,86 +389,17 @@ class GcpProvider:
             timeout=self._request_timeout,
         )
 
-    def _wait_blocking(self, name: str, timeout: float) -> compute_v1.Operation:
-        return self._operations.wait(
-            project=self._project, zone=self._zone, operation=name, retry=None, timeout=timeout
-        )
-
-    async def _call(self, what: str, fn: Callable[[], T]) -> T:
-        """Run ``fn`` in a thread; retry throttling and transient failures with backoff."""
-        attempt = 0
-        while True:
-            try:
-                return await asyncio.to_thread(_classified, fn)
-            except _Retryable as exc:
-                attempt += 1
-                if attempt >= self._max_attempts:
-                    cls = ProviderThrottled if exc.throttled else ProviderUnavailable
-                    raise cls(f"gcp: {what} failed {attempt} times, last: {exc}; retry later") from exc
-                await self._sleep(self._backoff.delay(attempt - 1))
-
-    def _map_error(self, exc: gexc.GoogleAPICallError, what: str) -> Exception:
-        message = f"gcp: {what}: {exc.message}"
-        if isinstance(exc, gexc.NotFound):
-            return InstanceNotFound(message)
-        if isinstance(exc, gexc.Forbidden | gexc.Unauthorized):
-            return ProviderInvalidRequest(
-                f"{message} - check the service account's IAM roles on project {self._project} "
-                "(docs/provider-gcp.md)"
-            )
-        if isinstance(exc, gexc.ClientError):
-            return ProviderInvalidRequest(message)
-        return ProviderUnavailable(message)
-
-    @staticmethod
-    def _is_done(op: compute_v1.Operation) -> bool:
-        return bool(op.status == compute_v1.Operation.Status.DONE)
-
-    async def _wait(self, op: compute_v1.Operation, what: str) -> compute_v1.Operation:
-        """Wait for a zone operation on this endpoint; return it (maybe not DONE after the timeout)."""
-        deadline = self._clock.monotonic() + self._operation_timeout
-        calls = 0
-        while not self._is_done(op):
-            if calls >= _MAX_WAIT_CALLS or self._clock.monotonic() >= deadline:
-                return op
-            calls += 1
-            remaining = max(1.0, deadline - self._clock.monotonic())
-            name = op.name
-            try:
-                op = await self._call(
-                    "zoneOperations.wait",
-                    functools.partial(self._wait_blocking, name, min(remaining, 130.0)),
-                )
-            except gexc.GoogleAPICallError as exc:
-                raise self._map_error(exc, f"{what}: wait for {name}") from exc
-        return op
-
-    def _raise_op_error(self, op: compute_v1.Operation, what: str) -> None:
-        if not op.error.errors:
-            return
-        first = op.error.errors[0]
-        text = "; ".join(f"{e.code}: {e.message}" for e in op.error.errors)
-        message = f"gcp: {what}: operation {op.name} failed: {text}"
-        if first.code in _CAPACITY_CODES:
-            raise ProviderUnavailable(message + " (capacity or quota; retry later or use another zone/type)")
-        if first.code in ("RATE_LIMIT_EXCEEDED",):
-            raise ProviderThrottled(message)
-        raise ProviderInvalidRequest(message)
-
     # ---- lookups ----------------------------------------------------------------------------
 
-    async def _machine_type(self, request: CreateRequest) -> compute_v1.MachineType:
-        name = request.instance_type
+    async def _machine_type(self, name: str, *, template: str, where: str) -> compute_v1.MachineType:
+        """Machine type ``name`` of this zone (cached); refused naming ``where`` when it is not one."""
         cached = self._machine_types.get(name)
         if cached is not None:
             return cached
         if not name:
-            raise ProviderInvalidRequest(
-                f"templates.{request.template}.instance_type: required for gcp (a machine type such as "
-                "e2-standard-2)"
-            )
+            raise ProviderInvalidRequest(f"{where}: required for gcp (a machine type such as e2-standard-2)")
         try:
-            found = await self._call(
+            found = await self._api.call(
                 "machineTypes.get",
                 lambda: self._machine_type_client.get(
                     project=self._project,
@@ -408,13 +410,17 @@ class GcpProvider:
                 ),
             )
         except gexc.NotFound as exc:
+            hint = (
+                ""
+                if where.startswith("templates.")
+                else f"; set it there or in templates.{template}.instance_type"
+            )
             raise ProviderInvalidRequest(
-                f"groups.{request.tenant}.{request.group}.instance_type: {name!r} is not a machine type in "
-                f"zone {self._zone} (see `gcloud compute machine-types list --zones {self._zone}`); set it "
-                f"there or in templates.{request.template}.instance_type"
+                f"{where}: {name!r} is not a machine type in zone {self._zone} (see `gcloud compute "
+                f"machine-types list --zones {self._zone}`){hint}"
             ) from exc
         except gexc.GoogleAPICallError as exc:
-            raise self._map_error(exc, f"read machine type {name}") from exc
+            raise self._api.map_error(exc, f"read machine type {name}") from exc
         self._machine_types[name] = found
         return found
 
@@ -424,7 +430,7 @@ class GcpProvider:
             raise ProviderInvalidRequest("gcp: give an instance id or a provider id")
         key = instance_id or provider_id
         try:
-            found = await self._call(
+            found = await self._api.call(
                 "instances.get",
                 lambda: self._instances.get(
                     project=self._project,
@@ -439,7 +445,7 @@ class GcpProvider:
                 f"gcp: no instance {key} in projects/{self._project}/zones/{self._zone}"
             ) from exc
         except gexc.GoogleAPICallError as exc:
-            raise self._map_error(exc, f"get {key}") from exc
+            raise self._api.map_error(exc, f"get {key}") from exc
         if provider_id and instance_id and str(found.id) != provider_id:
             raise InstanceNotFound(
                 f"gcp: instance {instance_id} is now GCE id {found.id}, not {provider_id}; that VM is gone"
@@ -512,27 +518,6 @@ class GcpProvider:
             zone=self._zone,
             launched_at=launched,
         )
-
-
-def _classified(fn: Callable[[], T]) -> T:
-    """Call ``fn`` (in a worker thread), turning retryable failures into ``_Retryable``."""
-    try:
-        return fn()
-    except gexc.TooManyRequests as exc:
-        raise _Retryable(True, str(exc)) from exc
-    except gexc.Forbidden as exc:
-        reasons = {e.get("reason") for e in exc.errors if isinstance(e, Mapping)}
-        if reasons & _THROTTLE_REASONS:
-            raise _Retryable(True, str(exc)) from exc
-        raise
-    except (gexc.InternalServerError, gexc.BadGateway, gexc.ServiceUnavailable, gexc.GatewayTimeout) as exc:
-        raise _Retryable(False, str(exc)) from exc
-    except gauth_exceptions.TransportError as exc:
-        raise _Retryable(False, f"transport: {exc}") from exc
-    except gauth_exceptions.RefreshError as exc:
-        raise _Retryable(False, f"cannot refresh Google credentials: {exc}") from exc
-    except OSError as exc:  # requests' ConnectionError and Timeout are OSErrors
-        raise _Retryable(False, f"connection: {exc}") from exc
 
 
 # ---- construction from config ------------------------------------------------------------------

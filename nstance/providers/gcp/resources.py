@@ -10,9 +10,10 @@ Template ``args`` (merged defaults -> template -> group) use the upstream names 
 ``user-data`` metadata item and the ``nstance-*`` labels. Unknown keys and wrong types are refused
 with the config path (``templates.<template>.args.<Key>``).
 
-Also here: subnetwork references (a bare name, ``regions/R/subnetworks/N``, a ``projects/...`` path or
-a full URL) to the path GCE wants, and the architecture of a machine type (its ``architecture``
-field when the API reports one, else the family: ``t2a``, ``c4a``, ``n4a`` and ``a4x`` are Arm).
+Also here: resource references (a bare name, ``regions/R/subnetworks/N`` or ``zones/Z/...``, a
+``projects/...`` path or a full URL) to the path GCE wants (``scoped_path``, ``subnetwork_path``), and
+the architecture of a machine type (its ``architecture`` field when the API reports one, else the
+family: ``t2a``, ``c4a``, ``n4a`` and ``a4x`` are Arm) checked against a template's ``arch``.
 Pure functions on SDK message types; no API calls.
 """
 
@@ -74,23 +75,39 @@ def check_instance_name(name: str) -> None:
         )
 
 
-def subnetwork_path(subnet_id: str, *, project: str, region: str) -> str:
-    """The ``projects/P/regions/R/subnetworks/N`` path of a configured subnet reference."""
-    ref = subnet_id.strip()
+def strip_api_url(ref: str) -> str:
+    """A resource reference without a leading ``https://.../compute/v1/`` API URL."""
+    ref = ref.strip()
     for prefix in _URL_PREFIXES:
         if ref.startswith(prefix):
-            ref = ref[len(prefix) :]
-    parts = ref.split("/")
+            return ref[len(prefix) :]
+    return ref
+
+
+def scoped_path(ref: str, *, project: str, scope: str, location: str, collection: str) -> str:
+    """``projects/P/{scope}/L/{collection}/N`` of a reference, or ``""`` when it is not one.
+
+    A reference is a bare name (in ``project`` and ``location``), ``{scope}/L/{collection}/N``,
+    ``projects/P/{scope}/L/{collection}/N`` or that path as a full API URL.
+    """
+    parts = strip_api_url(ref).split("/")
+    if not all(parts):
+        return ""
     if len(parts) == 1:
-        path = f"projects/{project}/regions/{region}/subnetworks/{ref}"
-    elif len(parts) == 4 and parts[0] == "regions" and parts[2] == "subnetworks":
-        path = f"projects/{project}/{ref}"
-    elif len(parts) == 6 and parts[0] == "projects" and parts[2] == "regions" and parts[4] == "subnetworks":
-        path = ref
+        path = f"projects/{project}/{scope}/{location}/{collection}/{parts[0]}"
+    elif len(parts) == 4 and parts[0] == scope and parts[2] == collection:
+        path = f"projects/{project}/{'/'.join(parts)}"
+    elif len(parts) == 6 and parts[0] == "projects" and parts[2] == scope and parts[4] == collection:
+        path = "/".join(parts)
     else:
-        path = ""
-    name = path.rsplit("/", 1)[-1]
-    if not path or not _NAME.match(name):
+        return ""
+    return path if _NAME.match(path.rsplit("/", 1)[-1]) else ""
+
+
+def subnetwork_path(subnet_id: str, *, project: str, region: str) -> str:
+    """The ``projects/P/regions/R/subnetworks/N`` path of a configured subnet reference."""
+    path = scoped_path(subnet_id, project=project, scope="regions", location=region, collection="subnetworks")
+    if not path:
         raise ProviderInvalidRequest(
             f"shard.subnet_pools: {subnet_id!r} is not a GCE subnetwork; use its name (in region {region}), "
             "regions/REGION/subnetworks/NAME or projects/PROJECT/regions/REGION/subnetworks/NAME"
@@ -100,10 +117,7 @@ def subnetwork_path(subnet_id: str, *, project: str, region: str) -> str:
 
 def short_subnet(link: str, *, project: str, region: str) -> str:
     """A VM's subnetwork URL as configured most often: the bare name when in this project and region."""
-    path = link
-    for prefix in _URL_PREFIXES:
-        if path.startswith(prefix):
-            path = path[len(prefix) :]
+    path = strip_api_url(link)
     if path.startswith(f"projects/{project}/regions/{region}/subnetworks/"):
         return path.rsplit("/", 1)[-1]
     return path
@@ -118,18 +132,23 @@ def machine_type_arch(machine_type: compute_v1.MachineType) -> str:
     return "arm64" if family in ARM_FAMILIES else "amd64"
 
 
-def check_arch(request: CreateRequest, machine_type: compute_v1.MachineType, *, zone: str) -> None:
-    """Refuse a machine type whose CPU architecture is not the template's ``arch``."""
+def check_arch(
+    machine_type: compute_v1.MachineType, arch: str, *, template: str, where: str, zone: str
+) -> None:
+    """Refuse a machine type whose CPU architecture is not ``arch`` (template ``template``'s).
+
+    ``where`` is the config path of the instance type (``groups.T.G.instance_type``, ...).
+    """
     actual = machine_type_arch(machine_type)
-    wanted = (request.arch or "amd64").lower()
+    wanted = (arch or "amd64").lower()
     if actual != wanted:
         example = (
             "t2a-standard-4 or c4a-standard-4" if wanted == "arm64" else "n2-standard-4 or e2-standard-4"
         )
         raise ProviderInvalidRequest(
-            f"groups.{request.tenant}.{request.group}.instance_type: machine type {request.instance_type!r} "
-            f"in zone {zone} is {actual}, but template {request.template!r} has arch {wanted!r} "
-            f"(templates.{request.template}.arch); choose a {wanted} machine type such as {example}"
+            f"{where}: machine type {machine_type.name!r} in zone {zone} is {actual}, but template "
+            f"{template!r} has arch {wanted!r} (templates.{template}.arch); choose a {wanted} machine type "
+            f"such as {example}"
         )
 
 

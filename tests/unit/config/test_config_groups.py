@@ -51,7 +51,9 @@ def rich_config(**shard: Any) -> ServerConfig:
         "drain_timeout": "0s",
     }
     doc["groups"]["default"]["plain"] = {"template": "web", "subnet_pool": "other"}
-    doc["load_balancers"] = {"lb": {"provider": "tunnel", "listeners": [{"target_port": 80}]}}
+    doc["load_balancers"] = {
+        "lb": {"provider": "aws", "target_groups": [{"arn": "arn:tg/web", "target_port": 80}]}
+    }
     return load(doc)
 
 

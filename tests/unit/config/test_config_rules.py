@@ -141,7 +141,9 @@ def test_group_template_must_exist() -> None:
 
 def test_group_load_balancers_must_exist() -> None:
     doc = base_config()
-    doc["load_balancers"] = {"lb": {"provider": "tunnel", "listeners": [{"target_port": 80}]}}
+    doc["load_balancers"] = {
+        "lb": {"provider": "aws", "target_groups": [{"arn": "arn:tg", "target_port": 80}]}
+    }
     doc["groups"]["default"]["web"]["load_balancers"] = ["lb", "nope"]
     assert only(doc) == 'groups.default.web.load_balancers[1]: load balancer "nope" is not defined'
 
@@ -400,9 +402,54 @@ def _image(provider: str) -> dict[str, Any]:
 def test_image_provider_must_match_shard_provider() -> None:
     doc = base_config()
     doc["images"] = {"debian": _image("aws")}
-    assert only(doc) == 'images.debian.provider: "aws" images need shard.infra.provider "aws" (it is "sim")'
+    assert problems(doc) == []  # the sim provider imitates every kind of image lookup
+    doc["shard"]["infra"]["provider"] = "local"
+    assert only(doc) == 'images.debian.provider: "aws" images need shard.infra.provider "aws" (it is "local")'
+    doc["shard"]["infra"]["provider"] = "google"
+    assert only(doc).endswith("on google, set args.SourceImage to an image or image family path instead")
     doc["shard"]["infra"]["provider"] = "aws"
     assert problems(doc) == []
+    doc["images"] = {"debian": _image("oci")}
+    assert only(doc) == (
+        'images.debian.provider: "oci" images need shard.infra.provider "oci" (it is "aws"); '
+        "no OCI provider exists yet"
+    )
+
+
+def test_load_balancer_provider_must_match_shard_provider() -> None:
+    doc = base_config()
+    doc["shard"]["infra"]["provider"] = "aws"
+    doc["load_balancers"] = {
+        "tg": {"provider": "aws", "target_groups": [{"arn": "arn:tg", "target_port": 80}]},
+        "neg": {"provider": "google", "network_endpoint_groups": ["neg-a"]},
+        "tun": {"provider": "tunnel", "listeners": [{"target_port": 80}]},
+    }
+    assert sorted(problems(doc)) == [
+        'load_balancers.neg.provider: "google" load balancers need shard.infra.provider "google" '
+        '(it is "aws")',
+        'load_balancers.tun.provider: "tunnel" load balancers are not supported by this server yet',
+    ]
+    doc["shard"]["infra"]["provider"] = "sim"  # imitates aws and google load balancers
+    assert problems(doc) == [
+        'load_balancers.tun.provider: "tunnel" load balancers are not supported by this server yet'
+    ]
+
+
+def test_leader_network_only_where_the_provider_can_move_it() -> None:
+    doc = base_config()
+    doc["shard"]["leader_network"] = {"ip": "10.0.0.10"}
+    assert problems(doc) == []  # sim
+    doc = _proxmox(doc)
+    doc["groups"]["default"]["web"]["args"] = {"TemplateVMID": 9000, "StoragePool": "local-lvm"}
+    assert only(doc) == (
+        'shard.leader_network: the "proxmox" provider cannot move a leader address; remove it (keep a '
+        "floating address with keepalived/VRRP between the servers instead)"
+    )
+    doc["shard"]["infra"]["provider"] = "aws"
+    assert only(doc) == (
+        'shard.leader_network.interface_id: is required when the provider is "aws" (the ENI that carries '
+        "the leader IP)"
+    )
 
 
 def test_image_filters_and_names() -> None:
@@ -447,6 +494,7 @@ def test_load_balancer_ports_and_shapes() -> None:
         'load_balancers.b.listeners: is for provider "tunnel", not "aws"',
         'load_balancers.b.target_groups: must have at least one entry for provider "aws"',
         'load_balancers.c.network_endpoint_groups: must have at least one entry for provider "google"',
+        'load_balancers.d.provider: "tunnel" load balancers are not supported by this server yet',
     ]
 
 
