@@ -194,13 +194,15 @@ class Operator(Base):
 
 
 class Image(Base):
-    """A resolved image name (e.g. an AMI lookup) and when it was resolved."""
+    """A resolved image name (e.g. an AMI lookup), when it was resolved, and for which config entry."""
 
     __tablename__ = "images"
 
     name: Mapped[str] = mapped_column(String, primary_key=True)
     image_id: Mapped[str] = mapped_column(String)
     resolved_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    # Hash of the images.<name> entry the id was looked up with; None for rows older than revision 0002.
+    fingerprint: Mapped[str | None] = mapped_column(String)
 
     def __repr__(self) -> str:
         return f"Image(name={self.name!r}, image_id={self.image_id!r})"

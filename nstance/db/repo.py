@@ -25,11 +25,14 @@ from sqlalchemy.orm import Session
 from nstance.core.errors import AlreadyExists, InvalidArgument, NotFound
 from nstance.db.models import (
     INACTIVE_PROVIDER_STATUSES,
+    LB_STATUSES,
     RECORD_FAILED,
     RECORD_PENDING,
     RECORD_PROVISIONED,
     Group,
+    Image,
     Instance,
+    LbInstance,
     Operator,
     PublicKey,
     RevokedCert,
@@ -796,3 +799,64 @@ def replace_agent_certificate(
 def count_operators(session: Session) -> int:
     """How many operator rows the cache holds (0 means: backfill from object storage)."""
     return int(session.scalar(select(func.count()).select_from(Operator)) or 0)
+
+
+# --- images -------------------------------------------------------------------------------------
+
+
+def get_image(session: Session, name: str) -> Image | None:
+    """The cached resolution of ``images.<name>``, or None."""
+    return session.get(Image, name)
+
+
+def put_image(
+    session: Session, name: str, *, image_id: str, resolved_at: datetime, fingerprint: str | None
+) -> None:
+    """Store (or replace) the resolution of ``images.<name>``."""
+    statement = insert(Image).values(
+        name=name, image_id=image_id, resolved_at=resolved_at, fingerprint=fingerprint
+    )
+    session.execute(
+        statement.on_conflict_do_update(
+            index_elements=[Image.name],
+            set_={"image_id": image_id, "resolved_at": resolved_at, "fingerprint": fingerprint},
+        )
+    )
+
+
+# --- load balancer membership -------------------------------------------------------------------
+
+
+def set_lb_status(
+    session: Session, lb_key: str, instance_ids: list[str], *, status: str, now: datetime
+) -> None:
+    """Record ``status`` (one of LB_STATUSES) for each instance in load balancer ``lb_key``."""
+    if status not in LB_STATUSES:
+        raise InvalidArgument(
+            f"load balancer status must be one of {', '.join(LB_STATUSES)} (got {status!r})"
+        )
+    for instance_id in instance_ids:
+        statement = insert(LbInstance).values(
+            lb_key=lb_key, instance_id=instance_id, status=status, updated_at=now
+        )
+        session.execute(
+            statement.on_conflict_do_update(
+                index_elements=[LbInstance.lb_key, LbInstance.instance_id],
+                set_={"status": status, "updated_at": now},
+            )
+        )
+
+
+def lb_memberships(session: Session, instance_id: str) -> list[LbInstance]:
+    """Every load balancer row of one instance."""
+    return list(session.scalars(select(LbInstance).where(LbInstance.instance_id == instance_id)))
+
+
+def lb_members(session: Session, lb_key: str) -> list[LbInstance]:
+    """Every instance row of one load balancer."""
+    return list(session.scalars(select(LbInstance).where(LbInstance.lb_key == lb_key)))
+
+
+def delete_lb_memberships(session: Session, instance_id: str) -> None:
+    """Forget one instance's load balancer rows (its deregistration was confirmed)."""
+    session.execute(delete(LbInstance).where(LbInstance.instance_id == instance_id))

@@ -11,7 +11,9 @@ lives while any of its streams is open. Per health report the hub:
 * asks the agent for the key pairs its certificate files need (``ReceiveKeyRequests``) and, when the
   public keys arrive, pushes the certificate files issued for them;
 * on a spot termination notice, writes the report at once and marks the group for reconcile (the
-  planner replaces and drains the instance).
+  planner replaces and drains the instance);
+* notes the instance for registration with its group's load balancers (``loadbalancers``), so a VM
+  joins them once its agent is up.
 
 When the health stream ends, the hub checks the VM with the provider at growing intervals (3 s, 6 s,
 12 s, 24 s, then every 30 s, with jitter) until the agent is back: a VM that is stopped or gone is
@@ -41,6 +43,7 @@ from nstance.secrets.base import SecretStore
 from nstance.server.agentfiles import InstanceFacts, render_files, required_agent_keys
 from nstance.server.context import ShardContext
 from nstance.server.events import ErrorEventData
+from nstance.server.loadbalancers import LoadBalancerSync
 
 log = logging.getLogger(__name__)
 
@@ -188,8 +191,10 @@ class AgentHub:
         db_writer: Executor,
         secrets: SecretStore | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        lbs: LoadBalancerSync | None = None,
     ) -> None:
         self._ctx = ctx
+        self._lbs = lbs
         self._db_writer = db_writer
         self._secrets = secrets
         self._sleep = sleep
@@ -355,6 +360,8 @@ class AgentHub:
         merged, desired = self._group(session)
         if merged is None:
             return
+        if self._lbs is not None:
+            self._lbs.on_health(session.instance_id, merged)
         session.reports_since_push += 1
         missing = files_needing_push(merged.files, report.files)
         drifted = report.config_hash != desired
@@ -403,6 +410,7 @@ class AgentHub:
                 ipv4=row.ip4 or "",
                 ipv6=row.ip6 or "",
                 instance_type=row.instance_type or "",
+                images=ctx.resolved_images,
             )
             result = await render_files(
                 merged=merged,

@@ -104,6 +104,8 @@ class ServerOptions:
     #: Replace the host part of every shard.bind / shard.advertise address (one config, many servers).
     bind_host: str = ""
     advertise_host: str = ""
+    #: The provider's id of this server's VM (for shard.leader_network); "" = ask the metadata service.
+    provider_instance_id: str = ""
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     #: Optional extra bucket on create calls (requests/s) - used by benchmarks to mirror cloud limits.
     create_bucket: tuple[float, float] | None = None
@@ -181,6 +183,9 @@ class ServerApp:
 
     def leader_address(self) -> str:
         return _Leadership(self._elector).leader_address() if self._elector is not None else ""
+
+    def leader_network_status(self) -> str:
+        return self.shard.leader_net.status if self.shard is not None else ""
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -383,6 +388,7 @@ class ServerApp:
                 metrics=self.metrics,
                 cluster_leadership=_Leadership(self._cluster_elector),
                 secrets=self._secrets,
+                own_provider_id=opts.provider_instance_id,
             )
             self.shard = Shard(ctx)
             registrar = Registrar(ctx)

@@ -1,7 +1,8 @@
 """Command line of nstance-server: flags and environment variables in, ``app.serve`` out.
 
 Every flag has an environment variable (``NSTANCE_SERVER_ID``, ``NSTANCE_SHARD``, ``NSTANCE_STORAGE``,
-``NSTANCE_BUCKET``, ``NSTANCE_PREFIX``, ``NSTANCE_CACHEDIR``, ``NSTANCE_HEALTH_ADDR``). ``--validate FILE``
+``NSTANCE_BUCKET``, ``NSTANCE_PREFIX``, ``NSTANCE_CACHEDIR``, ``NSTANCE_HEALTH_ADDR``,
+``NSTANCE_PROVIDER_INSTANCE_ID``, ...). ``--validate FILE``
 checks a config file and exits without starting anything.
 """
 
@@ -46,6 +47,14 @@ AdvertiseHostOpt = Annotated[
     str,
     typer.Option(envvar="NSTANCE_ADVERTISE_HOST", help="Override the host of every shard.advertise address."),
 ]
+ProviderIdOpt = Annotated[
+    str,
+    typer.Option(
+        envvar="NSTANCE_PROVIDER_INSTANCE_ID",
+        help="The provider's id of the VM this server runs on, for shard.leader_network "
+        "(default: asked from the cloud's metadata service).",
+    ),
+]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")]
 ValidateOpt = Annotated[
     Path | None,
@@ -64,6 +73,7 @@ def main_command(
     health_addr: HealthOpt = None,
     bind_host: BindHostOpt = "",
     advertise_host: AdvertiseHostOpt = "",
+    provider_instance_id: ProviderIdOpt = "",
     verbose: VerboseOpt = False,
     validate: ValidateOpt = None,
 ) -> None:
@@ -95,6 +105,7 @@ def main_command(
         health_addr=health_addr,
         bind_host=bind_host,
         advertise_host=advertise_host,
+        provider_instance_id=provider_instance_id,
     )
     try:
         code = asyncio.run(serve(opts))

@@ -70,6 +70,12 @@ class ShardContext:
     cluster_leadership: Leadership | None = None
     #: The cluster's secret store (``secret`` files pushed to agents); None where no secrets are used.
     secrets: SecretStore | None = None
+    #: ``Image.<name>`` values for templates, kept current by ``images.ImageService`` while leading.
+    resolved_images: dict[str, str] = field(default_factory=dict)
+    #: Why an image has no value (by name); see ``images.explain_missing_image``.
+    image_errors: dict[str, str] = field(default_factory=dict)
+    #: The provider id of the VM this server runs on ("" = ask the provider's metadata service).
+    own_provider_id: str = ""
 
     def is_leader(self) -> bool:
         return self.leadership.is_leader()

@@ -66,7 +66,7 @@ async def gc_cycle(ctx: ShardContext, ops: InstanceOps) -> GcReport:
             log.warning(
                 "instance %s never registered within %s: deleting it", row.id, gc_cfg.registration_timeout
             )
-            await ops.delete(row, REASON_REGISTRATION_TIMEOUT)
+            await ops.delete_or_hold(row, REASON_REGISTRATION_TIMEOUT)
             report.dangling.append(row.id)
             report.groups.add((row.tenant, row.group_key))
 

@@ -7,7 +7,8 @@ A deliberately tiny HTTP/1.1 server on ``asyncio.start_server``: one request per
   shard config is loaded and every API listens, else 503 ``config not loaded: <the exact load error>``
   or ``starting: <what start-up waits for>``;
 * ``/leader/health`` — 200 ``leader`` only on the shard leader, else 503 ``standby; leader: ADDR``
-  (for load balancers that must reach the leader only);
+  (for load balancers that must reach the leader only); with ``shard.leader_network`` a second line
+  says where the leader address stands (``leader network: 10.0.0.10 ready``);
 * ``/metrics`` — the Prometheus text exposition of ``Metrics``;
 * anything else 404; other methods 405.
 
@@ -54,6 +55,10 @@ class HealthSource(Protocol):
 
     def leader_address(self) -> str:
         """The shard leader's address as recorded in its lock file ('' when unknown)."""
+        ...
+
+    def leader_network_status(self) -> str:
+        """Where the leader address stands on this server ('' when none is configured)."""
         ...
 
 
@@ -199,7 +204,9 @@ class HealthServer:
 
     def _leader_health(self) -> tuple[HTTPStatus, str, bytes]:
         if self._source.is_leader():
-            return HTTPStatus.OK, TEXT, b"leader\n"
+            network = self._source.leader_network_status()
+            extra = f"leader network: {network}\n" if network else ""
+            return HTTPStatus.OK, TEXT, f"leader\n{extra}".encode()
         return HTTPStatus.SERVICE_UNAVAILABLE, TEXT, f"standby; leader: {self._leader_text()}\n".encode()
 
     async def _respond(

@@ -5,8 +5,10 @@ then - fenced by leadership and admitted by the create limiter - the provider ca
 as idempotency token, then the provider id into the row at once and into the record shortly after
 (``followups``: those writes wait for a burst of creates to end). A crash at any point leaves
 either nothing at the provider (the pending record is cleaned up) or a VM tagged with an id that the
-records explain (adopted on restart, see ``recovery``). Deletes mark the record ``deleting`` before the
-provider call and ``deleted`` after, so an interrupted delete is finished by the next leader.
+records explain (adopted on restart, see ``recovery``). A delete first confirms that no load balancer
+still sends the VM traffic (``loadbalancers``; while one drains it, the instance is held as draining
+and the delete raises ``DeregistrationPending`` for a later retry), then marks the record ``deleting``
+before the provider call and ``deleted`` after, so an interrupted delete is finished by the next leader.
 
 Deciding *which* instance to create or delete is not done here (``nstance.core.plan``).
 """
@@ -22,6 +24,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from nstance.config import MergedGroupConfig
+from nstance.config.errors import RenderError
+from nstance.config.shard import ShardConfig
 from nstance.core.backoff import Backoff
 from nstance.core.errors import AlreadyExists, NstanceError, Unavailable
 from nstance.core.plan import Member
@@ -38,6 +42,8 @@ from nstance.server import records
 from nstance.server.context import ShardContext, fault_point
 from nstance.server.events import ErrorEventData, InstanceEventData
 from nstance.server.followups import RecordFollowUps
+from nstance.server.images import explain_missing_image
+from nstance.server.loadbalancers import DeregistrationPending, LoadBalancerSync
 from nstance.server.provisioning import PreparedInstance, prepare_instance
 
 log = logging.getLogger(__name__)
@@ -109,6 +115,7 @@ class InstanceOps:
         #: ``create_many`` calls running; while any is, record follow-ups wait (see ``followups``).
         self._creating = 0
         self.followups = RecordFollowUps(ctx.store, busy=lambda: self._creating > 0, fence=ctx.fence)
+        self.lbs = LoadBalancerSync(ctx)
 
     async def _has_capacity(self, subnet_id: str) -> bool:
         """Subnet capacity, asking the provider at most once per ``CAPACITY_TTL`` while it has room.
@@ -198,6 +205,36 @@ class InstanceOps:
         results: list[Created | BaseException] = list(await asyncio.gather(*launches, return_exceptions=True))
         return results + failures
 
+    async def _prepare(
+        self,
+        merged: MergedGroupConfig,
+        size: int,
+        shard_cfg: ShardConfig,
+        on_demand: bool,
+        instance_id: str,
+    ) -> list[PreparedInstance]:
+        ctx = self._ctx
+        pools = {k: list(v) for k, v in shard_cfg.subnet_pools.items()}
+        return list(
+            await asyncio.gather(
+                *(
+                    prepare_instance(
+                        merged,
+                        shard=ctx.identity,
+                        nonce_key=ctx.nonce_key,
+                        has_capacity=self._has_capacity,
+                        subnet_pools=pools,
+                        registration_timeout=shard_cfg.garbage_collection.registration_timeout,
+                        clock=ctx.clock,
+                        on_demand=on_demand,
+                        instance_id=instance_id,
+                        images=ctx.resolved_images,
+                    )
+                    for _ in range(size)
+                )
+            )
+        )
+
     async def _write_intent(
         self, merged: MergedGroupConfig, size: int, *, on_demand: bool, instance_id: str
     ) -> list[tuple[PreparedInstance, str, records.InstanceRecord]]:
@@ -208,23 +245,10 @@ class InstanceOps:
         if snapshot is None:
             raise Unavailable("the shard config is not loaded yet")
         shard_cfg = snapshot.config.shard
-        pools = {k: list(v) for k, v in shard_cfg.subnet_pools.items()}
-        prepared_list = await asyncio.gather(
-            *(
-                prepare_instance(
-                    merged,
-                    shard=ctx.identity,
-                    nonce_key=ctx.nonce_key,
-                    has_capacity=self._has_capacity,
-                    subnet_pools=pools,
-                    registration_timeout=shard_cfg.garbage_collection.registration_timeout,
-                    clock=ctx.clock,
-                    on_demand=on_demand,
-                    instance_id=instance_id,
-                )
-                for _ in range(size)
-            )
-        )
+        try:
+            prepared_list = await self._prepare(merged, size, shard_cfg, on_demand, instance_id)
+        except RenderError as exc:
+            raise RenderError(explain_missing_image(str(exc), ctx.image_errors)) from None
         ids = [p.request.instance_id for p in prepared_list]
         busy = [iid for iid in ids if iid in self.in_flight]
         if busy:
@@ -422,21 +446,43 @@ class InstanceOps:
     # --- delete and drain -------------------------------------------------------------------
 
     async def delete(self, row: Instance, reason: str) -> None:
-        """Delete the VM (if any) and retire the instance; safe to repeat."""
+        """Delete the VM (if any) and retire the instance; safe to repeat.
+
+        Raises DeregistrationPending while a load balancer still drains the VM; the instance is then
+        held as draining (due now), so the next reconcile of its group tries the delete again.
+        """
         ctx = self._ctx
         ctx.fence()
+        if row.provider_id and not await self.lbs.release(row):
+            now = ctx.clock.now()
+            with ctx.db.session() as session:
+                repo.start_drain(session, row.id, reason=reason, now=now, delete_at=now)
+            raise DeregistrationPending(
+                f"instance {row.id}: a load balancer is still draining it ({reason}); it is deleted once "
+                "deregistration is confirmed"
+            )
         self._publish(row, "deleting", reason)
         now = ctx.clock.now()
         await self._set_record_status(row, "deleting")
         if row.provider_id:
             ctx.fence()
             await ctx.provider.delete_instance(row.id, row.provider_id)
+            self.lbs.forget(row.id)
         with ctx.db.session() as session:
             repo.set_provider_status(session, row.id, InstanceStatus.DELETED.value, now=now)
             repo.soft_delete(session, row.id, now=ctx.clock.now())
         await self._set_record_status(row, "deleted")
         log.info("instance %s of %s/%s deleted (%s)", row.id, row.tenant, row.group_key, reason)
         self._publish(row, "deleted", reason)
+
+    async def delete_or_hold(self, row: Instance, reason: str) -> bool:
+        """``delete``, but a delete waiting for load balancers is not an error: False, retried later."""
+        try:
+            await self.delete(row, reason)
+        except DeregistrationPending as exc:
+            log.info("%s", exc)
+            return False
+        return True
 
     async def retire_unlaunched(self, row: Instance, reason: str) -> None:
         """Retire a row whose create never reached the provider (nothing to delete there)."""
@@ -456,6 +502,7 @@ class InstanceOps:
             started = repo.start_drain(session, row.id, reason=reason, now=now, delete_at=delete_at)
         if started:
             log.info("instance %s draining (%s) until %s", row.id, reason, delete_at.isoformat())
+            self.lbs.start_deregistration(row)
             ctx.events.instances.publish(
                 InstanceEventData(
                     instance_id=row.id,

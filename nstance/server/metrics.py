@@ -12,11 +12,15 @@ several servers can run in one process (tests, benchmarks) without their series 
 * ``nstance_rpc_total{method,code}`` counter (gRPC method and status code name);
 * ``nstance_leader{scope}`` gauge (scope ``shard`` or ``cluster``; 1 while this process leads);
 * ``nstance_config_loaded`` gauge (1 once the shard config is loaded);
+* ``nstance_image_errors``, ``nstance_leader_network_ready`` and ``nstance_lb_deregistrations_waiting``
+  gauges (images without an id, the leader address held, deletes waiting for load balancers);
 * ``nstance_reconcile_total{result}`` counter and ``nstance_provider_creates_total`` counter.
 
 ``render()`` returns the text exposition format served on ``/metrics``.
 
-``InstrumentedProvider`` implements the ``Provider`` protocol by delegation, timing each call with
+``InstrumentedProvider`` implements the ``Provider`` protocol and every optional capability of
+``nstance.providers.features`` by delegation (``capability()`` looks at the wrapped provider, so the
+wrapper never claims what the provider lacks), timing each call with
 ``time.perf_counter`` and counting errors by exception class name; it never changes a call's result
 or swallows an error. It does not touch ``nstance_provider_creates_total``: the create path calls
 ``record_provider_create`` once the new VM is recorded (a retried create is one create).
@@ -28,12 +32,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Final, TypeVar
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Final, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from nstance.config.resources import ImageConfig, LoadBalancerConfig
 from nstance.providers.base import CreateRequest, Provider, ProviderInstance
+from nstance.providers.features import LbTarget, TargetState
 
 T = TypeVar("T")
 
@@ -106,6 +112,21 @@ class Metrics:
             "1 once the shard configuration has been loaded, else 0.",
             registry=reg,
         )
+        self.image_errors = Gauge(
+            "nstance_image_errors",
+            "Configured images that could not be resolved (no cached value and no fallback).",
+            registry=reg,
+        )
+        self.leader_network = Gauge(
+            "nstance_leader_network_ready",
+            "1 while this leader holds the shard's leader address and can bind it, else 0.",
+            registry=reg,
+        )
+        self.lb_deregistrations_waiting = Gauge(
+            "nstance_lb_deregistrations_waiting",
+            "Instance deletions waiting for load balancers to confirm deregistration.",
+            registry=reg,
+        )
         self.reconcile = Counter(
             "nstance_reconcile_total",
             "Group reconciliations, by result.",
@@ -148,6 +169,15 @@ class Metrics:
 
     def set_config_loaded(self, loaded: bool) -> None:
         self.config_loaded.set(1 if loaded else 0)
+
+    def set_image_errors(self, count: int) -> None:
+        self.image_errors.set(count)
+
+    def set_leader_network_ready(self, ready: bool) -> None:
+        self.leader_network.set(1 if ready else 0)
+
+    def set_lb_deregistrations_waiting(self, count: int) -> None:
+        self.lb_deregistrations_waiting.set(count)
 
     def record_rpc(self, method: str, code: str) -> None:
         """Count one finished gRPC call (``code`` is a status code name such as ``OK``)."""
@@ -224,3 +254,49 @@ class InstrumentedProvider:
 
     async def close(self) -> None:
         await self._provider.close()
+
+    # --- optional capabilities: only called after capability() found them on the wrapped provider ---
+
+    @property
+    def _any(self) -> Any:
+        return self._provider
+
+    async def register_targets(self, name: str, lb: LoadBalancerConfig, targets: Sequence[LbTarget]) -> None:
+        await self._timed("register_targets", lambda: self._any.register_targets(name, lb, targets))
+
+    async def deregister_targets(
+        self, name: str, lb: LoadBalancerConfig, targets: Sequence[LbTarget]
+    ) -> None:
+        await self._timed("deregister_targets", lambda: self._any.deregister_targets(name, lb, targets))
+
+    async def target_states(
+        self, name: str, lb: LoadBalancerConfig, targets: Sequence[LbTarget]
+    ) -> dict[str, TargetState]:
+        result: dict[str, TargetState] = await self._timed(
+            "target_states", lambda: self._any.target_states(name, lb, targets)
+        )
+        return result
+
+    async def assign_leader_network(self, provider_id: str, ip: str, interface_id: str) -> None:
+        await self._timed(
+            "assign_leader_network", lambda: self._any.assign_leader_network(provider_id, ip, interface_id)
+        )
+
+    async def release_leader_network(self, provider_id: str, ip: str, interface_id: str) -> None:
+        await self._timed(
+            "release_leader_network", lambda: self._any.release_leader_network(provider_id, ip, interface_id)
+        )
+
+    async def own_instance_id(self) -> str:
+        result: str = await self._timed("own_instance_id", lambda: self._any.own_instance_id())
+        return result
+
+    async def lookup_image(self, name: str, image: ImageConfig) -> str:
+        result: str = await self._timed("lookup_image", lambda: self._any.lookup_image(name, image))
+        return result
+
+    async def check_instance_type(self, instance_type: str, arch: str, *, template: str, where: str) -> None:
+        await self._timed(
+            "check_instance_type",
+            lambda: self._any.check_instance_type(instance_type, arch, template=template, where=where),
+        )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import urllib.error
 import urllib.request
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -127,8 +127,12 @@ async def prepare_instance(
     clock: Clock,
     on_demand: bool = False,
     instance_id: str = "",
+    images: Mapping[str, str] | None = None,
 ) -> PreparedInstance:
-    """Everything needed to create one instance of ``merged`` (id chosen here unless given)."""
+    """Everything needed to create one instance of ``merged`` (id chosen here unless given).
+
+    ``images`` are the resolved ``Image.<name>`` values the templates may use.
+    """
     if instance_id:
         try:
             puid = parse_puid(instance_id)
@@ -169,6 +173,7 @@ async def prepare_instance(
         ),
         provider=ProviderData(kind=shard.provider_kind, region=shard.region, zone=shard.zone),
         vars=merged.vars,
+        image=dict(images or {}),
         nonce=nonce,
     )
     userdata = await render_userdata(merged, data)

@@ -34,6 +34,7 @@ from nstance.db import repo
 from nstance.db.models import Instance
 from nstance.server.context import ShardContext
 from nstance.server.instances import Created, InstanceOps, member_of
+from nstance.server.loadbalancers import RECHECK_AFTER, DeregistrationPending
 from nstance.server.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
@@ -237,6 +238,9 @@ class Reconciler:
             self.queue.add_after(key, drain_timeout.total_seconds() + 0.5)
         ok = True
         for result in results:
+            if isinstance(result, DeregistrationPending):
+                self.queue.add_after(key, RECHECK_AFTER)  # connections still draining: not an error
+                continue
             if isinstance(result, BaseException):
                 if isinstance(result, asyncio.CancelledError):
                     raise result

@@ -112,7 +112,7 @@ async def rebuild_cache(ctx: ShardContext, ops: InstanceOps) -> set[GroupKey]:
                 repo.soft_delete(session, row.id, now=now)
     for row in unfinished:
         log.info("finishing the interrupted delete of %s", row.id)
-        await ops.delete(row, "delete-resumed")
+        await ops.delete_or_hold(row, "delete-resumed")
     log.info("cache rebuilt from %d instance records (%d problems)", len(found), len(problems))
     return groups
 
@@ -181,7 +181,7 @@ async def sync_provider(
             await ops.retire_unlaunched(row, "create-interrupted")
         else:
             log.warning("VM %s of instance %s is gone at the provider", row.provider_id, iid)
-            await ops.delete(row, "gone-at-provider")
+            await ops.delete_or_hold(row, "gone-at-provider")
     if report.adopted or report.orphans_deleted or report.gone:
         log.info(
             "provider sync: %d adopted, %d orphans deleted, %d gone, %d status changes",

@@ -2,9 +2,11 @@
 
 ``Shard`` implements ``ShardAPI`` for the gRPC servicer (reads work on every server; changes are
 refused by the servicer on standbys) and owns the leader-only machinery: on acquiring leadership it
-rebuilds the cache from the records, syncs with the provider, then starts the reconciler and the GC
-loop; on losing it (or at shutdown) it stops handing out work and lets in-flight provider calls
-finish - each of which records its own outcome - within ``shard.shutdown_timeout``.
+starts moving the leader address here (``leadernet``), rebuilds the cache from the records, syncs
+with the provider, resolves the config's images (``images``), then starts the reconciler, the GC loop
+and the image refresh; on losing it (or at shutdown) it stops handing out work, lets in-flight
+provider calls finish - each of which records its own outcome - within ``shard.shutdown_timeout``,
+and releases the leader address.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from nstance.db import repo
 from nstance.objectstore.base import ObjectNotFound
 from nstance.pki.certs import issue_client_certificate
 from nstance.pki.operator_record import operator_record, operator_record_key
+from nstance.providers.features import instance_type_check
 from nstance.server.agents import AgentHub
 from nstance.server.api import (
     ConfigStatusView,
@@ -46,7 +49,9 @@ from nstance.server.context import ShardContext
 from nstance.server.dynamic_groups import edit_dynamic_groups
 from nstance.server.events import Events, GroupEventData
 from nstance.server.gc import gc_cycle
+from nstance.server.images import ImageService
 from nstance.server.instances import InstanceOps, status_of
+from nstance.server.leadernet import LeaderAddress
 from nstance.server.reconciler import Reconciler
 from nstance.server.recovery import rebuild_cache, sync_provider
 
@@ -71,13 +76,16 @@ class Shard:
         self.ctx = ctx
         self.events: Events = ctx.events
         self.ops = InstanceOps(ctx)
-        self.agents = AgentHub(ctx, db_writer=self.ops.db_writer, secrets=ctx.secrets)
+        self.agents = AgentHub(ctx, db_writer=self.ops.db_writer, secrets=ctx.secrets, lbs=self.ops.lbs)
         self.agents.on_group_change = self.group_changed
         self._workers = workers
         self._resync_interval = resync_interval
         self._operator_cert_ttl_hours = operator_cert_ttl_hours
+        self.images = ImageService(ctx)
+        self.leader_net = LeaderAddress(ctx)
         self.reconciler: Reconciler | None = None
         self._leader_tasks: list[asyncio.Task[None]] = []
+        self._address_task: asyncio.Task[None] | None = None
         self._lead_lock = asyncio.Lock()
         self.leading = False
 
@@ -106,17 +114,21 @@ class Shard:
                 return
             ctx = self.ctx
             log.info("shard %s: leading; rebuilding the cache from object storage", ctx.identity.shard)
+            if self._address_task is None or self._address_task.done():
+                self._address_task = asyncio.create_task(self.leader_net.hold(), name="leader-network")
             backoff = Backoff(base=1.0, cap=30.0)
             attempt = 0
             while True:
                 if not ctx.is_leader():
                     log.info("leadership lost during recovery")
+                    await self._release_address()
                     return
                 try:
                     await asyncio.to_thread(ctx.config.load, True)
                     groups = await rebuild_cache(ctx, self.ops)
                     report = await sync_provider(ctx, self.ops)
                     groups |= report.groups
+                    await self.images.refresh()  # creates need Image.<name> before the first reconcile
                     break
                 except (NstanceError, OSError) as exc:
                     delay = backoff.delay(attempt)
@@ -133,6 +145,7 @@ class Shard:
                 asyncio.create_task(reconciler.run(), name="reconciler"),
                 asyncio.create_task(self._gc_loop(reconciler), name="gc"),
                 asyncio.create_task(self._metrics_loop(), name="metrics"),
+                asyncio.create_task(self.images.run(), name="images"),
             ]
             reconciler.enqueue_all()
             for key in groups:
@@ -153,7 +166,7 @@ class Shard:
                 await self.reconciler.close()
             tasks, self._leader_tasks = self._leader_tasks, []
             for task in tasks:
-                if task.get_name() in ("gc", "metrics"):
+                if task.get_name() in ("gc", "metrics", "images"):
                     task.cancel()
             _done, pending = await asyncio.wait(tasks, timeout=max(timeout, 0.01))
             for task in pending:
@@ -172,7 +185,17 @@ class Shard:
                     timeout,
                 )
             self.reconciler = None
+            await self.ops.lbs.close()
+            await self._release_address()
             log.info("shard %s: no longer leading", self.ctx.identity.shard)
+
+    async def _release_address(self) -> None:
+        task, self._address_task = self._address_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await self.leader_net.release()
 
     async def _gc_loop(self, reconciler: Reconciler) -> None:
         while True:
@@ -316,15 +339,36 @@ class Shard:
     # --- changes ----------------------------------------------------------------------------
 
     def _apply_change(self, change: ConfigChange) -> None:
+        self.images.kick()
         for tenant, group in sorted(change.changed):
             self.events.groups.publish(GroupEventData(kind="upsert", tenant=tenant, group=group))
         for tenant, group in sorted(change.removed):
             self.events.groups.publish(GroupEventData(kind="delete", tenant=tenant, group=group))
         self._enqueue(change.changed | change.removed)
 
+    async def _check_instance_type(self, instance_type: str, template: str, where: str) -> None:
+        """Refuse an instance type that does not run the template's arch (when the provider can tell)."""
+        checker = instance_type_check(self.ctx.provider)
+        config = self._snapshot().config.templates.get(template)
+        if checker is None or config is None or not instance_type:
+            return
+        await checker.check_instance_type(instance_type, config.arch, template=template, where=where)
+
     async def upsert_group(self, tenant: str, group: str, update: GroupUpdate) -> GroupView:
         snapshot = self._snapshot()
         config = snapshot.config
+        if update.instance_type or update.template:
+            current = snapshot.merged(tenant, group)
+            template = update.template or (current.template if current is not None else "")
+            template_config = config.templates.get(template)
+            instance_type = update.instance_type or (
+                current.instance_type
+                if current is not None and not update.template
+                else (template_config.instance_type if template_config is not None else "")
+            )
+            await self._check_instance_type(
+                instance_type or "", template, f"groups.{tenant}.{group}.instance_type"
+            )
         dynamic, etag = await asyncio.to_thread(
             edit_dynamic_groups,
             self.ctx.store,
@@ -388,6 +432,8 @@ class Shard:
                     )
                 return existing.id, status_of(existing)
         merged = self._on_demand_config(tenant, request)
+        if request.instance_type:
+            await self._check_instance_type(merged.instance_type, merged.template, "instance_type")
         created = await self.ops.create(merged, on_demand=True, instance_id=request.instance_id)
         return created.instance_id, created.status
 
@@ -398,9 +444,9 @@ class Shard:
             return "unknown"
         if row.deleted_at is not None:
             return "deleted"
-        await self.ops.delete(row, "operator-request")
+        deleted = await self.ops.delete_or_hold(row, "operator-request")
         self.on_instance_changed(row.tenant, row.group_key)
-        return "deleted"
+        return "deleted" if deleted else "deleting"
 
     async def acknowledge_drained(self, tenant: str, instance_id: str) -> None:
         with self.ctx.db.session() as session:
@@ -416,7 +462,7 @@ class Shard:
                 )
             repo.acknowledge_drain(session, instance_id, now=self.ctx.clock.now())
         if row.on_demand:
-            await self.ops.delete(row, "drain-acknowledged")
+            await self.ops.delete_or_hold(row, "drain-acknowledged")
         self.on_instance_changed(row.tenant, row.group_key)
 
     async def refresh_config(self) -> RefreshResult:

@@ -18,3 +18,22 @@ def sample_shard_identity(ca_pem: bytes, *, cluster_id: str = "test", shard: str
         operator_addr="127.0.0.1:8993",
         ca_pem=ca_pem,
     )
+
+
+class Leader:
+    """A Leadership that leads until ``leading`` is set to False (in-process shard tests)."""
+
+    def __init__(self, address: str = "10.0.0.1:8993") -> None:
+        self.leading = True
+        self.address = address
+
+    def is_leader(self) -> bool:
+        return self.leading
+
+    def leader_address(self) -> str:
+        return self.address
+
+
+async def no_sleep(_: float) -> None:
+    """A sleep that returns at once (provider backoff in tests on an injected clock)."""
+    return None

@@ -14,7 +14,7 @@ import base64
 import itertools
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,7 @@ from nstance.pki.peer import verify_client_certificate
 from nstance.rpc import registration_pb2, registration_pb2_grpc
 from nstance.testing.kubeapi import KubeAPIServer
 from nstance.testing.shardproc import LocalCluster, ServerProcess, server_addrs, shard_config, start_leader
+from nstance.testing.waiting import eventually
 
 CLUSTER = "test"
 TENANT = "team-a"
@@ -176,15 +177,6 @@ async def put_identity(
     body = {"metadata": {"name": "nstance-operator-cert"}, "type": "kubernetes.io/tls", "data": data}
     await kube.create(SECRETS, body, "default")
     return issued.cert_pem
-
-
-async def eventually(check: Callable[[], bool], within: float = 15.0, what: str = "condition") -> None:
-    """Wait for state owned by another process or a background task (no event to wait on)."""
-    deadline = time.monotonic() + within
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 def metric(manager: IdentityManager, name: str, **labels: str) -> float:

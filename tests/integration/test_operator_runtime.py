@@ -51,6 +51,7 @@ from nstance.testing.shardproc import (
     shard_config,
     start_leader,
 )
+from nstance.testing.waiting import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 ELECTION = {"frequent_interval": "200ms", "infrequent_interval": "1s", "leader_timeout": "6s"}
@@ -119,20 +120,6 @@ async def stopped(task: asyncio.Task[None], within: float, what: str) -> None:
         pytest.fail(f"timed out after {within:g}s waiting for {what}; it is at:\n{where.getvalue()}")
     if not task.cancelled():
         task.exception()  # retrieved here; the caller decides whether an error fails the test
-
-
-async def eventually(check: Callable[[], Any], within: float = 30.0, what: str = "condition") -> None:
-    """Wait for state driven by other processes and background tasks."""
-    deadline = time.monotonic() + within
-    while True:
-        result = check()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 class Recorder:

@@ -9,8 +9,6 @@ replaces the channels while a stream in flight finishes on the old one.
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -31,6 +29,7 @@ from nstance.testing.shardproc import (
     shard_config,
     start_leader,
 )
+from nstance.testing.waiting import eventually
 
 ELECTION = {"frequent_interval": "200ms", "infrequent_interval": "1s", "leader_timeout": "2s"}
 
@@ -53,15 +52,6 @@ def shard(tmp_path: Path) -> tuple[LocalCluster, dict[str, str], Path]:
 
 def endpoint(addrs: dict[str, str]) -> ShardEndpoint:
     return ShardEndpoint(addrs["registration_addr"], addrs["operator_addr"])
-
-
-async def eventually(check: Callable[[], bool], within: float = 20.0, what: str = "condition") -> None:
-    """Wait for state driven by another process (gRPC connectivity has no event to await here)."""
-    deadline = time.monotonic() + within
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 def restart(process: ServerProcess) -> ServerProcess:

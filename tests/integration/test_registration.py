@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
 from google.protobuf.empty_pb2 import Empty
-from shard_helpers import sample_shard_identity
+from shard_helpers import Leader, sample_shard_identity
 
 from nstance.core.clock import ManualClock
 from nstance.core.errors import PermissionDenied, Unavailable
@@ -62,18 +62,6 @@ SERVER_NAME = "nstance-server"
 AGENT_TTL_HOURS = 48
 OPERATOR_TTL_HOURS = 24
 CALL_TIMEOUT = 10.0
-
-
-class Leader:
-    def __init__(self, address: str) -> None:
-        self.leading = True
-        self.address = address
-
-    def is_leader(self) -> bool:
-        return self.leading
-
-    def leader_address(self) -> str:
-        return self.address
 
 
 class FlakyStore:

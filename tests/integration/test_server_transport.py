@@ -387,6 +387,7 @@ class FakeSource:
     leader: bool = True
     address: str = "10.0.0.5:8993"
     waiting: str | None = None
+    network: str = ""
 
     def config_error(self) -> str | None:
         return self.error
@@ -399,6 +400,9 @@ class FakeSource:
 
     def leader_address(self) -> str:
         return self.address
+
+    def leader_network_status(self) -> str:
+        return self.network
 
 
 @dataclass
@@ -454,6 +458,9 @@ async def test_health_reports_leader_and_standby_once_config_is_loaded(health: H
     assert response.headers["connection"] == "close"
     leader = await get(health.port, "/leader/health")
     assert (leader.status, leader.body) == (200, b"leader\n")
+    health.source.network = "10.0.0.10 ready"
+    leader = await get(health.port, "/leader/health")
+    assert (leader.status, leader.body) == (200, b"leader\nleader network: 10.0.0.10 ready\n")
 
     health.source.leader = False
     standby = await get(health.port, "/health")

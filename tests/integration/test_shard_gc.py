@@ -12,7 +12,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from shard_helpers import sample_shard_identity
+from shard_helpers import Leader, no_sleep, sample_shard_identity
 
 from nstance.config import GroupUpdate
 from nstance.core.clock import ManualClock
@@ -38,21 +38,6 @@ from nstance.testing.requests import sample_create_request
 from nstance.testing.shardproc import server_addrs, shard_config
 
 KEY = ("default", "web")
-
-
-class Leader:
-    def __init__(self) -> None:
-        self.leading = True
-
-    def is_leader(self) -> bool:
-        return self.leading
-
-    def leader_address(self) -> str:
-        return "10.0.0.1:8993"
-
-
-async def no_sleep(_: float) -> None:
-    return None
 
 
 class Harness:
