@@ -3,7 +3,10 @@
 
 What a shard server relies on: a created VM can be fetched and is listed under its cluster and shard
 only; a retried create with the same idempotency token returns the same VM without launching another;
-delete makes the VM go away and may be repeated; unknown VMs raise InstanceNotFound.
+delete makes the VM go away and may be repeated; unknown VMs raise InstanceNotFound. Where a provider
+has the optional capabilities (``nstance.providers.features``), they behave alike too: registering
+with a load balancer twice is harmless, deregistering takes the VM out and may be repeated, and the
+leader address has one holder that only it can release.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from fakepve.certs import make_cert  # type: ignore[import-untyped]
 from google.auth.credentials import AnonymousCredentials
 from moto import mock_aws
 
+from nstance.config.resources import LoadBalancerConfig, TargetGroupConfig
 from nstance.core.clock import ManualClock
 from nstance.core.ids import new_instance_id
 from nstance.providers.aws import AwsProvider
@@ -32,6 +36,15 @@ from nstance.providers.base import (
     InstanceStatus,
     Provider,
     ProviderInvalidRequest,
+)
+from nstance.providers.features import (
+    LbTarget,
+    TargetState,
+    image_lookup,
+    instance_type_check,
+    leader_networking,
+    load_balancing,
+    own_instance,
 )
 from nstance.providers.gcp import GcpProvider
 from nstance.providers.local import LocalProvider
@@ -48,12 +61,24 @@ GCE_ZONE = "us-central1-a"
 
 
 @dataclass
+class LeaderSetup:
+    """How one cloud carries the leader address, and who holds it now."""
+
+    ip: str
+    interface_id: str
+    holder: Callable[[], Any]  # the provider id holding the address ("" for none); may be async
+
+
+@dataclass
 class Harness:
     provider: Provider
     launches: Callable[[], int]  # how many VMs the provider has actually started so far
     # What this cloud needs in every request (a real instance type, subnet and image).
     defaults: dict[str, Any] = field(default_factory=dict)
     subnet: str = "subnet-a"
+    kind: str = ""
+    lb: LoadBalancerConfig | None = None  # a load balancer of this cloud, when it has them
+    leader: LeaderSetup | None = None
 
     def request(self, cluster_id: str = "c1", shard: str = "s1", token: str | None = None) -> CreateRequest:
         base = sample_create_request(cluster_id=cluster_id, shard=shard, token=token)
@@ -90,10 +115,17 @@ async def harness(
             monkeypatch.delenv(name, raising=False)
         with mock_aws():
             ec2 = boto3.client("ec2", region_name=AWS_REGION, config=client_config())
+            elbv2 = boto3.client("elbv2", region_name=AWS_REGION, config=client_config())
             vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
             subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.0.0/20", AvailabilityZone=AWS_ZONE)
             subnet_id = subnet["Subnet"]["SubnetId"]
-            aws = AwsProvider(ec2=ec2, clock=clock, zone=AWS_ZONE, sleep=_no_sleep)
+            aws = AwsProvider(ec2=ec2, elbv2=elbv2, clock=clock, zone=AWS_ZONE, sleep=_no_sleep)
+            group = elbv2.create_target_group(
+                Name="web", Protocol="TCP", Port=80, VpcId=vpc, TargetType="instance"
+            )
+            arn = group["TargetGroups"][0]["TargetGroupArn"]
+            eni = ec2.create_network_interface(SubnetId=subnet_id, PrivateIpAddress="10.0.0.10")
+            eni_id = eni["NetworkInterface"]["NetworkInterfaceId"]
 
             def aws_launches() -> int:
                 pages = ec2.get_paginator("describe_instances").paginate()
@@ -104,13 +136,24 @@ async def harness(
                 "subnet_id": subnet_id,
                 "args": {"ImageId": "ami-12c6146b"},
             }
-            yield Harness(aws, aws_launches, defaults, subnet_id)
+            yield Harness(
+                aws,
+                aws_launches,
+                defaults,
+                subnet_id,
+                kind="aws",
+                lb=LoadBalancerConfig(
+                    provider="aws", target_groups=[TargetGroupConfig(arn=arn, target_port=80)]
+                ),
+                leader=LeaderSetup("10.0.0.10", eni_id, lambda: aws.leader_network.attached_to(eni_id)),
+            )
             await aws.close()
         return
     if request.param == "gcp":
         with GceFake(project="proj-1", zones=(GCE_ZONE,)) as fake:
             fake.add_machine_type("small")
             fake.add_subnetwork("subnet-a")
+            fake.add_network_endpoint_group("neg-web")
             gcp = GcpProvider(
                 project=fake.project,
                 zone=GCE_ZONE,
@@ -120,7 +163,22 @@ async def harness(
                 sleep=_no_sleep,
             )
             image = "projects/debian-cloud/global/images/family/debian-12"
-            yield Harness(gcp, lambda: len(fake.instances()), {"args": {"SourceImage": image}})
+
+            def alias_holder() -> str:
+                for vm in fake.instances():
+                    for nic in vm.get("networkInterfaces", []):
+                        if any(r.get("ipCidrRange") == "10.0.0.200/32" for r in nic.get("aliasIpRanges", [])):
+                            return str(vm["id"])
+                return ""
+
+            yield Harness(
+                gcp,
+                lambda: len(fake.instances()),
+                {"args": {"SourceImage": image}},
+                kind="gcp",
+                lb=LoadBalancerConfig(provider="google", network_endpoint_groups=["neg-web"]),
+                leader=LeaderSetup("10.0.0.200", "", alias_holder),
+            )
             await gcp.close()
         return
     if request.param == "proxmox":
@@ -149,13 +207,23 @@ async def harness(
         def clones() -> int:
             return sum(1 for t in pve.tasklog if t["type"] == "qmclone")
 
-        yield Harness(proxmox, clones, {"args": {"TemplateVMID": 9000}, "subnet_id": "vmbr0"}, "vmbr0")
+        yield Harness(
+            proxmox, clones, {"args": {"TemplateVMID": 9000}, "subnet_id": "vmbr0"}, "vmbr0", kind="proxmox"
+        )
         await proxmox.close()
         await pve.stop()
         return
     if request.param == "sim":
         sim = SimProvider(clock=clock, seed=1)
-        yield Harness(sim, lambda: sim.launch_count)
+        yield Harness(
+            sim,
+            lambda: sim.launch_count,
+            kind="sim",
+            lb=LoadBalancerConfig(
+                provider="aws", target_groups=[TargetGroupConfig(arn="arn:tg/web", target_port=80)]
+            ),
+            leader=LeaderSetup("10.0.0.10", "", lambda: sim.leader_holder("10.0.0.10")),
+        )
         await sim.close()
         return
     base = tmp_path / "instances"
@@ -169,7 +237,7 @@ async def harness(
                 pids.add(pid)
         return pids
 
-    yield Harness(local, lambda: len(launched_pids()))
+    yield Harness(local, lambda: len(launched_pids()), kind="local")
     pids = launched_pids()
     await local.close()
     assert [pid for pid in pids if not _pid_gone(pid)] == [], "an agent process outlived the test"
@@ -258,3 +326,80 @@ async def test_get_by_instance_id_alone_finds_the_vm(harness: Harness) -> None:
 
 async def test_subnets_have_capacity_by_default(harness: Harness) -> None:
     assert await harness.provider.check_subnet_capacity(harness.subnet) is True
+
+
+# ---- optional capabilities ---------------------------------------------------------------------
+
+#: What each provider offers beyond the Provider protocol (docs/server.md lists the same).
+CAPABILITIES = {
+    "sim": {"images", "instance_types", "load_balancers", "leader_network"},
+    "aws": {"images", "instance_types", "load_balancers", "leader_network", "own_instance"},
+    "gcp": {"instance_types", "load_balancers", "leader_network", "own_instance"},
+    "local": set(),
+    "proxmox": set(),
+}
+
+
+def test_each_provider_offers_the_documented_capabilities(harness: Harness) -> None:
+    probes = {
+        "images": image_lookup,
+        "instance_types": instance_type_check,
+        "load_balancers": load_balancing,
+        "leader_network": leader_networking,
+        "own_instance": own_instance,
+    }
+    offered = {name for name, probe in probes.items() if probe(harness.provider) is not None}
+    assert offered == CAPABILITIES[harness.kind]
+
+
+async def _holder(harness: Harness) -> str:
+    assert harness.leader is not None
+    result = harness.leader.holder()
+    if hasattr(result, "__await__"):
+        result = await result
+    return str(result)
+
+
+async def test_load_balancer_registration_is_repeatable_and_deregistration_takes_the_vm_out(
+    harness: Harness,
+) -> None:
+    provider = load_balancing(harness.provider)
+    if provider is None or harness.lb is None:
+        pytest.skip(f"{harness.kind} has no load balancers")
+    made = [await harness.provider.create_instance(harness.request(token=f"lb-{i}")) for i in range(2)]
+    targets = [LbTarget(m.instance_id, m.provider_id, m.ip4) for m in made]
+    attached = {TargetState.REGISTERED, TargetState.HEALTHY}
+
+    await provider.register_targets("web", harness.lb, targets)
+    await provider.register_targets("web", harness.lb, targets)  # again: harmless
+
+    states = await provider.target_states("web", harness.lb, targets)
+    assert set(states) == {t.instance_id for t in targets}
+    assert set(states.values()) <= attached
+
+    await provider.deregister_targets("web", harness.lb, targets[:1])
+    await provider.deregister_targets("web", harness.lb, targets[:1])  # again: nothing to do
+
+    states = await provider.target_states("web", harness.lb, targets)
+    assert states[targets[0].instance_id] == TargetState.DEREGISTERED  # no delay configured anywhere here
+    assert states[targets[1].instance_id] in attached
+
+
+async def test_the_leader_address_has_one_holder_and_only_the_holder_releases_it(harness: Harness) -> None:
+    provider = leader_networking(harness.provider)
+    if provider is None or harness.leader is None:
+        pytest.skip(f"{harness.kind} cannot move a leader address")
+    ip, interface = harness.leader.ip, harness.leader.interface_id
+    old, new = [await harness.provider.create_instance(harness.request(token=f"srv-{i}")) for i in range(2)]
+
+    await provider.assign_leader_network(old.provider_id, ip, interface)
+    assert await _holder(harness) == old.provider_id
+    await provider.assign_leader_network(new.provider_id, ip, interface)  # the old leader died holding it
+    assert await _holder(harness) == new.provider_id
+    await provider.assign_leader_network(new.provider_id, ip, interface)  # again: no change
+    assert await _holder(harness) == new.provider_id
+
+    await provider.release_leader_network(old.provider_id, ip, interface)  # not the holder: no effect
+    assert await _holder(harness) == new.provider_id
+    await provider.release_leader_network(new.provider_id, ip, interface)
+    assert await _holder(harness) == ""
