@@ -29,6 +29,9 @@ from nstance.core.errors import InvalidArgument
 log = logging.getLogger("nstance.agent.files")
 
 MAX_NAME_LENGTH = 255 * 4
+#: Longest path component, in UTF-8 bytes: NAME_MAX (255) less what the temporary file adds around it
+#: (``TEMP_PREFIX`` and ``.<pid>``), so a name that validates can also be written.
+MAX_COMPONENT_BYTES = 255 - len(TEMP_PREFIX) - len(".4194304")
 _ENV_KEY = re.compile(r"[A-Z0-9_]+")
 _PEM_BEGIN = re.compile(rb"-----BEGIN ([A-Z0-9 ]+)-----")
 
@@ -39,20 +42,26 @@ _PEM_BEGIN = re.compile(rb"-----BEGIN ([A-Z0-9 ]+)-----")
 def validate_file_name(name: str) -> str:
     """Return ``name`` if it is a clean relative path; raise InvalidArgument saying what is wrong.
 
-    Refused: empty names, NUL, backslashes, absolute paths, ``..`` or ``.`` components, empty
-    components (``a//b``, trailing ``/``), and names of our temporary files.
+    Refused: empty names, names longer than MAX_NAME_LENGTH characters or with a component longer
+    than MAX_COMPONENT_BYTES, NUL, backslashes, absolute paths, ``..`` or ``.`` components, empty
+    components (``a//b``, trailing ``/``), and names of our temporary files. The length is checked
+    first, so no message quotes more than MAX_NAME_LENGTH characters of a name.
     """
     if not name:
         raise InvalidArgument("file name is empty")
+    if len(name) > MAX_NAME_LENGTH:
+        raise InvalidArgument(f"file name is longer than {MAX_NAME_LENGTH} characters")
     if "\x00" in name:
         raise InvalidArgument("file name contains a NUL character")
     if "\\" in name:
         raise InvalidArgument(f"file name {name!r} contains a backslash; use '/' between directories")
     if name.startswith("/"):
         raise InvalidArgument(f"file name {name!r} is absolute; names are relative to the receive directory")
-    if len(name) > MAX_NAME_LENGTH:
-        raise InvalidArgument(f"file name is longer than {MAX_NAME_LENGTH} characters")
     parts = name.split("/")
+    if any(len(part.encode("utf-8", "surrogatepass")) > MAX_COMPONENT_BYTES for part in parts):
+        raise InvalidArgument(
+            f"file name {name[:64]!r}... has a component longer than {MAX_COMPONENT_BYTES} bytes"
+        )
     if ".." in parts:
         raise InvalidArgument(f"file name {name!r} contains '..'; it must stay inside the receive directory")
     if any(part in ("", ".") for part in parts):

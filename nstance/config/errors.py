@@ -55,7 +55,7 @@ def join_path(base: str, *parts: str | int) -> str:
     for part in parts:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif _SIMPLE_KEY.match(part):
+        elif _SIMPLE_KEY.fullmatch(part):
             out = f"{out}.{part}" if out else part
         else:
             out += '["' + part.replace("\\", "\\\\").replace('"', '\\"') + '"]'

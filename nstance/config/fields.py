@@ -144,7 +144,7 @@ _TEMPLATE_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def _image_name(value: str) -> str:
-    if not _TEMPLATE_IDENT.match(value):
+    if not _TEMPLATE_IDENT.fullmatch(value):
         raise rule(
             "image name must be a template identifier (letters, digits and '_', not starting with a "
             "digit) so it can be used as Image.<name>"

@@ -46,7 +46,7 @@ def identifier_problem(value: str) -> str | None:
         return "must not be empty"
     if len(value) > IDENTIFIER_MAX_LEN:
         return f"must be at most {IDENTIFIER_MAX_LEN} characters (got {len(value)})"
-    if not _IDENTIFIER_CHARS.match(value):
+    if not _IDENTIFIER_CHARS.fullmatch(value):  # fullmatch: '$' alone lets a trailing newline through
         return "may contain only lowercase letters a-z, digits 0-9 and '-'"
     if value[0] == "-" or value[-1] == "-":
         return "must start and end with a lowercase letter or digit"
@@ -65,7 +65,7 @@ def validate_identifier(value: str, what: str = "identifier") -> str:
 
 def kind_problem(kind: str) -> str | None:
     """Return why ``kind`` is not a valid puidv7 prefix, or None when it is."""
-    if not _KIND.match(kind):
+    if not _KIND.fullmatch(kind):
         return "must be exactly 3 lowercase letters"
     return None
 

@@ -302,7 +302,8 @@ def verify_nonce(
         raise Unauthenticated(f"registration nonce issuer is {claims.iss!r}, expected {ISSUER!r}")
 
     now = (clock or SystemClock()).now()
-    if now >= claims.exp + leeway:
+    # Leeway goes on ``now``, never on a claim: ``exp + leeway`` overflows for a time near year 9999.
+    if now - leeway >= claims.exp:
         raise Unauthenticated(f"registration nonce expired at {claims.exp.isoformat()}")
     if now + leeway < claims.nbf:
         raise Unauthenticated(f"registration nonce is not valid before {claims.nbf.isoformat()}")

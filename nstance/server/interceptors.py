@@ -12,8 +12,9 @@
    for the handler: ``current_peer()``.
 2. **Maps errors**: ``nstance.core.errors`` exceptions become their gRPC status code (by MRO, so a
    subclass such as ``ProviderThrottled`` maps like ``ResourceExhausted``) with the exception message
-   as details. Any other exception becomes INTERNAL with ``internal error (ref <id>); see the server
-   log`` and is logged with its traceback under the same ref, so no exception text leaks to clients.
+   as details (cut to ``MAX_DETAILS_BYTES``, since messages may quote client input). Any other
+   exception becomes INTERNAL with ``internal error (ref <id>); see the server log`` and is logged
+   with its traceback under the same ref, so no exception text leaks to clients.
    ``asyncio.CancelledError`` and handler-initiated aborts propagate untouched.
 3. **Counts** each finished call in ``Metrics.record_rpc(method, code)`` when metrics are given.
 
@@ -79,6 +80,13 @@ _ERROR_CODES: Final[Mapping[type[BaseException], grpc.StatusCode]] = MappingProx
     }
 )
 
+#: Longest status message sent, in UTF-8 bytes. Messages quote client input (names, ids), grpc sends
+#: the message as a header (percent-encoding every byte outside printable ASCII) and clients drop a
+#: call whose headers exceed 16 KiB, so an unbounded echo would turn, say, NOT_FOUND into
+#: RESOURCE_EXHAUSTED on the client. 2 KiB stays under the 8 KiB soft limit even fully encoded.
+MAX_DETAILS_BYTES: Final = 2048
+_TRUNCATED = " … (message truncated)"
+
 _PEER: contextvars.ContextVar[PeerIdentity | None] = contextvars.ContextVar("nstance_peer", default=None)
 
 Behaviour = Callable[..., Any]
@@ -113,6 +121,15 @@ def peer_context(identity: PeerIdentity) -> Iterator[None]:
         yield
     finally:
         _PEER.reset(token)
+
+
+def _bounded_details(details: str) -> str:
+    """``details`` cut to at most MAX_DETAILS_BYTES of UTF-8 (at a character boundary), marked if cut."""
+    raw = details.encode("utf-8")
+    if len(raw) <= MAX_DETAILS_BYTES:
+        return details
+    keep = MAX_DETAILS_BYTES - len(_TRUNCATED.encode("utf-8"))
+    return raw[:keep].decode("utf-8", "ignore") + _TRUNCATED
 
 
 def _never_revoked(serial: str) -> bool:
@@ -217,7 +234,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # gr
         elif code is grpc.StatusCode.UNIMPLEMENTED:
             details = f"{method} is not implemented by this server"
         else:
-            details = str(exc) or code.name
+            details = _bounded_details(str(exc) or code.name)
             if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
                 logger.warning("refused %s from %s: %s", method, context.peer(), details)
             else:

@@ -8,7 +8,7 @@ import ipaddress
 import logging
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import grpc
 import grpc.aio
@@ -19,14 +19,14 @@ from google.protobuf.empty_pb2 import Empty
 from nstance.core.clock import ManualClock
 from nstance.core.errors import FailedPrecondition, NotFound
 from nstance.pki.ca import CertificateAuthority, create_ca
-from nstance.pki.certs import issue_client_certificate
-from nstance.pki.keys import generate_private_key, private_key_to_pem
 from nstance.rpc import operator_pb2, operator_pb2_grpc
 from nstance.server import http as health_http
 from nstance.server.http import HealthServer
 from nstance.server.interceptors import ServerInterceptor, code_for, current_peer
 from nstance.server.metrics import Metrics
 from nstance.server.tls import advertised_hosts, server_credentials
+from nstance.testing.identities import ClientIdentity as Identity
+from nstance.testing.identities import make_identity, real_now_clock
 
 OPERATOR = "nstance.v1.OperatorService"
 SERVER_NAME = "nstance-server"
@@ -34,10 +34,6 @@ CALL_TIMEOUT = 5.0
 
 
 # --- PKI fixtures (real time: grpc's TLS checks validity against the real clock) -----------------
-
-
-def real_now_clock() -> ManualClock:
-    return ManualClock(datetime.now(UTC).replace(microsecond=0))
 
 
 @pytest.fixture(scope="module")
@@ -48,40 +44,6 @@ def ca() -> CertificateAuthority:
 @pytest.fixture(scope="module")
 def other_ca() -> CertificateAuthority:
     return create_ca(cluster_id="someone-else", clock=real_now_clock())
-
-
-@dataclass(frozen=True)
-class Identity:
-    key_pem: bytes
-    cert_pem: bytes
-    serial: str
-    ca_pem: bytes
-
-    def credentials(self) -> grpc.ChannelCredentials:
-        return grpc.ssl_channel_credentials(
-            root_certificates=self.ca_pem, private_key=self.key_pem, certificate_chain=self.cert_pem
-        )
-
-
-def make_identity(
-    ca: CertificateAuthority,
-    *,
-    role: str,
-    tenant: str,
-    trust: CertificateAuthority | None = None,
-    ttl: timedelta = timedelta(days=1),
-) -> Identity:
-    key = generate_private_key("ecdsa-p256")
-    issued = issue_client_certificate(
-        ca,
-        key.public_key(),
-        client_id=f"{role}-client-1",
-        tenant=tenant,
-        role=role,
-        ttl=ttl,
-        clock=real_now_clock(),
-    )
-    return Identity(private_key_to_pem(key), issued.cert_pem, issued.serial_hex, (trust or ca).cert_pem)
 
 
 # --- the server under test --------------------------------------------------------------------------

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
-import json
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from config_samples import REPO_ROOT, as_text, base_config, load, problems
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from nstance.config import (
     ConfigError,
@@ -301,52 +297,3 @@ def test_non_utf8_file_is_a_config_error(tmp_path: Any) -> None:
     path.write_bytes(b'{"a": "\xff"}')
     with pytest.raises(ConfigError, match="not UTF-8"):
         load_config_file(path)
-
-
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.text(max_size=300))
-def test_arbitrary_text_raises_only_config_error(text: str) -> None:
-    with contextlib.suppress(ConfigError):
-        load_config_text(text)
-
-
-_json = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
-    max_leaves=12,
-)
-
-
-def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    out = [prefix]
-    if isinstance(value, dict):
-        for key, item in value.items():
-            out.extend(_paths(item, (*prefix, key)))
-    return out
-
-
-_BASE_PATHS = _paths(base_config())[1:]
-
-
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.sampled_from(_BASE_PATHS), _json)
-def test_any_value_anywhere_in_a_valid_config_raises_only_config_error(
-    path: tuple[Any, ...], value: Any
-) -> None:
-    doc = base_config()
-    target = doc
-    for key in path[:-1]:
-        target = target[key]
-    target[path[-1]] = value
-    try:
-        text = json.dumps(doc)
-    except ValueError:
-        return
-    try:
-        load_config_text(text)
-    except ConfigError as exc:
-        found = exc.problems
-    else:
-        return
-    assert found
-    assert all(p.message and "pydantic" not in p.message for p in found)
