@@ -232,28 +232,32 @@ class ConfigState:
 
     # -- loading -------------------------------------------------------------------------------
 
-    def load(self, force: bool = False) -> ConfigChange:
+    def load(self, force: bool = False, *, require_storage: bool = False) -> ConfigChange:
         """Bring the snapshot up to date with object storage and report what changed.
 
         Without ``force``, unchanged ETags mean nothing is downloaded or parsed. Raises the loader's
         ConfigError (an InvalidArgument naming the document and JSON paths) when a document is invalid,
         NotFound when ``config.jsonc`` does not exist, and Unavailable when storage is unreachable
-        and there is no usable cached copy. After a failure the previous snapshot stays current.
+        and there is no usable cached copy - or, with ``require_storage`` (a server taking leadership,
+        which must act on the dynamic groups as they are now), whenever storage is unreachable. After
+        a failure the previous snapshot stays current.
         """
         with self._lock:
             try:
-                change = self._load(force)
+                change = self._load(force, require_storage)
             except Exception as exc:
                 self._last_error = str(exc)
                 raise
             self._last_error = None
             return change
 
-    def _load(self, force: bool) -> ConfigChange:
+    def _load(self, force: bool, require_storage: bool = False) -> ConfigChange:
         snap = self._snapshot
         try:
             docs = self._fetch(force)
         except Unavailable as exc:
+            if require_storage:
+                raise
             if snap is not None:
                 # What we hold is at least as new as the cache (every install rewrites it).
                 log.warning("object storage unavailable, keeping the current config: %s", exc)

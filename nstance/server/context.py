@@ -2,13 +2,15 @@
 
 ``ShardContext`` is plain wiring (built once by ``app.py``); ``fence`` is the single leadership check
 that guards every state-changing step. Test-only fault points (``NSTANCE_FAULT``) let crash tests kill
-the process at a precise step; they are inert unless that variable is set.
+the process at a precise step; they are inert unless that variable is set, or unless the
+deterministic simulator installed a ``fault_hook`` (it crashes one simulated server there instead).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -42,8 +44,14 @@ class Leadership(Protocol):
     def leader_address(self) -> str: ...
 
 
+#: Called at every fault point when set (the simulator's crash injection); None in a real server.
+fault_hook: Callable[[str], None] | None = None
+
+
 def fault_point(name: str) -> None:
     """Die here, at once and without cleanup, when ``NSTANCE_FAULT`` names this point (tests only)."""
+    if fault_hook is not None:
+        fault_hook(name)
     if os.environ.get(FAULT_ENV) == name:
         log.error("fault point %s reached: exiting with status %d", name, FAULT_EXIT_CODE)
         logging.shutdown()

@@ -76,6 +76,7 @@ async def gc_cycle(ctx: ShardContext, ops: InstanceOps) -> GcReport:
     with ctx.db.session() as session:
         purged = repo.purge_deleted_before(session, now - gc_cfg.deleted_record_retention)
     for item in purged:
+        ctx.fence()
         await asyncio.to_thread(records.delete_record, ctx.store, item.tenant, item.instance_id)
         report.purged.append(item.instance_id)
     if report.dangling or report.stale or report.purged:

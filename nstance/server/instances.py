@@ -62,9 +62,18 @@ class Created:
     status: str
 
 
-def member_of(row: Instance) -> Member:
-    """The planner's view of one SQLite row."""
+def member_of(row: Instance, *, seen_since: datetime | None = None) -> Member:
+    """The planner's view of one SQLite row.
+
+    ``seen_since`` is when this server started leading: an agent cannot have reported to it before
+    then (its reports went to the previous leader, or nowhere while no server led), so its silence is
+    counted from that moment at the earliest - a failover or an outage of the leader never makes
+    healthy instances look silent.
+    """
     status = row.provider_status
+    last_seen = row.health_at or row.registered_at
+    if last_seen is not None and seen_since is not None and last_seen < seen_since:
+        last_seen = seen_since
     return Member(
         instance_id=row.id,
         created_at=row.created_at,
@@ -75,7 +84,7 @@ def member_of(row: Instance) -> Member:
         drain_acked=row.drain_acked_at is not None,
         delete_at=row.delete_at,
         infra_hash=row.infra_config_hash,
-        last_seen=row.health_at or row.registered_at,
+        last_seen=last_seen,
         spot_notice=bool((row.health or {}).get("termination_notice")),
     )
 
@@ -327,6 +336,7 @@ class InstanceOps:
         iid = prepared.request.instance_id
         try:
             try:
+                fault_point("before-provider-create")
                 vm = await self._provider_create(prepared.request)
             finally:
                 window.release()
@@ -367,6 +377,9 @@ class InstanceOps:
         with ctx.db.session() as session:
             repo.mark_create_failed(session, iid, now=now)
         try:
+            # Only a leader writes records: a deposed one leaves the pending record to the next leader,
+            # which adopts the VM by tag if the create went through after all, or retires it.
+            ctx.fence()
             await asyncio.to_thread(
                 records.update_record, ctx.store, tenant, iid, status="failed", last_updated=now
             )
@@ -467,6 +480,7 @@ class InstanceOps:
         if row.provider_id:
             ctx.fence()
             await ctx.provider.delete_instance(row.id, row.provider_id)
+            fault_point("after-provider-delete")
             self.lbs.forget(row.id)
         with ctx.db.session() as session:
             repo.set_provider_status(session, row.id, InstanceStatus.DELETED.value, now=now)
@@ -518,7 +532,9 @@ class InstanceOps:
         return started
 
     async def _set_record_status(self, row: Instance, status: str) -> None:
+        """Write the record's status if still leading; else the next leader finishes from what it finds."""
         try:
+            self._ctx.fence()
             await asyncio.to_thread(
                 records.update_record,
                 self._ctx.store,

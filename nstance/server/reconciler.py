@@ -67,6 +67,8 @@ class Reconciler:
         self._failures: dict[GroupKey, int] = {}
         self.queue: WorkQueue[GroupKey] = WorkQueue()
         self.reconciles = 0
+        #: When this leadership began (a reconciler lives for one term): silence is counted from here.
+        self.leading_since = ctx.clock.now()
 
     # --- queueing ---------------------------------------------------------------------------
 
@@ -150,8 +152,8 @@ class Reconciler:
             all_rows = repo.list_active_instances(session, tenant=tenant, group_key=group)
         rows = [row for row in all_rows if not row.on_demand]
         by_id = {row.id: row for row in all_rows}
-        members = [member_of(row) for row in rows]
-        on_demand = [member_of(row) for row in all_rows if row.on_demand]
+        members = [member_of(row, seen_since=self.leading_since) for row in rows]
+        on_demand = [member_of(row, seen_since=self.leading_since) for row in all_rows if row.on_demand]
         spec = self._spec(merged)
         now = ctx.clock.now()
         plan = plan_group(spec, members, now)

@@ -42,7 +42,8 @@ UPDATE_ATTEMPTS = 5
 """How many compare-and-swap rounds ``update_record`` tries before giving up."""
 
 LIST_WORKERS = 8
-"""Parallel reads ``list_records`` makes (object-storage latency dominates a rebuild)."""
+"""Parallel reads ``list_records`` makes (object-storage latency dominates a rebuild); read at each
+call, so the deterministic simulator can set it to 1 (no threads)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,15 +307,14 @@ def _load_one(store: ObjectStore, key: str) -> InstanceRecord | str | None:
     return record
 
 
-def list_records(
-    store: ObjectStore, *, workers: int = LIST_WORKERS
-) -> tuple[list[InstanceRecord], list[str]]:
+def list_records(store: ObjectStore, *, workers: int | None = None) -> tuple[list[InstanceRecord], list[str]]:
     """Every readable record (in key order, i.e. creation order per tenant) and one problem per bad object.
 
     A corrupt or misnamed object is reported in the problem list and skipped; a record deleted while
     listing is silently left out. Storage errors (Unavailable) propagate: a partial list must not be
     mistaken for the whole fleet.
     """
+    workers = LIST_WORKERS if workers is None else workers
     keys = [key for key in store.list(RECORD_PREFIX) if key.endswith(_SUFFIX)]
     load = functools.partial(_load_one, store)
     if workers > 1 and len(keys) > 1:

@@ -57,7 +57,7 @@ from nstance.pki.nonce import NonceClaims, verify_nonce
 from nstance.pki.operator_record import operator_record, operator_record_key
 from nstance.pki.peer import PeerIdentity
 from nstance.server import records
-from nstance.server.context import ShardContext
+from nstance.server.context import ShardContext, fault_point
 from nstance.server.records import InstanceRecord
 
 log = logging.getLogger(__name__)
@@ -259,6 +259,7 @@ class Registrar:
         """After the claim: write the instance record, then the reported addresses; undo on failure."""
         ctx = self.ctx
         ip4, ip6, hostname = reported
+        fault_point("after-registration-claim")
         try:
             ctx.fence()
             await asyncio.to_thread(

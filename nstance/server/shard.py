@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 from collections.abc import Iterable
@@ -45,7 +46,7 @@ from nstance.server.api import (
     RefreshResult,
 )
 from nstance.server.configstate import ConfigChange, ConfigSnapshot
-from nstance.server.context import ShardContext
+from nstance.server.context import ShardContext, fault_point
 from nstance.server.dynamic_groups import edit_dynamic_groups
 from nstance.server.events import Events, GroupEventData
 from nstance.server.gc import gc_cycle
@@ -124,7 +125,8 @@ class Shard:
                     await self._release_address()
                     return
                 try:
-                    await asyncio.to_thread(ctx.config.load, True)
+                    # Fresh from storage or not at all: a stale copy may miss acknowledged group changes.
+                    await asyncio.to_thread(functools.partial(ctx.config.load, True, require_storage=True))
                     groups = await rebuild_cache(ctx, self.ops)
                     report = await sync_provider(ctx, self.ops)
                     groups |= report.groups
@@ -375,6 +377,7 @@ class Shard:
             lambda current: apply_upsert(config, current, tenant, group, update),
             known=(snapshot.dynamic, snapshot.groups_etag or None),
         )
+        fault_point("after-groups-write")
         self._apply_change(self.ctx.config.replace_dynamic(dynamic, etag))
         return self._group_view(tenant, group)
 

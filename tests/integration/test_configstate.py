@@ -294,6 +294,18 @@ def test_storage_down_while_running_keeps_the_current_snapshot(
     assert state.snapshot() is before
 
 
+def test_a_server_taking_leadership_never_settles_for_the_copy_it_holds(
+    state: ConfigState, counting: CountingStore
+) -> None:
+    """Found by the simulation: a new leader that kept a stale snapshot acted on old group sizes."""
+    state.load()
+    before = state.snapshot()
+    counting.down = True
+    with pytest.raises(Unavailable, match="connection refused"):
+        state.load(True, require_storage=True)
+    assert state.snapshot() is before  # nothing half-installed; the caller retries
+
+
 def test_storage_down_without_cache_is_unavailable(
     counting: CountingStore, tmp_path: Path, clock: ManualClock
 ) -> None:

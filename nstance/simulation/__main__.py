@@ -1,0 +1,94 @@
+"""Command line: ``python -m nstance.simulation --seeds N`` (``make sim SEEDS=N``).
+
+Runs seeds ``start .. start+N-1`` (or one ``--seed``), prints one line per failing seed with the
+command that reproduces it, and a JSON summary last; exits 1 when any seed failed. Python's string
+hashing must be fixed for a seed to replay exactly in another process, so without ``PYTHONHASHSEED=0``
+the command re-executes itself with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+
+from nstance.simulation.run import SeedResult, reproduce_command, run_seed
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if os.environ.get("PYTHONHASHSEED") != "0":
+        env = dict(os.environ, PYTHONHASHSEED="0")
+        os.execve(sys.executable, [sys.executable, "-m", "nstance.simulation", *args], env)
+    parser = argparse.ArgumentParser(prog="python -m nstance.simulation", description=__doc__)
+    parser.add_argument("--seeds", type=int, default=100, help="how many seeds to run (default 100)")
+    parser.add_argument("--start", type=int, default=0, help="first seed (default 0)")
+    parser.add_argument("--seed", type=int, default=None, help="run this one seed only")
+    parser.add_argument("--trace", action="store_true", help="print the run's trace (faults, leadership)")
+    parser.add_argument("--verbose", action="store_true", help="keep INFO server logs for failing seeds")
+    parser.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
+    opts = parser.parse_args(args)
+    seeds = [opts.seed] if opts.seed is not None else list(range(opts.start, opts.start + opts.seeds))
+    started = time.perf_counter()
+    totals: Counter[str] = Counter()
+    failed: list[int] = []
+    slowest = 0.0
+    slowest_seed = None
+    for result in _results(seeds, opts.jobs, verbose=opts.verbose or opts.trace):
+        seed = result.seed
+        totals.update(result.stats)
+        if result.wall > slowest:
+            slowest, slowest_seed = result.wall, seed
+        if opts.trace:
+            print("\n".join(result.trace))
+        if not result.ok:
+            failed.append(seed)
+            print(f"seed {seed} FAILED ({result.wall:.2f}s, digest {result.digest}):", flush=True)
+            for problem in result.problems:
+                print(f"  - {problem}")
+            if not opts.trace:
+                print("  trace (last 30 lines):")
+                for line in result.trace[-30:]:
+                    print(f"    {line}")
+            print("  server log (last 40 lines):")
+            for line in result.log_tail[-40:]:
+                print(f"    {line}")
+            print(f"  reproduce: {reproduce_command(seed)}", flush=True)
+        elif opts.seed is not None:
+            print(f"seed {seed} ok ({result.wall:.2f}s, digest {result.digest})")
+    wall = time.perf_counter() - started
+    summary = {
+        "seeds": len(seeds),
+        "failed": failed,
+        "wall_s": round(wall, 2),
+        "mean_s_per_seed": round(wall / max(1, len(seeds)), 3),
+        "slowest_s": round(slowest, 3),
+        "slowest_seed": slowest_seed,
+        "injected": dict(sorted(totals.items())),
+    }
+    print(json.dumps(summary))
+    return 1 if failed else 0
+
+
+def _one(seed_and_verbose: tuple[int, bool]) -> SeedResult:
+    seed, verbose = seed_and_verbose
+    return run_seed(seed, verbose=verbose)
+
+
+def _results(seeds: list[int], jobs: int, *, verbose: bool) -> Iterator[SeedResult]:
+    """Each seed's result, in seed order; with ``jobs`` > 1 from forked workers (same hash seed)."""
+    if jobs <= 1 or len(seeds) <= 1:
+        for seed in seeds:
+            yield run_seed(seed, verbose=verbose)
+        return
+    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+        yield from pool.imap(_one, [(seed, verbose) for seed in seeds])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

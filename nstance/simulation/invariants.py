@@ -1,0 +1,114 @@
+"""What must hold after a simulated run: the promises Nstance makes, checked on the end state.
+
+* **Never two leaders acting** - checked while the run happens (``World.check_acting``); its
+  violations are reported here.
+* **No leaked VM**: every VM the cloud runs has an instance record that is not deleted or failed.
+* **No duplicate VM**: one VM per instance id.
+* **Groups converge**: each group has exactly its desired number of VMs, and every one of them has an
+  agent that registered and still reports (a VM whose agent died was replaced).
+* **No dynamic group update lost**: each group's size is the last size an acknowledged UpsertGroup set,
+  or one of the sizes of later attempts whose outcome the client could not know.
+* **Blips replace nothing**: an instance replaced for missed health reports had an agent that really
+  died (or could never register); a blip shorter than the missed-report window never causes it.
+
+Pure reads of the world's shared state; nothing here changes it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from nstance.objectstore.scoped import ScopedObjectStore
+from nstance.providers.base import InstanceStatus
+from nstance.server import records
+from nstance.server.configstate import ConfigState
+from nstance.simulation.world import SHARD, TENANT, AgentState, World
+
+REASON_SILENT = "health-reports-missed"
+
+
+def desired_sizes(world: World, cache: Path) -> dict[str, int]:
+    """Each group's size as the shard's config and dynamic groups say now."""
+    state = ConfigState(ScopedObjectStore(world.base_store, f"shard/{SHARD}/"), cache, clock=world.clock)
+    state.load(True)
+    snapshot = state.snapshot()
+    assert snapshot is not None
+    out: dict[str, int] = {}
+    for tenant, group in snapshot.group_keys():
+        merged = snapshot.merged(tenant, group)
+        if tenant == TENANT and merged is not None:
+            out[group] = merged.size
+    return out
+
+
+def check_end_state(world: World, cache: Path) -> list[str]:
+    """Every broken promise, as a sentence naming the instance or group (empty when all hold)."""
+    problems = list(world.violations)
+    desired = desired_sizes(world, cache)
+    live = [
+        vm
+        for vm in world.cloud.vms.values()
+        if vm.status not in (InstanceStatus.DELETED, InstanceStatus.DELETING)
+    ]
+    for iid, count in sorted(Counter(vm.instance_id for vm in live).items()):
+        if count > 1:
+            problems.append(f"duplicate: {count} VMs run for instance {iid}")
+    found, _bad = records.list_records(ScopedObjectStore(world.base_store, f"shard/{SHARD}/"), workers=1)
+    active = {r.instance_id: r for r in found if r.status not in ("deleted", "failed", "deleting")}
+    for vm in sorted(live, key=lambda v: v.instance_id):
+        if vm.instance_id not in active:
+            problems.append(
+                f"leak: VM {vm.provider_id} ({vm.instance_id}) runs but no live record explains it"
+            )
+    live_ids = {vm.instance_id for vm in live}
+    for iid, rec in sorted(active.items()):
+        if iid not in live_ids:
+            problems.append(f"record of {iid} ({rec.group}) says {rec.status} but no VM runs for it")
+    per_group = Counter(active[vm.instance_id].group for vm in live if vm.instance_id in active)
+    for group, size in sorted(desired.items()):
+        if per_group.get(group, 0) != size:
+            problems.append(f"group {group}: {per_group.get(group, 0)} VMs run, {size} wanted")
+    for vm in sorted(live, key=lambda v: v.instance_id):
+        agent = world.agents.get(vm.instance_id)
+        if agent is None or not agent.registered or agent.crashed or agent.stuck:
+            problems.append(
+                f"instance {vm.instance_id} runs with no working agent ({_agent_state(agent)}) and was "
+                "not replaced"
+            )
+    problems.extend(_lost_updates(world, desired))
+    for at, iid, status, reason in world.events:
+        if reason != REASON_SILENT:
+            continue
+        agent = world.agents.get(iid)
+        if agent is None or not (agent.crashed or agent.stuck):
+            problems.append(
+                f"t={at:.2f}: instance {iid} was {status} for missed health reports, but its agent was alive"
+            )
+    return problems
+
+
+def _agent_state(agent: AgentState | None) -> str:
+    if agent is None:
+        return "none"
+    if agent.crashed:
+        return "crashed"
+    return "stuck" if agent.stuck else "not registered"
+
+
+def _lost_updates(world: World, desired: dict[str, int]) -> list[str]:
+    out: list[str] = []
+    for group in sorted(world.scenario.groups):
+        attempts = [u for u in world.upserts if u.group == group]
+        acked = [i for i, u in enumerate(attempts) if u.acknowledged]
+        if acked:
+            last = acked[-1]
+            allowed = {attempts[last].size} | {u.size for u in attempts[last + 1 :]}
+        else:
+            allowed = {world.scenario.groups[group]} | {u.size for u in attempts}
+        if desired.get(group) not in allowed:
+            out.append(
+                f"lost update: group {group} has size {desired.get(group)}, expected one of "
+                f"{sorted(allowed)} after {len(attempts)} UpsertGroup calls"
+            )
+    return out
