@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run test check lint fmt typecheck imports proto proto-check manifests manifests-check bench clean help
+.PHONY: run test check lint fmt typecheck imports proto proto-check manifests manifests-check bench sim clean help
 
 help:
 	@echo "make run    - run a local shard from examples/local (nstance-server, 3 local instances, live view)"
@@ -14,7 +14,8 @@ help:
 	@echo "make check  - ruff, ruff format --check, mypy --strict, import-linter, generated-code drift"
 	@echo "make proto  - regenerate nstance/rpc/ from protos/"
 	@echo "make manifests - regenerate CRDs, RBAC, webhook manifests (config/) and the chart's copies"
-	@echo "make bench  - run every benchmark in bench/ (JSON lines on stdout)"
+	@echo "make bench  - run every benchmark in bench/; writes bench/results.json and docs/performance.md"
+	@echo "make sim    - deterministic simulation: SEEDS=N seeds (default 100), JOBS=N processes (default 2)"
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
@@ -56,9 +57,16 @@ manifests-check: $(STAMP)
 	$(PY) scripts/gen_manifests.py --check
 
 check: lint typecheck imports proto-check manifests-check
+	$(PY) scripts/gen_config_docs.py --check
 
 bench: $(STAMP)
-	@for b in bench/*.py; do $(PY) $$b || exit 1; done
+	@$(PY) bench/run_all.py
+
+SEEDS ?= 100
+JOBS  ?= 2
+
+sim: $(STAMP)
+	$(PY) -m nstance.simulation --seeds $(SEEDS) --jobs $(JOBS)
 
 clean:
 	rm -rf $(VENV) .local .pytest_cache .mypy_cache .ruff_cache

@@ -17,9 +17,10 @@ shard-group steps → ``UpsertGroup`` on each shard.
   to a traffic spike might; latency of each pool's change. Target (issue #5): p99 <= 1 s.
 
 Baseline, measured in the same run: the same change made by calling ``UpsertGroup`` on the three shards
-directly from this process (concurrently), p50 over 40 changes - the floor without Kubernetes and the
-operator. ``ratio`` = value / baseline. One JSON object per line with ``name, value, unit, target,
-baseline, baseline_name, ratio, met``. Takes about a minute.
+directly from this process (concurrently, in a tenant the operator does not manage), p50 over 40
+changes - the floor without Kubernetes and the operator. ``ratio`` = value / baseline. One JSON
+object per line with ``name, value, unit, target, target_text, baseline, baseline_name, ratio, met``
+(``target`` and ``met`` are null on the p50 lines, which have no target). Takes about a minute.
 """
 
 from __future__ import annotations
@@ -138,7 +139,9 @@ class Watcher:
         await asyncio.gather(*self.tasks, return_exceptions=True)
 
 
-async def measure(kubeconfig: Path, cluster: LocalCluster, stubs: dict[str, Any]) -> list[dict[str, Any]]:
+async def measure(
+    kubeconfig: Path, cluster: LocalCluster, stubs: dict[str, Any], baseline_stubs: dict[str, Any]
+) -> list[dict[str, Any]]:
     kube = Kube.from_configuration(await load_configuration(str(kubeconfig)))
     watcher = Watcher(stubs)
     watcher.start()
@@ -176,18 +179,24 @@ async def measure(kubeconfig: Path, cluster: LocalCluster, stubs: dict[str, Any]
         progress("measuring a burst of 100 changes")
         burst = list(await asyncio.gather(*(change(g, 6) for g in groups)))
         progress("measuring the direct-UpsertGroup baseline")
+        # The baseline's groups live in a tenant the operator does not manage: groups of its own
+        # tenant that it does not know, it imports as MachinePools and then sets their sizes itself.
+        direct_watcher = Watcher(baseline_stubs)
+        direct_watcher.start()
 
         async def direct(group: str, size: int) -> float:
-            watcher.forget(group)
+            direct_watcher.forget(group)
             started = time.monotonic()
             request = operator_pb2.UpsertGroupRequest(
                 key=group, config=operator_pb2.GroupConfig(template="app", size=size)
             )
-            await asyncio.gather(*(stub.UpsertGroup(request, timeout=10) for stub in stubs.values()))
-            return await watcher.wait_all(group, size) - started
+            await asyncio.gather(*(stub.UpsertGroup(request, timeout=10) for stub in baseline_stubs.values()))
+            return await direct_watcher.wait_all(group, size) - started
 
-        # The baseline uses its own groups so the operator does not fight it.
-        baseline = [await direct(f"direct-{i % 5}", 1 + i % 2) for i in range(SINGLE_CHANGES)]
+        try:
+            baseline = [await direct(f"direct-{i % 5}", 1 + i % 2) for i in range(SINGLE_CHANGES)]
+        finally:
+            await direct_watcher.stop()
     finally:
         await watcher.stop()
         await kube.close()
@@ -196,16 +205,18 @@ async def measure(kubeconfig: Path, cluster: LocalCluster, stubs: dict[str, Any]
     for name, values in (("operator_sync_single", single), ("operator_sync_burst", burst)):
         for label, q in (("p50", 0.5), ("p99", 0.99)):
             value = percentile(values, q)
+            target = TARGET_P99_S if label == "p99" else None  # the issue sets no p50 target
             results.append(
                 {
                     "name": f"{name}_{label}_s",
                     "value": round(value, 4),
                     "unit": "s",
-                    "target": TARGET_P99_S,
+                    "target": target,
+                    "target_text": f"≤ {TARGET_P99_S:g} s" if target is not None else None,
                     "baseline": round(base, 4),
                     "baseline_name": "direct UpsertGroup on 3 shards, p50",
                     "ratio": round(value / base, 2),
-                    "met": value <= TARGET_P99_S,
+                    "met": value <= target if target is not None else None,
                     "samples": len(values),
                     "pools": POOLS,
                     "shards": len(SHARDS),
@@ -242,6 +253,7 @@ def main() -> None:
                 cluster.write_config(shard, config)
                 servers.append(start_leader(cluster, root / shard, shard=shard))
             identity = cluster.operator_identity(root / "bench-identity")
+            baseline_identity = cluster.operator_identity(root / "baseline-identity", tenant="bench")
             with emulator(root) as kubeconfig:
 
                 async def bootstrap() -> None:
@@ -263,13 +275,13 @@ def main() -> None:
                 ).start()
                 operator.wait_ready(60)
 
-                async def run() -> list[dict[str, Any]]:
+                def stubs_for(directory: Path) -> dict[str, Any]:
                     stubs = {}
                     for shard in SHARDS:
                         creds = grpc.ssl_channel_credentials(
-                            root_certificates=(identity / "ca.crt").read_bytes(),
-                            private_key=(identity / "identity.key").read_bytes(),
-                            certificate_chain=(identity / "identity.crt").read_bytes(),
+                            root_certificates=(directory / "ca.crt").read_bytes(),
+                            private_key=(directory / "identity.key").read_bytes(),
+                            certificate_chain=(directory / "identity.crt").read_bytes(),
                         )
                         channel = grpc.aio.secure_channel(
                             addrs[shard]["operator_addr"],
@@ -277,7 +289,12 @@ def main() -> None:
                             options=[("grpc.ssl_target_name_override", "nstance-server")],
                         )
                         stubs[shard] = operator_pb2_grpc.OperatorServiceStub(channel)
-                    return await measure(kubeconfig, cluster, stubs)
+                    return stubs
+
+                async def run() -> list[dict[str, Any]]:
+                    return await measure(
+                        kubeconfig, cluster, stubs_for(identity), stubs_for(baseline_identity)
+                    )
 
                 try:
                     for result in asyncio.run(run()):

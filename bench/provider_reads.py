@@ -16,7 +16,7 @@ Budget (reference/perf-reliability-anchors.md §1.2 and goal 7): EC2's non-mutat
 call. The instances never register (no agents on the sim), and ``registration_timeout`` is 1 h, so
 nothing is replaced during the window: this is the read load of a fleet at rest, which is what the
 budget must leave room beside. One JSON object per line with ``name, value, unit, budget, ratio,
-target, met`` and the raw counts. Takes about three minutes.
+target, target_text, met`` and the raw counts. Takes about three minutes.
 """
 
 from __future__ import annotations
@@ -108,6 +108,7 @@ async def run() -> dict[str, object]:
         "budget": BUDGET_PER_MINUTE,
         "ratio": round(ratio, 4),
         "target": TARGET_RATIO,
+        "target_text": f"ratio ≤ {TARGET_RATIO:.2f}, no throttled call",
         "met": ratio <= TARGET_RATIO and throttled == 0,
         "window_s": round(elapsed, 1),
         "calls": {k: v for k, v in sorted(during.items()) if v},
