@@ -28,9 +28,18 @@ class LeaderElectionConfig(StrictModel):
     """Lockfile-based leader election timing (shared by the cluster and shard elections)."""
 
     enabled: bool = True
+    """Take part in the election. With `false` the server acts as leader at once and writes no lockfile, so
+    exactly one server may run (per shard for `shard.leader_election`, per cluster for
+    `cluster.leader_election`)."""
     frequent_interval: PositiveDuration = seconds(5)
+    """How often the leader renews the lockfile and followers read it."""
     infrequent_interval: PositiveDuration = seconds(30)
+    """Accepted for upstream compatibility. Followers always read every `frequent_interval` (so a failover
+    stays within `leader_timeout` plus `frequent_interval`); this value is only the step period when
+    `enabled` is `false`."""
     leader_timeout: PositiveDuration = seconds(15)
+    """How long a follower must see the lockfile unchanged, by its own clock, before it takes over; must be
+    greater than `frequent_interval`. A leader that has not renewed for half of it stops acting."""
 
     @model_validator(mode="after")
     def _rules(self) -> Self:
@@ -45,10 +54,15 @@ class StorageConfig(StrictModel):
     """Where cluster-scope objects live when they are not in the shard's bucket."""
 
     provider: Literal["s3", "gcs", "file"]
+    """`s3` or `file`. `gcs` is accepted by the schema, but the server refuses to start with it."""
     bucket: NonEmptyStr
+    """Bucket name (`s3`) or directory (`file`)."""
     region: str = ""
+    """Region of the bucket (`s3`); empty: boto3's default (`AWS_REGION`)."""
     endpoint: str = ""
+    """Endpoint URL of an S3-compatible store; empty: AWS S3, or `AWS_ENDPOINT_URL` when set."""
     prefix: str = "cluster/"
+    """Key prefix of the cluster scope inside that bucket."""
 
 
 EncryptionKeyProvider = Literal[
@@ -60,8 +74,13 @@ class EncryptionKeyConfig(StrictModel):
     """Where the 32-byte AES key for ``object-storage`` secrets comes from."""
 
     provider: EncryptionKeyProvider
+    """`env` (an environment variable) or `file`. The other values are accepted by the schema for upstream
+    compatibility, but the server refuses to start with them."""
     source: NonEmptyStr
+    """The variable name (`env`) or file path (`file`) holding the key: 32 raw bytes, 64 hex characters, or
+    base64 of 32 bytes (`nstance-admin secrets generate-key`)."""
     project_id: str = ""
+    """Google project of `google-secret-manager` (not supported yet); required with that provider."""
 
     @model_validator(mode="after")
     def _rules(self) -> Self:
@@ -88,11 +107,22 @@ class SecretsConfig(StrictModel):
     """The cluster's secret store (CA key, nonce signing key, template secrets)."""
 
     provider: SecretsProvider
+    """`object-storage` (AES-256-GCM encrypted objects in the cluster scope), `aws-secrets-manager`, or
+    `memory` (a process-local store, for tests). `aws-parameter-store` and `google-secret-manager` (alias
+    `gcp-secret-manager`) are accepted by the schema, but the server refuses to start with them."""
     prefix: str = ""
+    """Name prefix of every secret. Empty: `secret/` for `object-storage` (so `cluster/secret/ca.key`),
+    none for `aws-secrets-manager`. Pass the same value to `nstance-admin --secrets-prefix`."""
     project_id: str = ""
+    """Google project of `google-secret-manager` (not supported yet); required with that provider."""
     encryption_key: EncryptionKeyConfig | None = None
+    """The current key of `object-storage` secrets: it encrypts every write and is tried first on reads.
+    Required with `object-storage`, refused with any other provider."""
     old_encryption_keys: list[EncryptionKeyConfig] = Field(default_factory=list)
+    """Earlier keys, tried in order after `encryption_key` when a secret does not decrypt, never used to
+    write. Only with `object-storage`."""
     cache_ttl: Duration = timedelta(0)
+    """Accepted for upstream compatibility. This server does not cache secrets, so the value has no effect."""
 
     @model_validator(mode="after")
     def _rules(self) -> Self:
@@ -113,6 +143,15 @@ class ClusterConfig(StrictModel):
     """Cluster-wide settings shared by every shard."""
 
     id: Identifier
+    """Cluster identifier. It is in every registration nonce and client certificate, in every instance's
+    tags, and in the name of the operator's Cluster API objects; every shard's file must say the same."""
     storage: StorageConfig | None = None
+    """Keep the cluster scope (CA certificate, encrypted secrets, operator records, deny-list, cluster
+    lockfile) in another bucket. Unset: the `cluster/` prefix of the bucket given to `nstance-server
+    --bucket`."""
     secrets: SecretsConfig
+    """The cluster's secret store: the CA key, the registration-nonce signing key and the secrets template
+    files deliver."""
     leader_election: LeaderElectionConfig = LeaderElectionConfig()
+    """Timing of the cluster election (`cluster/leader.json`). The cluster leader creates a missing cluster
+    identity, registers operators and renews their certificates."""

@@ -22,23 +22,31 @@ class TargetGroupConfig(StrictModel):
     """An AWS target group instances are registered with."""
 
     arn: NonEmptyStr
+    """The target group's ARN."""
     listener_port: Port | None = None
+    """Upstream's listener port; accepted and not used."""
     target_port: Port
+    """Port the instance is registered on."""
     proxy_port: Port | None = None
+    """Upstream's wake-proxy port; accepted and not used."""
 
 
 class FrontendConfig(StrictModel):
     """A Google load balancer frontend (forwarding rule address and port)."""
 
     ip: NonEmptyStr
+    """Forwarding-rule address; documentation only, not used."""
     port: Port
+    """Forwarding-rule port; documentation only, not used."""
 
 
 class ListenerConfig(StrictModel):
     """A tunnel listener: traffic for ``target_port`` (or ``proxy_port`` while asleep)."""
 
     target_port: Port
+    """Port traffic is sent to."""
     proxy_port: Port | None = None
+    """Port of upstream's wake proxy."""
 
 
 _LB_FIELDS: dict[str, tuple[str, ...]] = {
@@ -50,13 +58,24 @@ _LB_REQUIRED = {"aws": "target_groups", "google": "network_endpoint_groups", "tu
 
 
 class LoadBalancerConfig(StrictModel):
-    """A load balancer group instances are registered with (v2 shape)."""
+    """A load balancer that a group's instances are registered with (upstream's newer shape).
+
+    ``provider`` picks the kind; only that provider's list may be set, and it must have an entry.
+    """
 
     provider: Literal["aws", "google", "tunnel"]
+    """`aws` (target groups) or `google` (zonal network endpoint groups); must be the shard's provider.
+    `tunnel` is accepted by the schema and refused by validation (not supported yet)."""
     target_groups: list[TargetGroupConfig] = Field(default_factory=list)
+    """`aws`: target groups; at least one, and only for `aws`."""
     network_endpoint_groups: list[NonEmptyStr] = Field(default_factory=list)
+    """`google`: zonal NEGs of the shard's zone (a name, `zones/Z/networkEndpointGroups/N`,
+    `projects/P/zones/Z/networkEndpointGroups/N` or its URL); at least one, and only for `google`."""
     frontends: list[FrontendConfig] = Field(default_factory=list)
+    """`google`: forwarding-rule addresses; accepted for upstream compatibility and as documentation, not
+    used."""
     listeners: list[ListenerConfig] = Field(default_factory=list)
+    """`tunnel`: listeners (not supported yet)."""
 
     @model_validator(mode="after")
     def _rules(self) -> Self:
@@ -78,18 +97,27 @@ class ImageFilterConfig(StrictModel):
     """One DescribeImages-style filter."""
 
     name: NonEmptyStr
+    """Filter name, as DescribeImages takes it (`name`, `architecture`, ...)."""
     values: list[NonEmptyStr] = Field(min_length=1)
+    """Accepted values; wildcards as the provider allows them."""
 
 
 class ImageConfig(StrictModel):
     """A machine image resolved by lookup (newest match), exposed to templates as ``Image.<name>``."""
 
     provider: Literal["aws", "oci"]
+    """`aws` (DescribeImages). `oci` is accepted by the schema, but no provider implements it. Must match
+    `shard.infra.provider`."""
     filters: list[ImageFilterConfig] = Field(min_length=1)
+    """Lookup filters; at least one."""
     owners: list[NonEmptyStr] = Field(default_factory=list)
+    """Image owners (account IDs or aliases such as `amazon`)."""
     sort: Literal["creation-date", "name"] = "creation-date"
+    """What `order` sorts by: `creation-date` or `name`."""
     order: Literal["asc", "desc"] = "desc"
+    """`desc` picks the newest (or last by name), `asc` the oldest (or first)."""
     fallback: str = ""
+    """Image ID used when no lookup has succeeded yet."""
 
 
 def _absolute_uri(uri: str) -> str:
@@ -105,18 +133,36 @@ AbsoluteUri = Annotated[str, AfterValidator(_absolute_uri)]
 
 
 class CertConfig(StrictModel):
-    """A certificate template; string fields may be templated (``{{ Instance.Hostname }}``)."""
+    """A certificate template; string fields may be templated (``{{ Instance.Hostname }}``).
+
+    Three names are reserved. ``agent`` sets the lifetime (``ttl``) of agent certificates issued at
+    registration and renewal; ``operator`` that of operator certificates issued at registration
+    (renewals get 8760 hours); ``ca`` is accepted for upstream compatibility but changes nothing: the
+    CA's name and ten-year lifetime are fixed when the cluster is initialised.
+    """
 
     kind: Literal["client", "server"] | None = None
+    """`client` (EKU clientAuth) or `server` (EKU serverAuth). Required except in the reserved entries
+    `ca`, `agent` and `operator`."""
     cn: str = ""
+    """Subject common name (templated). Empty: the entry's name."""
     organization: list[str] = Field(default_factory=list)
+    """Subject organizations (templated)."""
     dns: list[str] = Field(default_factory=list)
+    """DNS names (templated); an entry that renders empty is dropped."""
     ip: list[str] = Field(default_factory=list)
+    """IP addresses (templated); an entry that renders empty is dropped."""
     uri: list[AbsoluteUri] = Field(default_factory=list)
+    """URIs such as `spiffe://...` (templated); an entry that renders empty is dropped."""
     country: list[str] = Field(default_factory=list)
+    """Subject countries (templated)."""
     province: list[str] = Field(default_factory=list)
+    """Subject provinces or states (templated)."""
     locality: list[str] = Field(default_factory=list)
+    """Subject localities (templated)."""
     street: list[str] = Field(default_factory=list)
+    """Subject street addresses (templated)."""
     postal_code: list[str] = Field(default_factory=list)
+    """Subject postal codes (templated)."""
     ttl: int = Field(default=8760, ge=1)
-    """Validity in hours (default one year)."""
+    """Validity in hours (default one year), never beyond the CA's expiry."""

@@ -28,10 +28,18 @@ class ServerConfig(StrictModel):
     """One shard server's static configuration."""
 
     cluster: ClusterConfig
+    """Cluster-wide settings; the same in every shard's file."""
     shard: ShardConfig
+    """This shard: provider, listeners, subnet pools and timings."""
     load_balancers: dict[str, LoadBalancerConfig] = Field(default_factory=dict)
+    """Load balancers that groups register their instances with, by name."""
     images: dict[ImageName, ImageConfig] = Field(default_factory=dict)
+    """Machine images the leader looks up, by name (`Image.<name>` in templates)."""
     certificates: dict[str, CertConfig] = Field(default_factory=dict)
+    """Certificate templates, by name. `ca`, `agent` and `operator` are reserved names."""
     defaults: DefaultsConfig = DefaultsConfig()
+    """What every template starts from."""
     templates: dict[str, TemplateConfig]
+    """Instance templates, by name (may be empty)."""
     groups: dict[TenantName, dict[GroupName, GroupConfig]] = Field(default_factory=dict)
+    """Static groups: tenant to group name to group."""

@@ -42,9 +42,17 @@ class InfraConfig(StrictModel):
     """Which infrastructure provider this shard drives, and where."""
 
     provider: Provider
+    """`aws`, `google` (alias `gcp`), `proxmox`, `local` (every instance is an `nstance-agent` process on
+    the server's machine) or `sim` (simulated VMs, for tests and demos). Upstream's `tmux` and `mock` are
+    refused."""
     region: NonEmptyStr
+    """The provider's region (any label for `proxmox` and `local`); `Provider.Region` in templates."""
     zone: NonEmptyStr
+    """The zone this shard runs in (AWS availability zone, Google zone, any label for `proxmox` and
+    `local`); `Provider.Zone` in templates."""
     options: dict[str, Any] = Field(default_factory=dict)
+    """Provider options; each provider refuses keys it does not know, naming them. See
+    docs/provider-aws.md, docs/provider-gcp.md and docs/provider-proxmox.md."""
 
 
 def split_host_port(addr: str) -> tuple[str, int] | None:
@@ -58,13 +66,26 @@ def split_host_port(addr: str) -> tuple[str, int] | None:
 
 
 class AddrsConfig(StrictModel):
-    """The five listener addresses of a server (``host:port``; an empty host means all interfaces)."""
+    """The five addresses of a server.
+
+    Each is ``host:port`` with a port from 1 to 65535 and an IPv6 host in brackets
+    (``[fd00::5]:8993``). In ``shard.bind`` an empty host (``:8993``) listens on every interface; in
+    ``shard.advertise`` an empty, ``0.0.0.0`` or ``::`` host is replaced by the server's primary IP
+    at start-up (``--advertise-host`` sets it explicitly).
+    """
 
     health_addr: str
+    """Health and metrics endpoint. The server listens on `--health-addr` (default `:8990`), not on
+    `shard.bind.health_addr`; the advertised value is recorded in the shard lockfile (`healthAddr`)."""
     election_addr: str
+    """Election peer address. No listener is opened on it; the advertised value is the `leaderAddr` of the
+    lockfiles."""
     registration_addr: str
+    """RegistrationService (TLS without client certificates): agents and operators register here."""
     operator_addr: str
+    """Operator API (mTLS, client certificates with role `operator`)."""
     agent_addr: str
+    """Agent API (mTLS, client certificates with role `agent`)."""
 
     def addrs(self) -> dict[str, str]:
         return {name: getattr(self, name) for name in ADDR_FIELDS}
@@ -86,7 +107,10 @@ def _same_listener(a: tuple[str, int], b: tuple[str, int]) -> bool:
 
 
 class BindConfig(AddrsConfig):
-    """Addresses the server listens on; no two listeners may share one."""
+    """Addresses the server listens on, in the form of ``shard.advertise``; no two may share one.
+
+    A listener on an empty or wildcard host clashes with every other listener on the same port.
+    """
 
     @model_validator(mode="after")
     def _distinct(self) -> Self:
@@ -107,7 +131,10 @@ class LeaderNetworkConfig(StrictModel):
     """A floating IP (and, on AWS, the ENI holding it) moved to whichever server leads."""
 
     ip: NonEmptyStr
+    """The address that follows the leader; it must be an IP address. Google supports IPv4 only."""
     interface_id: str = ""
+    """AWS: the ENI (`eni-...`) that holds `ip`; required. Google: the VM network interface that gets the
+    alias IP (`nic0` when empty)."""
 
     @model_validator(mode="after")
     def _rules(self) -> Self:
@@ -124,8 +151,14 @@ class GarbageCollectionConfig(StrictModel):
     """Cleanup of instances that never registered and of old deleted-instance records."""
 
     interval: Duration = timedelta(minutes=2)
+    """How often the leader collects garbage: never-registered instances, stale create intents, VMs the
+    provider lists but no record explains, and old records. `0s` together with `registration_timeout: 0s`
+    disables it."""
     registration_timeout: Duration = timedelta(minutes=5)
+    """An instance that has not registered this long after its creation is deleted; also the lifetime of
+    agent registration nonces. Must be greater than `interval`, or `0s` when `interval` is `0s`."""
     deleted_record_retention: Duration = timedelta(minutes=30)
+    """How long records of deleted instances stay in object storage and SQLite before they are purged."""
 
     @model_validator(mode="after")
     def _rules(self) -> Self:
@@ -147,8 +180,13 @@ class ExpiryConfig(StrictModel):
     """Instance age limits: eligible (replace when convenient), forced, and for on-demand instances."""
 
     eligible_age: Duration | None = None
+    """Instances older than this are rotated (replacement first, then drain), one per reconcile and only
+    while nothing in the group drains. Unset: never."""
     forced_age: Duration | None = None
+    """Instances older than this are rotated even while another drain runs, one per reconcile. Must be
+    greater than `eligible_age`. Unset: never."""
     ondemand_age: Duration | None = None
+    """On-demand instances older than this are drained and deleted, without replacement. Unset: never."""
 
     @model_validator(mode="after")
     def _rules(self) -> Self:
@@ -164,10 +202,13 @@ class ExpiryConfig(StrictModel):
 
 
 class ErrorExitJitterConfig(StrictModel):
-    """Random delay before the server exits on a fatal error (spreads restarts out)."""
+    """Upstream's random delay before exiting on a fatal error; accepted and not used here."""
 
     min_delay: Duration = seconds(10)
+    """Accepted for upstream compatibility and not used: this server retries failed start-up steps with
+    backoff instead of exiting."""
     max_delay: Duration = seconds(40)
+    """Accepted for upstream compatibility and not used; must not be less than `min_delay`."""
 
     @model_validator(mode="after")
     def _rules(self) -> Self:
@@ -202,23 +243,52 @@ class ShardConfig(StrictModel):
     """One zone shard: provider, listeners, subnet pools and the server's timings."""
 
     id: Identifier
+    """Shard identifier; must equal `nstance-server --shard`. The file is stored as
+    `shard/<id>/config.jsonc`."""
     infra: InfraConfig
+    """Which provider creates this shard's VMs, and where."""
     bind: BindConfig
+    """Addresses this server listens on. An empty host (`:8993`) listens on every interface; `--bind-host`
+    replaces every host."""
     advertise: AddrsConfig
+    """Addresses given to agents (userdata, `Server.*` in templates) and operators, and written to the
+    lockfiles. With standby servers, use the shard's leader address (`leader_network.ip`, a keepalived
+    address, or a DNS name that follows the leader); `--advertise-host` replaces every host."""
     leader_network: LeaderNetworkConfig | None = None
+    """A private address moved to whichever server leads (AWS: the ENI `interface_id`; Google: an alias
+    IP). Refused for providers that cannot move one (`proxmox`, `local`); use keepalived there."""
     subnet_pools: SubnetPools
+    """Pool name to provider subnet IDs: AWS subnet IDs, Google subnetworks, Proxmox bridges (`vmbr0`, or
+    `vmbr0:120` with a VLAN tag)."""
     dynamic_subnet_pools: list[str] | None = None
+    """Pools that groups created through the Operator API may use; each must be a pool of `subnet_pools`.
+    Unset: any pool."""
     request_timeout: PositiveDuration = seconds(30)
+    """Upstream's per-request timeout. Here only garbage collection uses it: a create intent whose provider
+    call never started is retired once older than twice this value."""
     create_rate_limit: Duration = timedelta(0)
+    """Minimum spacing between two provider creates of this shard; `0s`: none."""
     health_check_interval: PositiveDuration = seconds(60)
+    """How often agents are expected to report; set the agents' `NSTANCE_REPORT_INTERVAL` to the same
+    value. A registered agent silent for three intervals while its VM runs is replaced and drained."""
     default_drain_timeout: Duration = timedelta(minutes=5)
+    """Drain timeout of groups that set none. `0s` disables drain: instances are deleted at once (upstream
+    rewrites 0 to 5m)."""
     image_refresh_interval: PositiveDuration = timedelta(hours=6)
+    """How old a resolved `images` answer may get before the leader looks it up again."""
     shutdown_timeout: Duration = seconds(10)
+    """On SIGTERM or loss of leadership, how long provider calls in flight may take to finish and record
+    their outcome."""
     garbage_collection: GarbageCollectionConfig = GarbageCollectionConfig()
+    """Cleanup timing."""
     expiry: ExpiryConfig = ExpiryConfig()
+    """Instance age limits."""
     leader_election: LeaderElectionConfig = LeaderElectionConfig()
+    """Timing of the shard election (`shard/<id>/leader.json`)."""
     error_exit_jitter: ErrorExitJitterConfig = ErrorExitJitterConfig()
+    """Accepted for upstream compatibility; not used."""
     max_concurrent_creates: int = Field(default=16, ge=1)
+    """At most this many provider creates in flight at once, across all groups of the shard."""
 
     @field_validator("dynamic_subnet_pools")
     @classmethod

@@ -23,8 +23,13 @@ class UserdataConfig(StrictModel):
     """Userdata handed to new VMs: inline text or a URL the server fetches, then rendered."""
 
     source: Literal["inline", "url"] = "inline"
+    """`inline`: `content` is the userdata. `url`: `content` is a URL the server fetches at every create."""
     encoding: UserdataEncoding = "plain"
+    """How the content (or the fetched bytes) is encoded: `plain`, `base64`, `gzip` (only with `url`) or
+    `base64+gzip`. It is decoded, then rendered as a template."""
     content: NonEmptyStr
+    """The userdata (a template that sees `Nonce`, `Cluster.CACert`, `Instance.ID`,
+    `Server.RegistrationAddr` and the rest of docs/files.md), or its URL."""
 
     @model_validator(mode="after")
     def _rules(self) -> Self:
@@ -42,7 +47,9 @@ class FileKeyConfig(StrictModel):
     """Which public key a certificate file is issued for (one the agent generated)."""
 
     source: Literal["agent"]
+    """`agent`: the agent generates the key pair when asked; the private key never leaves the VM."""
     name: NonEmptyStr
+    """Key name; a trailing `.pub` is dropped (`kubelet.pub` names the key pair `kubelet`)."""
 
 
 class FileConfig(StrictModel):
@@ -54,9 +61,16 @@ class FileConfig(StrictModel):
     """
 
     kind: FileKind
+    """What the file is made from: `secret`, `storage`, `certificate`, `env`, `json` or `string`
+    (docs/files.md)."""
     source: str = ""
+    """`secret`: the secret's name; `storage`: an object key in the shard's storage (templated). Required
+    for those kinds, refused for the others."""
     template: Any = None
+    """`certificate`: the name of a `certificates` entry; `env`: an object of strings; `json`: an object;
+    `string`: a string. Refused for `secret` and `storage`."""
     key: FileKeyConfig | None = None
+    """`certificate` only, and required there: the agent key the certificate is issued for."""
 
     @model_validator(mode="after")
     def _rules(self) -> Self:
@@ -105,14 +119,25 @@ class TemplateConfig(StrictModel):
     """An instance template: what a group's instances are created from."""
 
     kind: Kind
+    """Three lowercase letters: the prefix of instance IDs (`knc06h...`)."""
     arch: Literal["amd64", "arm64"]
+    """`amd64` or `arm64`. Instance types are checked against it where the provider can tell."""
     files: dict[str, FileConfig] = Field(default_factory=dict)
+    """File name (a clean relative path under the agent's receive directory) to the file the server
+    delivers."""
     args: dict[str, Any] = Field(default_factory=dict)
+    """Provider create arguments (docs/provider-*.md), deep-merged over `defaults.args`; string values are
+    templates."""
     userdata: UserdataConfig | None = None
+    """Userdata of new VMs. Unset: `defaults.userdata`."""
     size: int = Field(default=1, ge=0)
+    """Size of groups that set none."""
     instance_type: str | None = None
+    """Instance type of groups that set none."""
     subnet_pool: str | None = None
+    """Subnet pool of groups that set none; must be a pool of `shard.subnet_pools`."""
     vars: dict[str, str] = Field(default_factory=dict)
+    """Template variables (`Vars.<name>`), merged over `defaults.vars`."""
 
     @model_validator(mode="after")
     def _rules(self) -> Self:
@@ -126,21 +151,39 @@ class TemplateConfig(StrictModel):
 
 
 class GroupConfig(StrictModel):
-    """A group: ``size`` instances of ``template`` (None fields inherit from the template)."""
+    """A group: ``size`` instances of ``template`` (unset fields inherit from the template).
+
+    Through the Operator API, a static group (one defined here) may change only ``size``,
+    ``instance_type`` and ``vars``; the other fields are fixed by this file.
+    """
 
     template: NonEmptyStr
+    """The template the group's instances are created from; must be an entry of `templates`."""
     size: int | None = Field(default=None, ge=0)
+    """Desired number of instances. Unset: the template's `size`."""
     instance_type: str | None = None
+    """Unset: the template's `instance_type`."""
     subnet_pool: str | None = None
+    """Unset: the template's `subnet_pool`; one of the two must be set, naming a pool of
+    `shard.subnet_pools`."""
     vars: dict[str, str] = Field(default_factory=dict)
+    """Merged over the template's vars (the group wins)."""
     args: dict[str, Any] = Field(default_factory=dict)
+    """Deep-merged over the template's args."""
     drain_timeout: Duration | None = None
+    """How long a drain may take before the instance is deleted anyway. Unset:
+    `shard.default_drain_timeout`; `0s`: no drain."""
     load_balancers: list[str] = Field(default_factory=list)
+    """Names of `load_balancers` entries the group's instances are registered with once their agent
+    reports."""
 
 
 class DefaultsConfig(StrictModel):
     """Values every template starts from: args (deep-merged), vars, and fallback userdata."""
 
     args: dict[str, Any] = Field(default_factory=dict)
+    """Provider create arguments every template starts from."""
     vars: dict[str, str] = Field(default_factory=dict)
+    """Template variables every template starts from."""
     userdata: UserdataConfig | None = None
+    """Userdata of templates that set none."""

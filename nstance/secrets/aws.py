@@ -20,12 +20,19 @@ imported when this provider is chosen (the factory imports it lazily). It never 
 
 from __future__ import annotations
 
+import os
 from typing import Any, NoReturn
 
 import boto3
-from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, NoRegionError
 
-from nstance.core.errors import FailedPrecondition, PermissionDenied, ResourceExhausted, Unavailable
+from nstance.core.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    PermissionDenied,
+    ResourceExhausted,
+    Unavailable,
+)
 from nstance.secrets.base import SecretNotFound, validate_secret_name
 
 _NOT_FOUND = "ResourceNotFoundException"
@@ -68,11 +75,16 @@ class AwsSecretsManagerStore:
     ) -> None:
         self._prefix = prefix
         self._description = description
-        self._client: Any = (
-            client
-            if client is not None
-            else boto3.client("secretsmanager", region_name=region, endpoint_url=endpoint_url)
-        )
+        if client is None:
+            region = region or os.environ.get("AWS_REGION") or None
+            try:
+                client = boto3.client("secretsmanager", region_name=region, endpoint_url=endpoint_url)
+            except NoRegionError as exc:
+                raise InvalidArgument(
+                    "AWS Secrets Manager needs a region: set AWS_REGION or AWS_DEFAULT_REGION (or a region "
+                    "in the AWS profile)"
+                ) from exc
+        self._client: Any = client
 
     @property
     def prefix(self) -> str:

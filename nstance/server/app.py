@@ -17,8 +17,9 @@ import gc
 import logging
 import os
 import signal
+import socket
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -144,6 +145,36 @@ def _override_hosts(addrs: Mapping[str, str], host: str) -> dict[str, str]:
         parsed = split_host_port(addr)
         port = parsed[1] if parsed else 0
         out[name] = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return out
+
+
+def primary_ip() -> str:
+    """This host's primary IPv4 address: the source address of its default route ("" if none).
+
+    A UDP "connect" only selects a route; no packet is sent.
+    """
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(("192.0.2.1", 9))  # TEST-NET-1: never routed anywhere, so nothing leaves
+        return str(probe.getsockname()[0])
+    return ""
+
+
+def fill_advertised_hosts(addrs: Mapping[str, str], detect: Callable[[], str] = primary_ip) -> dict[str, str]:
+    """``shard.advertise`` with an empty, ``0.0.0.0`` or ``::`` host replaced by this host's primary IP.
+
+    Such a host cannot be dialled by agents and operators; upstream fills it the same way. Without a
+    detectable address the value is left as it is (``--advertise-host`` sets it explicitly).
+    """
+    out = dict(addrs)
+    detected: str | None = None
+    for name, addr in addrs.items():
+        parsed = split_host_port(addr)
+        if parsed is None or parsed[0].strip("[]") not in ("", "0.0.0.0", "::"):
+            continue
+        if detected is None:
+            detected = detect()
+        if detected:
+            out[name] = f"[{detected}]:{parsed[1]}" if ":" in detected else f"{detected}:{parsed[1]}"
     return out
 
 
@@ -316,7 +347,9 @@ class ServerApp:
             self._starting = "waiting for the cluster identity and opening the gRPC APIs"
             shard_cfg = config.shard
             bind = _override_hosts(shard_cfg.bind.addrs(), opts.bind_host)
-            advertise = _override_hosts(shard_cfg.advertise.addrs(), opts.advertise_host)
+            advertise = fill_advertised_hosts(
+                _override_hosts(shard_cfg.advertise.addrs(), opts.advertise_host)
+            )
 
             cluster_store = self._cluster_store(config, scopes)
             self._cluster_elector = Elector(

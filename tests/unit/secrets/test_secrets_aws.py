@@ -8,7 +8,13 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
 
-from nstance.core.errors import FailedPrecondition, PermissionDenied, ResourceExhausted, Unavailable
+from nstance.core.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    PermissionDenied,
+    ResourceExhausted,
+    Unavailable,
+)
 from nstance.secrets.aws import AwsSecretsManagerStore
 from nstance.secrets.base import SecretNotFound
 
@@ -119,3 +125,13 @@ def test_secret_marked_for_deletion() -> None:
         store.set_if_absent("k", b"v")
     with pytest.raises(Unavailable, match="still being deleted"):
         store.set("k", b"v")
+
+
+def test_a_missing_region_is_a_clear_error_not_a_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/dev/null")
+    with pytest.raises(InvalidArgument, match="AWS Secrets Manager needs a region: set AWS_REGION"):
+        AwsSecretsManagerStore(prefix="c1/")
+    monkeypatch.setenv("AWS_REGION", "eu-west-1")  # the variable botocore itself ignores here
+    assert AwsSecretsManagerStore(prefix="c1/")._client.meta.region_name == "eu-west-1"
