@@ -22,9 +22,20 @@ clock (``clock.now()``) so that a table persisted to ``state_path`` means the sa
 ``create_times`` uses ``clock.monotonic()``.
 
 This module must not sleep except through the injected ``sleep``, must not wait for a bucket (callers
-rate-limit themselves), and does no I/O except the optional state file. That file may be shared by
-several processes: every call re-reads it under an advisory lock (``flock`` on ``<file>.lock``), and
-every change is written back with an atomic replace before the lock is released.
+rate-limit themselves), and does no I/O except the optional state file and call log. The state file
+may be shared by several processes: every call re-reads it under an advisory lock (``flock`` on
+``<file>.lock``), and every change is written back with an atomic replace before the lock is released.
+
+Call log (``calls_file``, off by default): for tests that run several server processes on one
+simulated cloud and must show that no two of them acted as leader at once. Every call of a method in
+``LEADER_METHODS`` (the mutating calls only a shard leader makes) that reaches the cloud - it took
+effect, or was an idempotent repeat - appends one JSON line: ``t`` (``clock.now()`` as Unix seconds
+when it took effect), ``started`` (when the call arrived), ``method``, ``server`` (the caller: the
+``NSTANCE_SERVER_ID`` environment variable unless ``caller`` is given), ``pid``, ``instance_ids`` and
+``provider_ids``. With a ``state_file`` the line is written while its exclusive lock is held, so the
+lines of all processes are in the order their effects happened. Calls refused before taking effect
+(throttled, injected failures) are not logged; ``release_leader_network`` is not either (any server
+may release an address from its own VM).
 """
 
 from __future__ import annotations
@@ -76,6 +87,15 @@ METHODS: tuple[str, ...] = (
     "lookup_image",
 )
 
+#: The mutating methods only a shard leader calls; with ``calls_file`` each call is logged (module doc).
+LEADER_METHODS: tuple[str, ...] = (
+    "create_instance",
+    "delete_instance",
+    "register_targets",
+    "deregister_targets",
+    "assign_leader_network",
+)
+
 #: Keys accepted in ``shard.infra.options`` when the provider is ``sim``.
 OPTION_KEYS: tuple[str, ...] = (
     "seed",
@@ -90,6 +110,7 @@ OPTION_KEYS: tuple[str, ...] = (
     "throttle_probability",
     "lb_health_delay",
     "lb_deregistration_delay",
+    "calls_file",
 )
 #: An EC2-style family: letters, the generation digit(s), then attribute letters (``g`` = Graviton).
 _EC2_FAMILY = re.compile(r"^[a-z]+\d+([a-z-]*)$")
@@ -158,6 +179,8 @@ class SimProvider:
         zone: str = "",
         lb_health_delay: float = 0.0,
         lb_deregistration_delay: float = 0.0,
+        calls_path: Path | None = None,
+        caller: str | None = None,
     ) -> None:
         for name, value in (
             ("lb_health_delay", lb_health_delay),
@@ -202,6 +225,8 @@ class SimProvider:
         self._members: dict[str, dict[str, _Member]] = {}  # load balancer -> provider id -> membership
         self._leader: dict[str, str] = {}  # leader address -> provider id holding it
         self._state_path = state_path
+        self._calls_path = calls_path
+        self._caller = os.environ.get("NSTANCE_SERVER_ID", "") if caller is None else caller
 
         self.calls: Counter[str] = Counter()
         self.create_times: list[float] = []
@@ -260,6 +285,12 @@ class SimProvider:
         else:
             self._failure_rates[method] = (probability, error_factory)
 
+    def set_throttle_probability(self, probability: float) -> None:
+        """Throttle each call at this probability from now on (0: off), like ``throttle_probability``."""
+        if not 0.0 <= probability <= 1.0:
+            raise InvalidArgument(f"throttle probability must be between 0 and 1 (got {probability})")
+        self._throttle_probability = probability
+
     def set_status(self, provider_id: str, status: InstanceStatus | None) -> None:
         """Force a VM's status (e.g. ``stopped`` to imitate a crashed VM); None returns it to normal."""
         with self._shared_state(exclusive=True):
@@ -287,6 +318,7 @@ class SimProvider:
     # ---- the Provider protocol -------------------------------------------------------------
 
     async def create_instance(self, request: CreateRequest) -> ProviderInstance:
+        started = self._now()
         token = request.idempotency_token
         # Buckets are charged when the request arrives, before its latency, as a cloud counts requests.
         with self._shared_state(exclusive=False):
@@ -306,14 +338,23 @@ class SimProvider:
                     )
             else:
                 record = self._launch(request)
+            self._log_call("create_instance", started, [record.instance_id], [record.provider_id])
             self._end(late)
             return self._to_instance(record, self._clock.now())
 
     async def delete_instance(self, instance_id: str, provider_id: str) -> None:
+        started = self._now()
         late = await self._begin("delete_instance")
         self._take(self._request_bucket, "request")
         with self._shared_state(exclusive=True):
-            for record in self._matching(instance_id, provider_id):
+            matching = self._matching(instance_id, provider_id)
+            self._log_call(
+                "delete_instance",
+                started,
+                [r.instance_id for r in matching] or [instance_id],
+                [r.provider_id for r in matching] or [provider_id],
+            )
+            for record in matching:
                 if record.deleted_at is None:
                     now = self._clock.now().isoformat()
                     record.deleted_at = now
@@ -377,6 +418,7 @@ class SimProvider:
             return self._leader.get(ip, "")
 
     async def register_targets(self, name: str, lb: LoadBalancerConfig, targets: Sequence[LbTarget]) -> None:
+        started = self._now()
         late = await self._begin("register_targets")
         now = self._clock.now()
         with self._shared_state(exclusive=True):
@@ -392,12 +434,14 @@ class SimProvider:
                     members[target.provider_id] = _Member(registered_at=now.isoformat())
                 elif member.deregistered_at is not None:  # re-registered while draining
                     members[target.provider_id] = _Member(registered_at=member.registered_at)
+            self._log_call("register_targets", started, *_target_ids(targets))
             self._save()
         self._end(late)
 
     async def deregister_targets(
         self, name: str, lb: LoadBalancerConfig, targets: Sequence[LbTarget]
     ) -> None:
+        started = self._now()
         late = await self._begin("deregister_targets")
         now = self._clock.now()
         with self._shared_state(exclusive=True):
@@ -406,6 +450,7 @@ class SimProvider:
                 member = members.get(target.provider_id)
                 if member is not None and member.deregistered_at is None:
                     member.deregistered_at = now.isoformat()
+            self._log_call("deregister_targets", started, *_target_ids(targets))
             self._save()
         self._end(late)
 
@@ -426,8 +471,12 @@ class SimProvider:
         return out
 
     async def assign_leader_network(self, provider_id: str, ip: str, interface_id: str) -> None:
+        started = self._now()
         late = await self._begin("assign_leader_network")
         with self._shared_state(exclusive=True):
+            holder = self._records.get(provider_id)
+            holder_id = holder.instance_id if holder is not None else ""
+            self._log_call("assign_leader_network", started, [holder_id], [provider_id])
             self._leader[ip] = provider_id
             self._save()
         self._end(late)
@@ -468,6 +517,32 @@ class SimProvider:
         return TargetState.REGISTERED
 
     # ---- internals -------------------------------------------------------------------------
+
+    def _now(self) -> float:
+        return self._clock.now().timestamp()
+
+    def _log_call(
+        self, method: str, started: float, instance_ids: Sequence[str], provider_ids: Sequence[str]
+    ) -> None:
+        """Append one line to the call log, if there is one (module docstring); hold the state lock."""
+        if self._calls_path is None:
+            return
+        line = {
+            "t": self._now(),
+            "started": started,
+            "method": method,
+            "server": self._caller,
+            "pid": os.getpid(),
+            "instance_ids": list(instance_ids),
+            "provider_ids": list(provider_ids),
+        }
+        data = (json.dumps(line, separators=(",", ":")) + "\n").encode("utf-8")
+        self._calls_path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self._calls_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, data)  # one write on an O_APPEND file: lines of concurrent writers never mix
+        finally:
+            os.close(fd)
 
     async def _begin(self, method: str) -> _Injected | None:
         """Count, wait the latency, then apply injected failures and random throttling.
@@ -672,6 +747,10 @@ class SimProvider:
             raise
 
 
+def _target_ids(targets: Sequence[LbTarget]) -> tuple[list[str], list[str]]:
+    return [t.instance_id for t in targets], [t.provider_id for t in targets]
+
+
 def _parse_time(text: str) -> datetime:
     return datetime.fromisoformat(text)
 
@@ -705,6 +784,14 @@ def sim_provider_from_options(
                 f"{prefix}.state_file: must be a non-empty path string (got {state_file!r})"
             )
         state_path = Path(state_file) if Path(state_file).is_absolute() else base_dir / state_file
+    calls_file = options.get("calls_file")
+    calls_path: Path | None = None
+    if calls_file is not None:
+        if not isinstance(calls_file, str) or not calls_file:
+            raise InvalidArgument(
+                f"{prefix}.calls_file: must be a non-empty path string (got {calls_file!r})"
+            )
+        calls_path = Path(calls_file) if Path(calls_file).is_absolute() else base_dir / calls_file
     return SimProvider(
         clock=clock,
         sleep=sleep,
@@ -721,6 +808,7 @@ def sim_provider_from_options(
         zone=zone,
         lb_health_delay=_seconds(options, "lb_health_delay", prefix),
         lb_deregistration_delay=_seconds(options, "lb_deregistration_delay", prefix),
+        calls_path=calls_path,
     )
 
 

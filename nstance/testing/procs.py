@@ -1,7 +1,8 @@
 """Test and benchmark helpers shared by the child-process wrappers (``ServerProcess``,
 ``OperatorProcess``): start a program with its output in a log file, GET its HTTP probe, wait until the
 probe answers 200 (failing at once, with the log, when the child exits), read the log's tail, stop it;
-and ``free_port`` for the loopback ports those children listen on.
+``free_port`` for the loopback ports those children listen on; and ``processes_mentioning`` to prove
+that none of them was left behind.
 
 Only process and HTTP plumbing lives here; which program runs, with which flags and probe path, is the
 wrapper's business. Nothing in the product imports this module, and it must not import the programs
@@ -10,6 +11,7 @@ wrapper's business. Nothing in the product imports this module, and it must not 
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import socket
@@ -95,6 +97,26 @@ def log_tail(log_path: Path | None, chars: int) -> str:
     if log_path is None or not log_path.exists():
         return ""
     return log_path.read_text(errors="replace")[-chars:]
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Pids of live processes (zombies excluded) whose command line contains ``text`` (Linux ``/proc``).
+
+    For tests that must leave nothing behind: pass a directory every child was started with.
+    """
+    out = []
+    own = os.getpid()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == own:
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if text in cmdline and state != "Z":
+            out.append(int(entry.name))
+    return sorted(out)
 
 
 def stop_process(

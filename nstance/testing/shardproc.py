@@ -1,8 +1,9 @@
 """Test and benchmark helpers: a cluster on file:// storage, shard configs, server processes.
 
 ``LocalCluster`` initialises a cluster directory (CA, nonce key, encryption key), writes shard configs,
-and issues operator identities in the layout ``nstance-admin`` reads. ``ServerProcess`` runs a real
-``nstance-server`` process (``python -m nstance.server``) on loopback ports and waits on its health
+and issues operator identities in the layout ``nstance-admin`` reads; given a ``store`` (an S3 bucket on
+``moto_server``, say) it does the same there. ``ServerProcess`` runs a real ``nstance-server`` process
+(``python -m nstance.server``, ``--storage file`` or ``s3``) on loopback ports and waits on its health
 endpoint. Used by the integration tests and ``bench/``; nothing here is used by the server itself.
 """
 
@@ -22,6 +23,7 @@ from typing import Any
 
 import grpc
 
+from nstance.objectstore.base import ObjectStore
 from nstance.objectstore.file import FileObjectStore
 from nstance.objectstore.scoped import ScopedObjectStore
 from nstance.pki.certs import issue_client_certificate
@@ -104,15 +106,20 @@ def shard_config(
 
 @dataclass
 class LocalCluster:
-    """A cluster whose object storage is the directory ``bucket``."""
+    """A cluster whose object storage is the directory ``bucket``, or ``store`` when one is given."""
 
     bucket: Path
     cluster_id: str = "test"
     identity: ClusterIdentity | None = None
+    store: ObjectStore | None = None
 
     def __post_init__(self) -> None:
-        self.bucket.mkdir(parents=True, exist_ok=True)
-        self.root = FileObjectStore(self.bucket)
+        self.root: ObjectStore
+        if self.store is not None:
+            self.root = self.store
+        else:
+            self.bucket.mkdir(parents=True, exist_ok=True)
+            self.root = FileObjectStore(self.bucket)
         self.cluster = ScopedObjectStore(self.root, "cluster/")
 
     def init(self) -> ClusterIdentity:
@@ -172,20 +179,30 @@ class LocalCluster:
 
 @dataclass
 class ServerProcess:
-    """One ``nstance-server`` child process."""
+    """One ``nstance-server`` child process; ``NSTANCE_SERVER_ID`` in its environment is ``server_id``.
+
+    ``storage`` is ``file`` (``bucket`` is a directory) or ``s3`` (``bucket`` is the bucket name; the
+    endpoint and credentials come from ``env``, e.g. ``AWS_ENDPOINT_URL``).
+    """
 
     server_id: str
     shard: str
-    bucket: Path
+    bucket: Path | str
     cachedir: Path
     health_addr: str
     env: dict[str, str] = field(default_factory=dict)
     args: list[str] = field(default_factory=list)
     log_path: Path | None = None
     proc: subprocess.Popen[bytes] | None = None
+    storage: str = "file"
 
     def start(self) -> ServerProcess:
-        env = {**os.environ, "NSTANCE_ENCRYPTION_KEY": ENCRYPTION_KEY_B64, **self.env}
+        env = {
+            **os.environ,
+            "NSTANCE_ENCRYPTION_KEY": ENCRYPTION_KEY_B64,
+            "NSTANCE_SERVER_ID": self.server_id,
+            **self.env,
+        }
         log_path = self.log_path or self.cachedir.with_suffix(".log")
         self.log_path = log_path
         argv = [
@@ -197,7 +214,7 @@ class ServerProcess:
             "--shard",
             self.shard,
             "--storage",
-            "file",
+            self.storage,
             "--bucket",
             str(self.bucket),
             "--cachedir",

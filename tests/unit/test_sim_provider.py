@@ -3,6 +3,8 @@ failure injection, seeded determinism, persistence across restarts, and building
 
 from __future__ import annotations
 
+import json
+import os
 import re
 from pathlib import Path
 
@@ -23,7 +25,7 @@ from nstance.providers.base import (
 from nstance.providers.factory import create_provider
 from nstance.providers.features import LbTarget, TargetState
 from nstance.providers.local import LocalProvider
-from nstance.providers.sim import SimProvider, sim_provider_from_options
+from nstance.providers.sim import LEADER_METHODS, SimProvider, sim_provider_from_options
 from nstance.testing.requests import sample_create_request
 
 
@@ -328,6 +330,81 @@ async def test_providers_sharing_a_state_file_see_each_others_changes(
     listed = {i.provider_id for i in await standby.list_instances("c1", "s1")}
     assert listed == {second.provider_id, third.provider_id}
     assert (await leader.get_instance("", made.provider_id)).status == InstanceStatus.DELETED
+
+
+def _call_log(path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+async def test_call_log_attributes_every_leader_call_to_its_caller_in_order(
+    clock: ManualClock, tmp_path: Path
+) -> None:
+    state, calls = tmp_path / "vms.json", tmp_path / "calls.jsonl"
+    old = SimProvider(clock=clock, state_path=state, calls_path=calls, caller="s1")
+    new = SimProvider(clock=clock, seed=1, state_path=state, calls_path=calls, caller="s2")
+
+    vm = await old.create_instance(req())
+    await old.get_instance(vm.instance_id, vm.provider_id)  # reads are not logged
+    await old.list_instances("c1", "s1")
+    clock.advance(1.5)
+    target = LbTarget(vm.instance_id, vm.provider_id)
+    await new.register_targets("web", _lb(), [target])
+    await new.deregister_targets("web", _lb(), [target])
+    await new.assign_leader_network(vm.provider_id, "10.0.0.10", "")
+    await new.release_leader_network(vm.provider_id, "10.0.0.10", "")  # any server may release its own
+    new.fail_next("delete_instance", ProviderUnavailable("lost"))
+    with pytest.raises(ProviderUnavailable):
+        await new.delete_instance(vm.instance_id, vm.provider_id)  # refused before any effect: not logged
+    await new.delete_instance(vm.instance_id, vm.provider_id)
+
+    lines = _call_log(calls)
+    assert [(c["method"], c["server"]) for c in lines] == [
+        ("create_instance", "s1"),
+        ("register_targets", "s2"),
+        ("deregister_targets", "s2"),
+        ("assign_leader_network", "s2"),
+        ("delete_instance", "s2"),
+    ]
+    assert set(LEADER_METHODS) == {c["method"] for c in lines}
+    assert all(c["instance_ids"] == [vm.instance_id] for c in lines)
+    assert all(c["provider_ids"] == [vm.provider_id] for c in lines)
+    assert all(c["pid"] == os.getpid() for c in lines)
+    start = clock.now().timestamp() - 1.5
+    assert [c["t"] for c in lines] == [start] + [start + 1.5] * 4  # the injected clock, when it took effect
+
+
+async def test_call_log_records_a_call_that_failed_after_taking_effect_and_an_idempotent_repeat(
+    clock: ManualClock, tmp_path: Path
+) -> None:
+    calls = tmp_path / "calls.jsonl"
+    sim = SimProvider(clock=clock, calls_path=calls, caller="s1", latency=0.5)
+    request = req(token="tok-1")
+    sim.fail_next("create_instance", ProviderUnavailable("timed out"), after_effect=True)
+    arrived = clock.now().timestamp()
+    with pytest.raises(ProviderUnavailable):
+        await sim.create_instance(request)
+    await sim.create_instance(request)
+
+    lines = _call_log(calls)
+    assert [c["method"] for c in lines] == ["create_instance", "create_instance"]
+    assert lines[0]["started"] == arrived
+    assert len({tuple(c["provider_ids"]) for c in lines}) == 1  # the same VM both times
+
+
+async def test_call_log_is_off_by_default_and_set_by_option_with_the_server_id_from_the_environment(
+    clock: ManualClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await SimProvider(clock=clock).create_instance(req())
+    quiet = sim_provider_from_options({"state_file": "vms.json"}, clock=clock, base_dir=tmp_path)
+    await quiet.create_instance(req())
+    assert sorted(os.listdir(tmp_path)) == ["vms.json", "vms.json.lock"]
+
+    monkeypatch.setenv("NSTANCE_SERVER_ID", "server-b")
+    sim = sim_provider_from_options({"calls_file": "log/calls.jsonl"}, clock=clock, base_dir=tmp_path)
+    await sim.create_instance(req())
+    assert [c["server"] for c in _call_log(tmp_path / "log" / "calls.jsonl")] == ["server-b"]
+    with pytest.raises(InvalidArgument, match=r"^shard\.infra\.options\.calls_file: must be a non-empty"):
+        sim_provider_from_options({"calls_file": ""}, clock=clock, base_dir=tmp_path)
 
 
 def test_a_corrupt_state_file_is_reported_with_its_path(clock: ManualClock, tmp_path: Path) -> None:
