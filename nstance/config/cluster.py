@@ -32,14 +32,16 @@ class LeaderElectionConfig(StrictModel):
     exactly one server may run (per shard for `shard.leader_election`, per cluster for
     `cluster.leader_election`)."""
     frequent_interval: PositiveDuration = seconds(5)
-    """How often the leader renews the lockfile and followers read it."""
+    """How often the leader renews the lockfile; followers read it twice as often."""
     infrequent_interval: PositiveDuration = seconds(30)
-    """Accepted for upstream compatibility. Followers always read every `frequent_interval` (so a failover
-    stays within `leader_timeout` plus `frequent_interval`); this value is only the step period when
-    `enabled` is `false`."""
+    """Accepted for upstream compatibility. Followers always read every half `frequent_interval` (so a
+    failover stays within `leader_timeout`); this value is only the step period when `enabled` is
+    `false`."""
     leader_timeout: PositiveDuration = seconds(15)
-    """How long a follower must see the lockfile unchanged, by its own clock, before it takes over; must be
-    greater than `frequent_interval`. A leader that has not renewed for half of it stops acting."""
+    """A leader that has not renewed for half of it stops acting; a follower that sees the lockfile
+    unchanged, by its own clock, for `leader_timeout - frequent_interval` (at least 0.6 of it) takes
+    over, so a dead leader is replaced within `leader_timeout` of its last write. Must be greater than
+    `frequent_interval`."""
 
     @model_validator(mode="after")
     def _rules(self) -> Self:

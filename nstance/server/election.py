@@ -11,21 +11,24 @@ How it works:
   take over with ``put_if_match(key, data, etag)`` (If-Match the last ETag we saw). Release is a
   conditional delete. The store is synchronous, so every call runs in a worker thread.
 * Staleness is judged on the follower's own monotonic clock: a follower remembers the ETag it sees and
-  when it first saw it; once that ETag has been unchanged for ``leader_timeout`` it takes over with
+  when it first saw it; once that ETag has been unchanged for ``takeover_after`` it takes over with
   If-Match of that ETag. Wall clocks of different hosts are never compared.
 * Fencing: ``is_leader()`` is True only after winning, after the grace gap, while no renewal has failed,
   and while the last successful write (measured from when it was *started*, on the monotonic clock) is
-  younger than ``valid_for = leader_timeout / 2``. A hung renewal therefore stops the leader well
-  before any follower can take over (a follower needs ``leader_timeout`` after it first saw the
-  leader's last write, which is after that write started).
+  younger than ``valid_for = leader_timeout / 2``. A follower first sees a write after it started, so
+  the old leader has stopped by ``first sight + valid_for`` at the latest.
+* ``takeover_after = max(leader_timeout - frequent_interval, 0.6 * leader_timeout)``: always more than
+  ``valid_for``, so a follower takes over only after the old leader's lease has run out, with a margin
+  of ``takeover_after - valid_for`` plus the new leader's grace gap (3.5 s with the defaults 5 s / 15 s).
 * Timing: the leader renews every ``min(frequent_interval, 2/3 * valid_for)`` (= frequent_interval for
-  the defaults). Followers read every ``frequent_interval`` (sooner when the lock is about to become
-  stale), so a dead leader is replaced within ``leader_timeout + frequent_interval`` after its last
-  write, plus ``grace`` before the new leader acts, and never sooner than ``leader_timeout`` after it.
-  Followers do not slow down to ``infrequent_interval`` while a healthy leader renews: a follower only
-  learns of a write when it reads, so any read gap longer than ``frequent_interval`` would break that
-  bound (``infrequent_interval`` is the step period when election is disabled). Failed store calls
-  are retried after 0 s, 100 ms and 1 s, then every ``frequent_interval``.
+  the defaults). Followers read every ``frequent_interval / 2`` (sooner when the lock is about to become
+  stale), so they see a write at most half an interval late, and a dead leader is replaced between
+  ``takeover_after`` and ``takeover_after + frequent_interval / 2`` after its last write - never later
+  than ``leader_timeout`` after it - plus ``grace`` before the new leader acts: 11 to 13.5 s with the
+  defaults. Followers do not slow down to ``infrequent_interval`` while a healthy leader renews: a
+  follower only learns of a write when it reads, so a longer read gap would break that bound
+  (``infrequent_interval`` is the step period when election is disabled). Failed store calls are
+  retried after 0 s, 100 ms and 1 s, then every ``frequent_interval``.
 * ``on_change(True)`` is called at the step that ends the grace gap and ``is_leader()`` turns True at
   that same moment; ``is_leader()`` turns False the instant a condition fails, even between steps,
   and ``on_change(False)`` follows at the next step (at once for failures seen by a step).
@@ -193,6 +196,8 @@ class Elector:
         self._infrequent = config.infrequent_interval.total_seconds()
         self._timeout = config.leader_timeout.total_seconds()
         self._valid_for = self._timeout / 2
+        self._takeover_after = max(self._timeout - self._frequent, 0.6 * self._timeout)
+        self._follow_every = self._frequent / 2
         self._renew_every = min(self._frequent, self._valid_for * 2 / 3)
         self._grace = min(1.0, self._frequent / 2) if grace is None else grace
 
@@ -394,13 +399,14 @@ class Elector:
             reason = "resuming a lock with our ID from an earlier run"
             return await self._acquire(etag, reason=reason, stretched=True)
         age = now - self._seen_since
-        if age + _EPSILON >= self._timeout:
+        if age + _EPSILON >= self._takeover_after:
             reason = (
-                f"lock of {info.leader_id!r} unchanged for {age:.1f}s (leader_timeout {self._timeout:g}s)"
+                f"lock of {info.leader_id!r} unchanged for {age:.1f}s (taking over after "
+                f"{self._takeover_after:g}s; leader_timeout {self._timeout:g}s)"
             )
             return await self._acquire(etag, reason=reason, stretched=False)
         self._failures = 0  # (a failed write is only forgotten once we settle for waiting)
-        return max(min(self._frequent, self._seen_since + self._timeout - now), 0.0)
+        return max(min(self._follow_every, self._seen_since + self._takeover_after - now), 0.0)
 
     async def _observe(self) -> tuple[bytes, str, LeaderInfo | None] | None:
         """Read the lockfile and record what we saw; None if it does not exist. Store errors propagate."""

@@ -54,7 +54,7 @@ def test_two_leaders_acting_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
 
     def impatient(self: Elector, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
-        self._timeout = 1.0
+        self._takeover_after = 1.0
 
     monkeypatch.setattr(Elector, "__init__", impatient)
     result = run_seed(0)
