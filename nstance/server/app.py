@@ -52,7 +52,7 @@ from nstance.secrets.factory import open_secret_store
 from nstance.secrets.keys import load_encryption_keys
 from nstance.server.configstate import ConfigState
 from nstance.server.context import ShardContext
-from nstance.server.election import Elector
+from nstance.server.election import Elector, ElectorLeadership
 from nstance.server.http import HealthServer
 from nstance.server.interceptors import ServerInterceptor
 from nstance.server.limits import CreateLimiter
@@ -119,22 +119,6 @@ def setup_logging(verbose: bool = False) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
-
-
-class _Leadership:
-    """Adapts an Elector to the Leadership protocol (leader address = its operator address)."""
-
-    def __init__(self, elector: Elector) -> None:
-        self._elector = elector
-
-    def is_leader(self) -> bool:
-        return self._elector.is_leader()
-
-    def leader_address(self) -> str:
-        info = self._elector.leader()
-        if info is None:
-            return ""
-        return info.extra.get("operatorAddr") or info.address
 
 
 def _override_hosts(addrs: Mapping[str, str], host: str) -> dict[str, str]:
@@ -213,7 +197,7 @@ class ServerApp:
         return self._elector is not None and self._elector.is_leader()
 
     def leader_address(self) -> str:
-        return _Leadership(self._elector).leader_address() if self._elector is not None else ""
+        return ElectorLeadership(self._elector).leader_address() if self._elector is not None else ""
 
     def leader_network_status(self) -> str:
         return self.shard.leader_net.status if self.shard is not None else ""
@@ -417,9 +401,9 @@ class ServerApp:
                 ca=identity.ca,
                 clock=self.clock,
                 limiter=limiter,
-                leadership=_Leadership(elector),
+                leadership=ElectorLeadership(elector),
                 metrics=self.metrics,
-                cluster_leadership=_Leadership(self._cluster_elector),
+                cluster_leadership=ElectorLeadership(self._cluster_elector),
                 secrets=self._secrets,
                 own_provider_id=opts.provider_instance_id,
             )

@@ -635,3 +635,23 @@ def _describe(exc: BaseException) -> str:
         return str(exc)
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class ElectorLeadership:
+    """An Elector as the server's ``Leadership``: who leads, and the leader's operator address.
+
+    The address is the lockfile's ``operatorAddr`` when the leader recorded one (clients of the
+    Operator API are sent there), else its election address.
+    """
+
+    def __init__(self, elector: Elector) -> None:
+        self._elector = elector
+
+    def is_leader(self) -> bool:
+        return self._elector.is_leader()
+
+    def leader_address(self) -> str:
+        info = self._elector.leader()
+        if info is None:
+            return ""
+        return info.extra.get("operatorAddr") or info.address

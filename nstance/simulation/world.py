@@ -67,7 +67,7 @@ from nstance.server import shard as shard_module
 from nstance.server.agents import HealthReport
 from nstance.server.configstate import ConfigState
 from nstance.server.context import ShardContext
-from nstance.server.election import Elector
+from nstance.server.election import Elector, ElectorLeadership
 from nstance.server.events import InstanceEventData
 from nstance.server.limits import CreateLimiter
 from nstance.server.metrics import Metrics
@@ -294,18 +294,6 @@ class SimCloud:
 # ---- servers ---------------------------------------------------------------------------------
 
 
-class _Leadership:
-    def __init__(self, elector: Elector) -> None:
-        self._elector = elector
-
-    def is_leader(self) -> bool:
-        return self._elector.is_leader()
-
-    def leader_address(self) -> str:
-        info = self._elector.leader()
-        return info.address if info is not None else ""
-
-
 @dataclass(eq=False)
 class Incarnation:
     """One run of one server process, from start to crash or end."""
@@ -388,7 +376,7 @@ class SimServer:
             ca=world.ca,
             clock=world.clock,
             limiter=CreateLimiter(clock=world.clock, max_concurrent=8),
-            leadership=_Leadership(elector),
+            leadership=ElectorLeadership(elector),
             metrics=Metrics(),
         )
         sink = world.instance_event_sink(ctx.events.instances.publish)
