@@ -61,6 +61,8 @@ log = logging.getLogger(__name__)
 GroupKey = tuple[str, str]
 #: Seconds between refreshes of the per-group instance gauges.
 METRICS_INTERVAL = 5.0
+#: Seconds between the leader's checks of the config documents' ETags (two HEAD requests each).
+CONFIG_CHECK_INTERVAL = 30.0
 
 
 class Shard:
@@ -147,6 +149,7 @@ class Shard:
                 asyncio.create_task(reconciler.run(), name="reconciler"),
                 asyncio.create_task(self._gc_loop(reconciler), name="gc"),
                 asyncio.create_task(self._metrics_loop(), name="metrics"),
+                asyncio.create_task(self._config_loop(), name="config"),
                 asyncio.create_task(self.images.run(), name="images"),
             ]
             reconciler.enqueue_all()
@@ -168,7 +171,7 @@ class Shard:
                 await self.reconciler.close()
             tasks, self._leader_tasks = self._leader_tasks, []
             for task in tasks:
-                if task.get_name() in ("gc", "metrics", "images"):
+                if task.get_name() in ("gc", "metrics", "images", "config"):
                     task.cancel()
             _done, pending = await asyncio.wait(tasks, timeout=max(timeout, 0.01))
             for task in pending:
@@ -216,6 +219,24 @@ class Shard:
                 continue
             for key in report.groups:
                 reconciler.enqueue(key)
+
+    async def _config_loop(self) -> None:
+        """Pick up config.jsonc and groups.jsonc changes nobody told this leader about.
+
+        RefreshConfig and this server's own group edits apply at once; this covers the rest: an
+        upload without a refresh, or a groups.jsonc write whose answer was lost (it may have landed
+        although the call failed). Unchanged ETags cost two HEAD requests and nothing else.
+        """
+        while True:
+            await asyncio.sleep(CONFIG_CHECK_INTERVAL)
+            try:
+                change = await asyncio.to_thread(self.ctx.config.load)
+            except NstanceError as exc:
+                log.warning("config check failed (keeping the current config): %s", exc)
+                continue
+            if change.updated:
+                log.info("config changed in object storage; applying it")
+                self._apply_change(change)
 
     async def _metrics_loop(self) -> None:
         while True:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from shard_helpers import Leader, no_sleep, sample_shard_identity
 
-from nstance.config import GroupUpdate
+from nstance.config import GroupUpdate, apply_upsert
 from nstance.core.clock import ManualClock
 from nstance.core.errors import InvalidArgument
 from nstance.core.ratelimit import TokenBucket
@@ -34,6 +34,7 @@ from nstance.providers.sim import SimProvider
 from nstance.server.agents import HealthReport
 from nstance.server.configstate import ConfigState
 from nstance.server.context import ShardContext
+from nstance.server.dynamic_groups import edit_dynamic_groups
 from nstance.server.events import ErrorEventData
 from nstance.server.images import ImageService
 from nstance.server.limits import CreateLimiter
@@ -397,5 +398,32 @@ async def test_without_its_own_vm_id_the_server_says_how_to_give_it(tmp_path: Pa
         await h.shard.leader_net.hold()
         assert "--provider-instance-id" in h.shard.leader_net.status
         assert h.vms.leader_holder("127.0.0.1") == ""
+    finally:
+        h.db.close()
+
+
+# ---- config changes nobody announced ----------------------------------------------------------
+
+
+async def test_the_leader_picks_up_a_groups_change_it_was_not_told_about(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the simulation: a groups.jsonc write whose answer was lost left the leader on the old size."""
+    from nstance.server import shard as shard_module
+
+    monkeypatch.setattr(shard_module, "CONFIG_CHECK_INTERVAL", 0.05)
+    h = Harness(tmp_path, size=1)
+    try:
+        await h.shard.start_leading()
+        try:
+            await eventually(lambda: len(h.live()) == 1, within=10, what="the first instance")
+            # A groups.jsonc write that landed although its caller saw it fail (the answer was lost).
+            config = h.state.snapshot().config  # type: ignore[union-attr]
+            edit_dynamic_groups(
+                h.store, lambda current: apply_upsert(config, current, "default", "web", GroupUpdate(size=3))
+            )
+            await eventually(lambda: len(h.live()) == 3, within=10, what="the leader noticing the new size")
+        finally:
+            await h.shard.stop_leading(grace=1)
     finally:
         h.db.close()
