@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol, runtime_checkable
+from typing import Protocol, cast, runtime_checkable
 
 from nstance.config.resources import ImageConfig, LoadBalancerConfig
 
@@ -134,42 +134,36 @@ class InstanceTypeCheck(Protocol):
         ...
 
 
-def _probe(provider: object) -> object:
-    """The provider a wrapper (anything with an ``inner`` provider) stands for, else itself."""
+def _has(provider: object, protocol: type) -> bool:
+    """Whether ``provider`` has ``protocol``'s methods and so does the provider it wraps, if any.
+
+    A wrapper (anything with an ``inner`` provider, like the server's metrics proxy) defines every
+    capability's methods; only the wrapped provider says which it really has.
+    """
     inner = getattr(provider, "inner", None)
-    return inner if inner is not None else provider
+    return isinstance(provider, protocol) and isinstance(provider if inner is None else inner, protocol)
 
 
 def load_balancing(provider: object) -> LoadBalancing | None:
     """``provider`` as LoadBalancing when it (or the provider it wraps) has that capability."""
-    if isinstance(provider, LoadBalancing) and isinstance(_probe(provider), LoadBalancing):
-        return provider
-    return None
+    return cast(LoadBalancing, provider) if _has(provider, LoadBalancing) else None
 
 
 def leader_networking(provider: object) -> LeaderNetworking | None:
     """``provider`` as LeaderNetworking when it (or the provider it wraps) has that capability."""
-    if isinstance(provider, LeaderNetworking) and isinstance(_probe(provider), LeaderNetworking):
-        return provider
-    return None
+    return cast(LeaderNetworking, provider) if _has(provider, LeaderNetworking) else None
 
 
 def own_instance(provider: object) -> OwnInstance | None:
     """``provider`` as OwnInstance when it (or the provider it wraps) has that capability."""
-    if isinstance(provider, OwnInstance) and isinstance(_probe(provider), OwnInstance):
-        return provider
-    return None
+    return cast(OwnInstance, provider) if _has(provider, OwnInstance) else None
 
 
 def image_lookup(provider: object) -> ImageLookup | None:
     """``provider`` as ImageLookup when it (or the provider it wraps) has that capability."""
-    if isinstance(provider, ImageLookup) and isinstance(_probe(provider), ImageLookup):
-        return provider
-    return None
+    return cast(ImageLookup, provider) if _has(provider, ImageLookup) else None
 
 
 def instance_type_check(provider: object) -> InstanceTypeCheck | None:
     """``provider`` as InstanceTypeCheck when it (or the provider it wraps) has that capability."""
-    if isinstance(provider, InstanceTypeCheck) and isinstance(_probe(provider), InstanceTypeCheck):
-        return provider
-    return None
+    return cast(InstanceTypeCheck, provider) if _has(provider, InstanceTypeCheck) else None

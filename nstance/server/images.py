@@ -92,7 +92,6 @@ class ImageService:
         self._check_interval = check_interval
         self._wake = asyncio.Event()
         self._reported: dict[str, str] = {}
-        self.lookups = 0
 
     def kick(self) -> None:
         """Check again now (the config may have changed)."""
@@ -113,15 +112,9 @@ class ImageService:
             }
             resolution = ImageResolution({}, {}, errors)
         else:
-            finder = lookup
-
-            async def counting(name: str, image: ImageConfig) -> str:
-                self.lookups += 1
-                return await finder.lookup_image(name, image)
-
             fingerprints = {name: image_fingerprint(image) for name, image in images.items()}
             resolution = await resolve_images(
-                counting,
+                lookup.lookup_image,
                 images,
                 cache=SqliteImageCache(ctx.db, fingerprints),
                 now=ctx.clock.now(),

@@ -211,9 +211,6 @@ class SimDatabase:
         with self._inner.read_session() as session:
             yield session
 
-    def close(self) -> None:
-        self._inner.close()
-
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 

@@ -74,37 +74,39 @@ class TargetGroups:
 
     async def register(self, name: str, lb: LoadBalancerConfig, targets: Sequence[LbTarget]) -> None:
         """Add every target to every target group of entry ``name`` (registering twice is harmless)."""
-        for group in target_groups_from_config(name, lb):
-            for chunk in _chunks(targets):
-                try:
-                    await self._caller.call(
-                        self._elbv2,
-                        "register_targets",
-                        TargetGroupArn=group.arn,
-                        Targets=[{"Id": t.provider_id, "Port": group.port} for t in chunk],
-                    )
-                except ClientError as exc:
-                    if error_code(exc) == "TargetGroupNotFound":
-                        raise ProviderInvalidRequest(
-                            f"{group.where}.arn: target group {group.arn} does not exist"
-                        ) from exc
-                    raise translate(exc, "RegisterTargets", path=group.where) from exc
+        await self._each_batch("register_targets", "RegisterTargets", name, lb, targets)
 
     async def deregister(self, name: str, lb: LoadBalancerConfig, targets: Sequence[LbTarget]) -> None:
         """Start removing every target from every target group of ``name``; do not wait for draining."""
+        await self._each_batch("deregister_targets", "DeregisterTargets", name, lb, targets)
+
+    async def _each_batch(
+        self, method: str, action: str, name: str, lb: LoadBalancerConfig, targets: Sequence[LbTarget]
+    ) -> None:
+        """One ``method`` call per target group of ``name`` and chunk of targets.
+
+        A target group that does not exist refuses a registration (naming its config path) and is
+        nothing to deregister from; so is a target that is not registered.
+        """
+        registering = method == "register_targets"
         for group in target_groups_from_config(name, lb):
             for chunk in _chunks(targets):
                 try:
                     await self._caller.call(
                         self._elbv2,
-                        "deregister_targets",
+                        method,
                         TargetGroupArn=group.arn,
                         Targets=[{"Id": t.provider_id, "Port": group.port} for t in chunk],
                     )
                 except ClientError as exc:
-                    if error_code(exc) in _GONE_CODES:
-                        continue  # not registered, or the target group is gone: nothing to drain
-                    raise translate(exc, "DeregisterTargets", path=group.where) from exc
+                    code = error_code(exc)
+                    if registering and code == "TargetGroupNotFound":
+                        raise ProviderInvalidRequest(
+                            f"{group.where}.arn: target group {group.arn} does not exist"
+                        ) from exc
+                    if not registering and code in _GONE_CODES:
+                        continue
+                    raise translate(exc, action, path=group.where) from exc
 
     async def members(self, group: TargetGroupRef) -> dict[str, TargetState]:
         """Every target of one target group on its configured port, by EC2 instance id."""
