@@ -60,6 +60,7 @@ async def gc_cycle(ctx: ShardContext, ops: InstanceOps) -> GcReport:
         elif (
             row.provider_id is not None
             and row.registered_at is None
+            and row.health_at is None  # an adopted instance's agent reports without registering again
             and row.drain_started_at is None
             and age > gc_cfg.registration_timeout
         ):
