@@ -15,10 +15,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-from nstance.server.configstate import ConfigSnapshot
 from nstance.core.errors import AlreadyExists
 from nstance.providers.base import ProviderInstance
 from nstance.server import records
+from nstance.server.configstate import ConfigSnapshot
 from nstance.server.context import ShardContext
 
 

@@ -140,7 +140,7 @@ class Metrics:
         )
         self.safety_holds = Gauge(
             "nstance_safety_holds",
-            "Deletions or replacements the leader is holding back because its own view may be wrong, by kind.",
+            "Deletions or replacements the leader holds back because its own view may be wrong, by kind.",
             ["kind"],
             registry=reg,
         )

@@ -187,14 +187,16 @@ async def test_vm_with_our_tags_but_no_record_is_adopted_then_scaled_down(h: Har
     assert stray.instance_id in h.live()  # adopted from its tags, not deleted
     assert report.groups == {KEY}
     rec = h.record(stray.instance_id)
-    assert rec is not None and rec["group"] == "web" and rec["provider_instance_id"] == stray.provider_id
+    assert rec is not None
+    assert rec["group"] == "web"
+    assert rec["provider_instance_id"] == stray.provider_id
     await h.reconcile()
     assert len(h.live()) == 2  # the group is one over its size: scaled down like any other member
 
 
 async def test_vm_of_a_failed_create_is_deleted_as_an_orphan(h: Harness) -> None:
     await h.reconcile()
-    victim_id, victim_pid = next(iter(h.live().items()))
+    victim_id, _victim_pid = next(iter(h.live().items()))
     with h.db.session() as session:
         repo.mark_create_failed(session, victim_id, now=h.clock.now())
     report = await gc_cycle(h.ctx, h.shard.ops)
