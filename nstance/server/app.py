@@ -196,6 +196,9 @@ class ServerApp:
     def is_leader(self) -> bool:
         return self._elector is not None and self._elector.is_leader()
 
+    def degraded(self) -> str | None:
+        return self.shard.ops.holds.summary() if self.shard is not None else None
+
     def leader_address(self) -> str:
         return ElectorLeadership(self._elector).leader_address() if self._elector is not None else ""
 

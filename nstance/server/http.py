@@ -61,6 +61,10 @@ class HealthSource(Protocol):
         """Where the leader address stands on this server ('' when none is configured)."""
         ...
 
+    def degraded(self) -> str | None:
+        """What the leader is holding back because its own view may be wrong (None when nothing)."""
+        ...
+
 
 class _BadRequest(Exception):
     def __init__(self, status: HTTPStatus, message: str) -> None:
@@ -198,9 +202,11 @@ class HealthServer:
         waiting = self._source.starting()
         if waiting is not None:
             return HTTPStatus.SERVICE_UNAVAILABLE, TEXT, f"starting: {waiting}\n".encode()
-        if self._source.is_leader():
-            return HTTPStatus.OK, TEXT, b"ok: leader\n"
-        return HTTPStatus.OK, TEXT, f"ok: standby (leader: {self._leader_text()})\n".encode()
+        role = "leader" if self._source.is_leader() else f"standby (leader: {self._leader_text()})"
+        degraded = self._source.degraded()
+        if degraded is not None:  # still 200: the server works, and restarting it would not help
+            return HTTPStatus.OK, TEXT, f"degraded: {role}: {degraded}\n".encode()
+        return HTTPStatus.OK, TEXT, f"ok: {role}\n".encode()
 
     def _leader_health(self) -> tuple[HTTPStatus, str, bytes]:
         if self._source.is_leader():

@@ -350,9 +350,13 @@ class FakeSource:
     address: str = "10.0.0.5:8993"
     waiting: str | None = None
     network: str = ""
+    holds: str | None = None
 
     def config_error(self) -> str | None:
         return self.error
+
+    def degraded(self) -> str | None:
+        return self.holds
 
     def starting(self) -> str | None:
         return self.waiting
@@ -411,6 +415,15 @@ async def send(port: int, raw: bytes, *, close_write: bool = True) -> Response:
 
 async def get(port: int, path: str, method: str = "GET") -> Response:
     return await send(port, f"{method} {path} HTTP/1.1\r\nHost: localhost\r\n\r\n".encode())
+
+
+async def test_health_says_degraded_with_the_reason_while_the_leader_holds_back(health: HttpFixture) -> None:
+    health.source.holds = "health-replacements default/web: 3 of 4 registered instances stopped reporting"
+    response = await get(health.port, "/health")
+    assert response.status == 200
+    assert response.body == (
+        b"degraded: leader: health-replacements default/web: 3 of 4 registered instances stopped reporting\n"
+    )
 
 
 async def test_health_reports_leader_and_standby_once_config_is_loaded(health: HttpFixture) -> None:
