@@ -211,7 +211,7 @@ def open_database(path: Path, *, migrate: bool = True) -> Database:
         moved = quarantine.move_aside(path)
         log.error("sqlite cache %s is corrupt (%s): moved to %s; starting an empty one", path, problem, moved)
     database = Database(create_sqlite_engine(path), path)
-    if migrate:
+    if migrate or problem is not None:  # a fresh file needs the schema
         try:
             database.migrate()
         except DBAPIError as exc:

@@ -78,7 +78,8 @@ def member_of(row: Instance, *, seen_since: datetime | None = None) -> Member:
     return Member(
         instance_id=row.id,
         created_at=row.created_at,
-        registered=row.registered_at is not None,
+        # An agent that reports health holds a certificate: registered, even when its record was rebuilt.
+        registered=row.registered_at is not None or row.health_at is not None,
         unhealthy=status is not None and InstanceStatus(status) in UNHEALTHY_STATUSES,
         failed=row.record_state == RECORD_FAILED,
         draining=row.drain_started_at is not None,

@@ -118,8 +118,10 @@ async def rebuild_cache(ctx: ShardContext, ops: InstanceOps) -> set[GroupKey]:
         claimed = {problem.instance_id for problem in problems if problem.instance_id}
         for row in repo.list_instances(session):
             if row.id not in seen and row.id not in ops.in_flight and row.id not in claimed:
-                log.warning("instance %s has no record in object storage; dropping it from the cache", row.id)
-                repo.soft_delete(session, row.id, now=now)
+                # A vanished record is missing state, not a deletion: no tombstone, so a VM of this
+                # instance is adopted from its tags rather than deleted as an orphan.
+                log.warning("instance %s has no record in object storage; forgetting its cache row", row.id)
+                repo.forget_instance(session, row.id)
     for row in unfinished:
         log.info("finishing the interrupted delete of %s", row.id)
         await ops.delete_or_hold(row, "delete-resumed")
