@@ -68,9 +68,9 @@ class StorageNemeses:
         world = self.world
         for vm in world.cloud.vms.values():
             agent = world.agents.get(vm.instance_id)
-            if vm.status is InstanceStatus.RUNNING and agent is not None and agent.registered:
-                if not agent.crashed and not agent.stuck:
-                    self.protected.setdefault(vm.instance_id, vm.provider_id)
+            alive = agent is not None and agent.registered and not agent.crashed and not agent.stuck
+            if vm.status is InstanceStatus.RUNNING and alive:
+                self.protected.setdefault(vm.instance_id, vm.provider_id)
 
     def _corrupt_record(self) -> None:
         world = self.world
