@@ -126,7 +126,7 @@ class Database:
     """The open cache: an engine plus session factories. Close it (or use ``with``) when done.
 
     A session that fails because the file is corrupt (``quarantine.is_corruption``) calls
-    ``on_corrupt`` (from whatever thread ran it) before the error propagates; ``replace_corrupt_file``
+    ``on_corrupt`` (from whatever thread ran it) and raises ``quarantine.CacheCorrupt``; ``replace_corrupt_file``
     then moves the file aside and starts an empty one under the same object, so every holder of this
     Database keeps working once the cache has been rebuilt.
     """
@@ -145,8 +145,15 @@ class Database:
         self._read_sessions = sessionmaker(bind=engine, expire_on_commit=False)
 
     def _noticed(self, exc: BaseException) -> None:
-        if self.on_corrupt is not None and quarantine.is_corruption(exc):
+        """Raise ``CacheCorrupt`` (after telling ``on_corrupt``) when ``exc`` is corruption."""
+        if not quarantine.is_corruption(exc):
+            return
+        if self.on_corrupt is not None:
             self.on_corrupt(exc)
+        cause = getattr(exc, "orig", None) or exc
+        raise quarantine.CacheCorrupt(
+            f"the SQLite cache is corrupt ({cause}); it is being rebuilt from object storage, retry"
+        ) from exc
 
     @contextmanager
     def session(self) -> Iterator[Session]:

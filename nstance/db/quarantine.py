@@ -5,7 +5,8 @@ it is renamed (with its ``-wal`` and ``-shm`` companions) to ``nstance.db.corrup
 it - kept for a person to look at, never deleted silently - and a fresh file takes its place.
 Corruption is SQLite's ``SQLITE_CORRUPT`` or ``SQLITE_NOTADB`` result (also when wrapped by
 SQLAlchemy), or a ``quick_check`` that does not answer "ok"; "database is locked" and other
-operational errors are not corruption.
+operational errors are not corruption. A session that hits corruption raises ``CacheCorrupt`` (an
+``Unavailable``: callers retry, RPC clients get UNAVAILABLE rather than INTERNAL).
 """
 
 from __future__ import annotations
@@ -15,11 +16,17 @@ import sqlite3
 from datetime import UTC, datetime
 from pathlib import Path
 
+from nstance.core.errors import Unavailable
+
 log = logging.getLogger(__name__)
 
 _SQLITE_CORRUPT = 11
 _SQLITE_NOTADB = 26
 _COMPANIONS = ("", "-wal", "-shm", "-journal")
+
+
+class CacheCorrupt(Unavailable):
+    """A cache read or write failed because the file is damaged: retry once it has been rebuilt."""
 
 
 def is_corruption(exc: BaseException) -> bool:

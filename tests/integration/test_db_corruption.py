@@ -9,12 +9,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from sqlalchemy.exc import DatabaseError
 from test_shard_gc import Harness
 
 from nstance.db import repo
 from nstance.db.engine import open_database
-from nstance.db.quarantine import check_file, is_corruption
+from nstance.db.quarantine import CacheCorrupt, check_file, is_corruption
 from nstance.testing.waiting import eventually
 
 
@@ -92,8 +91,8 @@ async def test_a_leader_whose_cache_goes_corrupt_steps_down_rebuilds_and_leads_a
         h.db.engine.dispose()
         damage(path)
         h.db.engine.dispose()
-        with pytest.raises(DatabaseError):
-            h.rows()  # the API or a loop hits it first
+        with pytest.raises(CacheCorrupt, match="SQLite cache is corrupt.*retry"):
+            h.rows()  # the API or a loop hits it first: UNAVAILABLE, retry
         await eventually(lambda: h.shard.cache_repair.repairs == 1, what="the cache repaired")
         await eventually(lambda: h.shard.leading, what="leading again")
         assert {r.id: r.provider_id for r in h.rows()} == before  # rebuilt from the records
