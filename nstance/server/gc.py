@@ -3,7 +3,7 @@
 A cycle, in order: delete instances that never registered within ``registration_timeout`` (their
 nonce has expired, so they never can); retire pre-inserted rows whose provider create never completed;
 re-list the provider (``recovery.sync_provider``) so VMs stopped, terminated or created out of band are
-noticed without a leadership change; purge deleted instances' rows and records once they are older
+noticed without a leadership change; write back records that vanished (``restore``); purge deleted instances' rows and records once they are older
 than ``deleted_record_retention``. It returns the groups it touched so the reconciler can backfill.
 """
 
@@ -19,6 +19,7 @@ from nstance.server import records
 from nstance.server.context import ShardContext
 from nstance.server.instances import InstanceOps
 from nstance.server.recovery import sync_provider
+from nstance.server.restore import restore_missing_records
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,7 @@ class GcReport:
     dangling: list[str] = field(default_factory=list)
     stale: list[str] = field(default_factory=list)
     purged: list[str] = field(default_factory=list)
+    restored: list[str] = field(default_factory=list)
     groups: set[GroupKey] = field(default_factory=set)
 
 
@@ -71,6 +73,7 @@ async def gc_cycle(ctx: ShardContext, ops: InstanceOps) -> GcReport:
             report.dangling.append(row.id)
             report.groups.add((row.tenant, row.group_key))
 
+    report.restored = await restore_missing_records(ctx, ops, settle=stale_after)
     synced = await sync_provider(ctx, ops)
     report.groups |= synced.groups
 

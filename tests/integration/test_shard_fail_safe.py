@@ -182,3 +182,21 @@ async def test_a_create_finishing_during_the_relist_is_not_retired(h: Harness) -
     created = {row.id for row in h.rows() if row.provider_id}
     assert len(created) >= 3
     assert created <= set(h.live())
+
+
+async def test_records_deleted_under_a_running_leader_are_written_back_from_the_cache(h: Harness) -> None:
+    await h.reconcile()
+    await h.shard.ops.followups.settled()
+    register_all(h)
+    before = dict(h.live())
+    for key in list(h.store.list("instance/")):
+        h.store.delete(key)
+    report = await gc_cycle(h.ctx, h.shard.ops)
+    assert sorted(report.restored) == sorted(before)
+    assert h.live() == before
+    for iid, provider_id in before.items():
+        rec = h.record(iid)
+        assert rec is not None
+        assert rec["provider_instance_id"] == provider_id
+        assert rec["registered_at"]  # what only the cache knew is kept
+        assert rec["restored_at"]
