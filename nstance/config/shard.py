@@ -186,10 +186,13 @@ class DeletionBrakeConfig(StrictModel):
     """The window `max_deletions` counts in."""
     silent_fraction: float = Field(default=0.5, gt=0, le=1)
     """When at least this fraction of a group's registered instances (and at least `min_silent` of
-    them) miss their health reports at once, the fault is presumed to be the server's: none is
-    replaced, and `/health` says why."""
+    them) stop reporting together (within one missed-report window, or all of them), the fault is
+    presumed to be the server's: none is replaced for up to `max_hold`, and `/health` says why."""
     min_silent: int = Field(default=2, ge=1)
     """Fewer silent instances than this are never taken for a fault on the server's side."""
+    max_hold: PositiveDuration = timedelta(minutes=5)
+    """How long such a presumed server-side fault holds replacements back; if the silence lasts
+    longer, the silent instances are replaced at the `max_deletions` rate."""
 
 
 class ExpiryConfig(StrictModel):

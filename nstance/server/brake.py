@@ -5,10 +5,10 @@ explains this VM" (orphan deletion) and "this agent stopped reporting" (health r
 bounded here, per group and per ``interval``:
 
 * at most ``max_deletions`` distinct instances per group per interval, for each judgement separately;
-* when at least ``min_silent`` registered members *and* at least ``silent_fraction`` of them are
-  silent at once, the fault is presumed to be on the server's side (its network, its clock, its
-  agent port) - like Kubernetes' node lifecycle controller in an unhealthy zone - and no silent member
-  is replaced; the hold is reported instead.
+* when at least ``min_silent`` registered members *and* at least ``silent_fraction`` of them went
+  silent together (``went_silent_together``), the fault is presumed to be on the server's side (its
+  network, its clock, its agent port) - like Kubernetes' node lifecycle controller in an unhealthy
+  zone - and no silent member is replaced for up to ``max_hold``; the hold is reported instead.
 
 What is held is reported through ``Holds`` (the ``/health`` reason, a metric, ``WatchErrors``). Time is
 the caller's monotonic seconds; nothing here does I/O.
@@ -40,6 +40,7 @@ class BrakeLimits:
     interval: timedelta = timedelta(minutes=10)
     silent_fraction: float = 0.5
     min_silent: int = 2
+    max_hold: timedelta = timedelta(minutes=5)
 
 
 class DeletionBudget:
@@ -47,6 +48,7 @@ class DeletionBudget:
 
     def __init__(self) -> None:
         self._spent: dict[tuple[str, GroupKey], deque[tuple[float, str]]] = {}
+        self._held_since: dict[GroupKey, float] = {}
 
     def _window(self, kind: str, key: GroupKey, now: float, limits: BrakeLimits) -> deque[tuple[float, str]]:
         spent = self._spent.setdefault((kind, key), deque())
@@ -64,6 +66,13 @@ class DeletionBudget:
             return False
         spent.append((now, instance_id))
         return True
+
+    def hold_age(self, key: GroupKey, now: float) -> float:
+        """Seconds the group's mass-silence hold has lasted (starting it now if there is none)."""
+        return now - self._held_since.setdefault(key, now)
+
+    def end_hold(self, key: GroupKey) -> None:
+        self._held_since.pop(key, None)
 
     def keys(self, kind: str) -> list[GroupKey]:
         """Groups that spent budget of ``kind`` (held or not), so a hold on them can be cleared."""
@@ -85,6 +94,23 @@ class SilenceVerdict:
     held: str | None = None
 
 
+def went_silent_together(
+    silent: Sequence[Member], registered: int, silence_limit: timedelta, since: datetime | None
+) -> bool:
+    """Whether the silent members stopped reporting at about the same time.
+
+    Every registered member silent counts as together (a full outage). Otherwise their last reports
+    must lie within one ``silence_limit`` of each other, and none may date from before this leadership
+    (``since``): silence carried over a failover says nothing about when it began.
+    """
+    if len(silent) >= registered:
+        return True
+    seen = [m.last_seen for m in silent if m.last_seen is not None]
+    if len(seen) < len(silent) or (since is not None and any(s <= since for s in seen)):
+        return False
+    return max(seen) - min(seen) <= silence_limit
+
+
 def hold_silent(
     key: GroupKey,
     members: Sequence[Member],
@@ -94,19 +120,30 @@ def hold_silent(
     budget: DeletionBudget,
     mono: float,
     limits: BrakeLimits,
+    since: datetime | None = None,
 ) -> SilenceVerdict:
-    """Let through only the health replacements the brake allows; the rest count as serving for now."""
+    """Let through only the health replacements the brake allows; the rest count as serving for now.
+
+    A mass silence is held for at most ``limits.max_hold``; if it lasts longer, the silent members are
+    replaced at the budgeted rate (the presumption of a server-side fault has had its chance).
+    """
     silent = [m for m in members if not m.draining and not m.spot_notice and is_silent(m, silence_limit, now)]
-    if not silent:
+    if not silent or silence_limit is None:
+        budget.end_hold(key)
         return SilenceVerdict(list(members))
     registered = sum(1 for m in members if m.registered and not m.draining)
-    if mass_silence(registered, len(silent), limits):
+    mass = mass_silence(registered, len(silent), limits) and went_silent_together(
+        silent, registered, silence_limit, since
+    )
+    if mass and budget.hold_age(key, mono) < limits.max_hold.total_seconds():
         held = {m.instance_id for m in silent}
         reason = (
             f"{len(silent)} of {registered} registered instances stopped reporting at once; presuming a "
-            "fault on the server's side and replacing none of them"
+            f"fault on the server's side and replacing none of them for up to {limits.max_hold}"
         )
     else:
+        if not mass:
+            budget.end_hold(key)
         held = {
             m.instance_id for m in silent if not budget.take(REPLACEMENTS, key, m.instance_id, mono, limits)
         }
@@ -127,4 +164,5 @@ def limits_from(config: DeletionBrakeConfig) -> BrakeLimits:
         interval=config.interval,
         silent_fraction=config.silent_fraction,
         min_silent=config.min_silent,
+        max_hold=config.max_hold,
     )

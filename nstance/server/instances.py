@@ -580,7 +580,12 @@ class InstanceOps:
         self._ctx.metrics.set_safety_holds(self.holds.counts())
 
     def brake_silent(
-        self, key: tuple[str, str], members: list[Member], silence_limit: timedelta | None, now: datetime
+        self,
+        key: tuple[str, str],
+        members: list[Member],
+        silence_limit: timedelta | None,
+        now: datetime,
+        since: datetime | None = None,
     ) -> list[Member]:
         """``members`` with the health replacements the brake holds back shown as serving (reported)."""
         verdict = brake.hold_silent(
@@ -591,6 +596,7 @@ class InstanceOps:
             budget=self.budget,
             mono=self._ctx.clock.monotonic(),
             limits=self.brake_limits(),
+            since=since,
         )
         self.set_hold(f"{brake.REPLACEMENTS} {key[0]}/{key[1]}", verdict.held, tenant=key[0], group=key[1])
         return verdict.members

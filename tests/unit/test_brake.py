@@ -68,3 +68,46 @@ def test_nothing_silent_changes_nothing() -> None:
     verdict = hold_silent(KEY, members, LIMIT, NOW, budget=DeletionBudget(), mono=0.0, limits=BrakeLimits())
     assert verdict.held is None
     assert verdict.members == members
+
+
+def test_silence_that_did_not_start_together_is_not_presumed_the_servers_fault() -> None:
+    early = Member(instance_id="a", created_at=NOW, registered=True, last_seen=NOW - timedelta(minutes=20))
+    late = Member(instance_id="b", created_at=NOW, registered=True, last_seen=NOW - timedelta(minutes=2))
+    well = member("c", silent=False)
+    verdict = hold_silent(
+        KEY, [early, late, well], LIMIT, NOW, budget=DeletionBudget(), mono=0.0, limits=BrakeLimits()
+    )
+    assert verdict.held is None  # two separate deaths: both replaced
+
+
+def test_silence_carried_over_a_failover_is_not_presumed_together_unless_everyone_is_silent() -> None:
+    since = NOW - timedelta(minutes=5)  # this leadership began then: earlier silence is clamped to it
+    carried = [Member(instance_id=i, created_at=NOW, registered=True, last_seen=since) for i in "ab"]
+    budget = DeletionBudget()
+    verdict = hold_silent(
+        KEY,
+        [*carried, member("c", silent=False)],
+        LIMIT,
+        NOW,
+        budget=budget,
+        mono=0.0,
+        limits=BrakeLimits(),
+        since=since,
+    )
+    assert verdict.held is None
+    verdict = hold_silent(
+        KEY, carried, LIMIT, NOW, budget=budget, mono=0.0, limits=BrakeLimits(), since=since
+    )
+    assert verdict.held is not None  # the whole group: a full outage
+
+
+def test_a_mass_silence_is_held_at_most_max_hold_then_replaced_at_the_budgeted_rate() -> None:
+    members = [member(f"i{n}", silent=True) for n in range(4)]
+    budget = DeletionBudget()
+    limits = BrakeLimits(max_deletions=1, max_hold=timedelta(minutes=5))
+    first = hold_silent(KEY, members, LIMIT, NOW, budget=budget, mono=0.0, limits=limits)
+    assert first.held is not None
+    assert "at once" in first.held
+    later = hold_silent(KEY, members, LIMIT, NOW, budget=budget, mono=301.0, limits=limits)
+    assert later.held is not None
+    assert "3 silent instances wait" in later.held  # one replaced, the rest at the budget's pace
