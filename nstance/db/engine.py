@@ -126,9 +126,9 @@ class Database:
     """The open cache: an engine plus session factories. Close it (or use ``with``) when done.
 
     A session that fails because the file is corrupt (``quarantine.is_corruption``) calls
-    ``on_corrupt`` (from whatever thread ran it) and raises ``quarantine.CacheCorrupt``; ``replace_corrupt_file``
-    then moves the file aside and starts an empty one under the same object, so every holder of this
-    Database keeps working once the cache has been rebuilt.
+    ``on_corrupt`` (from whatever thread ran it) and raises ``quarantine.CacheCorrupt``;
+    ``replace_corrupt_file`` then moves the file aside and starts an empty one under the same object,
+    so every holder of this Database keeps working once the cache has been rebuilt.
     """
 
     def __init__(self, engine: Engine, path: Path | None = None) -> None:

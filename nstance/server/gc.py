@@ -2,9 +2,10 @@
 
 A cycle, in order: delete instances that never registered within ``registration_timeout`` (their
 nonce has expired, so they never can); retire pre-inserted rows whose provider create never completed;
-re-list the provider (``recovery.sync_provider``) so VMs stopped, terminated or created out of band are
-noticed without a leadership change; write back records that vanished (``restore``); purge deleted instances' rows and records once they are older
-than ``deleted_record_retention``. It returns the groups it touched so the reconciler can backfill.
+write back records that vanished under this leader (``restore``); re-list the provider
+(``recovery.sync_provider``) so VMs stopped, terminated or created out of band are noticed without a
+leadership change; purge deleted instances' rows and records once they are older than
+``deleted_record_retention``. It returns the groups it touched so the reconciler can backfill.
 """
 
 from __future__ import annotations

@@ -91,7 +91,7 @@ async def test_a_leader_whose_cache_goes_corrupt_steps_down_rebuilds_and_leads_a
         h.db.engine.dispose()
         damage(path)
         h.db.engine.dispose()
-        with pytest.raises(CacheCorrupt, match="SQLite cache is corrupt.*retry"):
+        with pytest.raises(CacheCorrupt, match=r"SQLite cache is corrupt.*retry"):
             h.rows()  # the API or a loop hits it first: UNAVAILABLE, retry
         await eventually(lambda: h.shard.cache_repair.repairs == 1, what="the cache repaired")
         await eventually(lambda: h.shard.leading, what="leading again")
