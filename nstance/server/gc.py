@@ -19,7 +19,7 @@ from nstance.db.models import RECORD_PENDING
 from nstance.server import records
 from nstance.server.context import ShardContext
 from nstance.server.instances import InstanceOps
-from nstance.server.recovery import sync_provider
+from nstance.server.recovery import recheck_unreadable, sync_provider
 from nstance.server.restore import restore_missing_records
 
 log = logging.getLogger(__name__)
@@ -75,6 +75,7 @@ async def gc_cycle(ctx: ShardContext, ops: InstanceOps) -> GcReport:
             report.groups.add((row.tenant, row.group_key))
 
     report.restored = await restore_missing_records(ctx, ops, settle=stale_after)
+    report.groups |= await recheck_unreadable(ctx, ops)
     synced = await sync_provider(ctx, ops)
     report.groups |= synced.groups
 

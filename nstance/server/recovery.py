@@ -30,8 +30,10 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from nstance.core.errors import InvalidArgument
 from nstance.db import repo
 from nstance.db.models import RECORD_FAILED, RECORD_PENDING, RECORD_PROVISIONED, Instance
+from nstance.objectstore.base import ObjectNotFound
 from nstance.providers.base import GONE_STATUSES, InstanceStatus, ProviderInstance
 from nstance.server import adoption, brake, claims, records
 from nstance.server.context import ShardContext
@@ -275,3 +277,45 @@ def report_unreadable(ctx: ShardContext, ops: InstanceOps, problems: list[record
         if problems
         else None,
     )
+
+
+async def recheck_unreadable(ctx: ShardContext, ops: InstanceOps) -> set[GroupKey]:
+    """Read the unreadable records again (each GC cycle); those repaired go back into the cache.
+
+    A repaired record of an active instance restores its cache row (its VM is managed again); a
+    removed one stops claiming anything (its VM, if any, is adopted from its tags by the next sync).
+    Returns the groups whose instances came back.
+    """
+    if not ops.unreadable:
+        return set()
+    still: list[records.RecordProblem] = []
+    cleared: list[str] = []
+    groups: set[GroupKey] = set()
+    for problem in ops.unreadable:
+        try:
+            data, _ = await asyncio.to_thread(ctx.store.get, problem.key)
+        except ObjectNotFound:
+            cleared.append(problem.key)
+            continue
+        try:
+            rec = records.decode_record(data, problem.key)
+        except InvalidArgument:
+            still.append(problem)
+            continue
+        if (rec.tenant, rec.instance_id) != (problem.tenant, problem.instance_id):
+            still.append(problem)
+            continue
+        if rec.status not in ("deleted", "failed"):
+            with ctx.db.session() as session:
+                existing = repo.get_instance(session, rec.instance_id)
+                if existing is None or existing.deleted_at is not None:
+                    repo.restore_instance(session, **_row_values(rec))
+                    groups.add((rec.tenant, rec.group))
+        log.info("instance record %s is readable again", problem.key)
+        cleared.append(problem.key)
+    if cleared:
+        ops.unreadable = still
+        ctx.metrics.set_unreadable_records(len(still))
+        if not still:
+            ops.set_hold("unreadable-records", None)
+    return groups

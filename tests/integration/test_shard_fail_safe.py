@@ -9,7 +9,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from test_shard_gc import Harness, register_all
+from test_shard_gc import KEY, Harness, register_all
 
 from nstance.config import GroupUpdate
 from nstance.db import repo
@@ -200,3 +200,23 @@ async def test_records_deleted_under_a_running_leader_are_written_back_from_the_
         assert rec["provider_instance_id"] == provider_id
         assert rec["registered_at"]  # what only the cache knew is kept
         assert rec["restored_at"]
+
+
+async def test_a_repaired_record_brings_its_instance_back_without_a_leadership_change(
+    h: Harness, tmp_path: Path
+) -> None:
+    await h.reconcile()
+    await h.shard.ops.followups.settled()
+    victim = sorted(h.live())[0]
+    original, _ = h.store.get(key_of(victim))
+    h.store.put(key_of(victim), b"")
+    lose_cache(h, tmp_path)
+    await new_leader(h)
+    assert victim not in {r.id for r in h.rows()}
+    h.store.put(key_of(victim), original)  # a person restores it
+    report = await gc_cycle(h.ctx, h.shard.ops)
+    assert KEY in report.groups
+    assert victim in {r.id for r in h.rows()}
+    assert h.shard.ops.unreadable == []
+    assert h.ctx.metrics.unreadable_records._value.get() == 0
+    assert h.shard.ops.holds.summary() is None
