@@ -30,6 +30,7 @@ from nstance.providers.base import GONE_STATUSES, InstanceStatus, ProviderInstan
 from nstance.server import records
 from nstance.server.context import ShardContext
 from nstance.server.instances import InstanceOps
+from nstance.server.leadertime import since_term
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +172,7 @@ async def sync_provider(
             continue
         if iid in ops.in_flight:
             continue
-        if row.provider_id is not None and now - row.created_at < consistency_grace:
+        if row.provider_id is not None and since_term(ctx.clock, row.created_at) < consistency_grace:
             continue
         report.gone.append(iid)
         report.groups.add((row.tenant, row.group_key))
