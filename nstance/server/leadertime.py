@@ -8,9 +8,10 @@ shard reads time from a ``LeaderClock``: at each acquisition of leadership (``re
 wall clock once, and from then on ``now()`` is that instant plus the monotonic time elapsed since. A
 wall-clock step during a leadership changes nothing; the next acquisition picks the new wall time up.
 
-Timestamps written before this leadership (by another server, or by this one in an earlier frame)
-are not comparable with this frame, so ``since_term`` counts an age from the start of the leadership
-at the earliest: time before it counts as zero, which can only make a timeout later, never earlier.
+Timestamps this leadership did not write (another server's, or this one's in an earlier frame) are
+not comparable with this frame. One that lies outside the frame - before its start, or after its
+"now" (a clock that was ahead) - is read as the start of the leadership (``in_term``): time before it
+counts as zero, which can only make a timeout later, never earlier.
 """
 
 from __future__ import annotations
@@ -50,8 +51,19 @@ class LeaderClock:
         return self._clock.monotonic()
 
     def since_term(self, when: datetime) -> timedelta:
-        """Time elapsed since ``when``, counting from the start of this leadership at the earliest."""
-        return self.now() - max(when, self._wall0)
+        """Time elapsed since ``when``, read with ``in_term`` (never counted from before this leadership)."""
+        now = self.now()
+        return now - in_term(when, self._wall0, now)
+
+
+def in_term(when: datetime, start: datetime, now: datetime | None) -> datetime:
+    """``when`` if the leadership that started at ``start`` could have written it by ``now``, else ``start``.
+
+    ``now`` None means no upper bound (only timestamps from before ``start`` are replaced).
+    """
+    if when < start or (now is not None and when > now):
+        return start
+    return when
 
 
 def since_term(clock: Clock, when: datetime) -> timedelta:
