@@ -453,6 +453,7 @@ class AgentState:
     registered: bool = False
     blip_until: float = -math.inf
     reports: int = 0
+    vm_gone_at: float | None = None  # when the agent stopped because its VM was deleted
 
 
 # ---- the world -------------------------------------------------------------------------------
@@ -718,6 +719,7 @@ class World:
         delay = 1.0
         while not state.registered:
             if not self._vm_alive(provider_id) or state.crashed:
+                state.vm_gone_at = None if state.crashed else self.now()
                 return
             try:
                 await self._call_leader(
@@ -744,6 +746,8 @@ class World:
             with contextlib.suppress(NstanceError):
                 await self._call_leader(lambda leader: self._stream(state, leader, provider_id))
             await asyncio.sleep(1.0)
+        if not state.crashed:
+            state.vm_gone_at = self.now()  # the agent stopped because its VM was deleted
 
     async def _stream(self, state: AgentState, inc: Incarnation, provider_id: str) -> None:
         token = _STREAMING.set(True)  # the agent's end of the stream is not stopped with a paused server
