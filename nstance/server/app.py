@@ -52,6 +52,7 @@ from nstance.secrets.factory import open_secret_store
 from nstance.secrets.keys import load_encryption_keys
 from nstance.server.configstate import ConfigState
 from nstance.server.context import ShardContext
+from nstance.server.degraded import Degradations
 from nstance.server.election import Elector, ElectorLeadership
 from nstance.server.http import HealthServer
 from nstance.server.interceptors import ServerInterceptor
@@ -184,8 +185,12 @@ class ServerApp:
         self.shard: Shard | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._secrets: SecretStore | None = None
+        self.degradations = Degradations()
 
     # --- HealthSource -----------------------------------------------------------------------
+
+    def degraded(self) -> str | None:
+        return self.degradations.summary()
 
     def config_error(self) -> str | None:
         return self._config_error
@@ -406,6 +411,7 @@ class ServerApp:
                 cluster_leadership=ElectorLeadership(self._cluster_elector),
                 secrets=self._secrets,
                 own_provider_id=opts.provider_instance_id,
+                degraded=self.degradations,
             )
             self.shard = Shard(ctx)
             registrar = Registrar(ctx)

@@ -45,6 +45,7 @@ from nstance.server.api import (
     IssuedCert,
     RefreshResult,
 )
+from nstance.server.confighealth import report_config
 from nstance.server.configstate import ConfigChange, ConfigSnapshot
 from nstance.server.context import ShardContext, fault_point
 from nstance.server.dynamic_groups import edit_dynamic_groups
@@ -128,7 +129,12 @@ class Shard:
                     return
                 try:
                     # Fresh from storage or not at all: a stale copy may miss acknowledged group changes.
-                    await asyncio.to_thread(functools.partial(ctx.config.load, True, require_storage=True))
+                    try:
+                        await asyncio.to_thread(
+                            functools.partial(ctx.config.load, True, require_storage=True)
+                        )
+                    finally:
+                        report_config(ctx, ctx.config.fault)
                     groups = await rebuild_cache(ctx, self.ops)
                     report = await sync_provider(ctx, self.ops)
                     groups |= report.groups
@@ -234,6 +240,8 @@ class Shard:
             except NstanceError as exc:
                 log.warning("config check failed (keeping the current config): %s", exc)
                 continue
+            finally:
+                report_config(self.ctx, self.ctx.config.fault)
             if change.updated:
                 log.info("config changed in object storage; applying it")
                 self._apply_change(change)
@@ -490,7 +498,10 @@ class Shard:
         self.on_instance_changed(row.tenant, row.group_key)
 
     async def refresh_config(self) -> RefreshResult:
-        change = await asyncio.to_thread(self.ctx.config.load, True)
+        try:
+            change = await asyncio.to_thread(self.ctx.config.refresh)
+        finally:
+            report_config(self.ctx, self.ctx.config.fault)
         self._apply_change(change)
         return RefreshResult(
             updated=change.updated, prev_etag=change.prev_config_etag or "", etag=change.config_etag
