@@ -54,6 +54,7 @@ from nstance.server.configstate import ConfigState
 from nstance.server.context import ShardContext
 from nstance.server.degraded import Degradations
 from nstance.server.election import Elector, ElectorLeadership
+from nstance.server.grpcopts import server_options
 from nstance.server.http import HealthServer
 from nstance.server.interceptors import ServerInterceptor
 from nstance.server.limits import CreateLimiter
@@ -74,22 +75,6 @@ DEFAULT_HEALTH_ADDR = ":8990"
 IO_THREADS = 64
 #: Seconds between reads of the revocation list in cluster storage (``revoked/``).
 REVOCATION_SYNC_INTERVAL = 30.0
-#: Largest message any API accepts or sends (upstream's limit).
-MAX_MESSAGE_BYTES = 4 * 1024 * 1024
-GRPC_OPTIONS: list[tuple[str, int]] = [
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-]
-#: Agent and operator watch streams live for days: ping after 20 s idle, give up after 10 s without an
-#: answer, and let clients ping every 10 s even without an active call (upstream's agent settings).
-AGENT_GRPC_OPTIONS: list[tuple[str, int]] = [
-    *GRPC_OPTIONS,
-    ("grpc.keepalive_time_ms", 20_000),
-    ("grpc.keepalive_timeout_ms", 10_000),
-    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-]
 
 
 @dataclass(frozen=True)
@@ -435,15 +420,22 @@ class ServerApp:
             server_auth, _ = server_credentials(
                 identity.ca, hosts=hosts, clock=self.clock, require_client_cert=False
             )
-            operator_server = grpc.aio.server(interceptors=[interceptor], options=AGENT_GRPC_OPTIONS)
+            limits = shard_cfg.limits
+            operator_server = grpc.aio.server(
+                interceptors=[interceptor], options=server_options(limits, streams=True)
+            )
             operator_pb2_grpc.add_OperatorServiceServicer_to_server(
                 OperatorServicer(self.shard), operator_server
             )
-            registration_server = grpc.aio.server(interceptors=[interceptor], options=GRPC_OPTIONS)
+            registration_server = grpc.aio.server(
+                interceptors=[interceptor], options=server_options(limits, streams=False)
+            )
             registration_pb2_grpc.add_RegistrationServiceServicer_to_server(
                 RegistrationServicer(registrar), registration_server
             )
-            agent_server = grpc.aio.server(interceptors=[interceptor], options=AGENT_GRPC_OPTIONS)
+            agent_server = grpc.aio.server(
+                interceptors=[interceptor], options=server_options(limits, streams=True)
+            )
             agent_pb2_grpc.add_AgentServiceServicer_to_server(
                 AgentServicer(self.shard.agents, registrar), agent_server
             )

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from nstance.config.errors import ConfigError, Problem, join_path
+from nstance.config.limits import groups_limit_problems
 from nstance.config.loader import dump_groups_text, load_config_text, load_groups_text
 from nstance.config.merge import MergedGroupConfig, all_group_keys, merged_group
 from nstance.config.schema import DynamicGroups, ServerConfig
@@ -405,6 +406,9 @@ class ConfigState:
             config_text = _text(docs.config, config_source)
             config = load_config_text(config_text, config_source)
             dynamic = load_groups_text(_text(docs.groups, groups_source), groups_source)
+            problems = groups_limit_problems(config.shard.limits, config.groups, dynamic)
+            if problems:
+                raise ConfigError(groups_source, problems)
             merged = _merge_all(config, dynamic, groups_source)
         except (InvalidArgument, GroupsVanished) as exc:
             if source == "storage":

@@ -28,6 +28,7 @@ from nstance.config import (
     group_etag,
     merged_group,
 )
+from nstance.config.limits import check_vars
 from nstance.config.workloads import GroupConfig
 from nstance.core.backoff import Backoff
 from nstance.core.errors import FailedPrecondition, InvalidArgument, NotFound, NstanceError, Unavailable
@@ -428,6 +429,7 @@ class Shard:
 
     def _on_demand_config(self, tenant: str, request: InstanceRequest) -> MergedGroupConfig:
         snapshot = self._snapshot()
+        check_vars("CreateInstance", request.vars, snapshot.config.shard.limits)
         merged = snapshot.merged(tenant, request.group)
         if merged is None:
             raise NotFound(f'group "{request.group}" of tenant "{tenant}" does not exist')

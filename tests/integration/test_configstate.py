@@ -200,9 +200,11 @@ def test_a_groups_jsonc_that_vanishes_after_being_seen_is_refused_not_applied(
         with pytest.raises(GroupsVanished, match="non-empty before") as err:
             state.load()
         assert err.value.kind == ("missing" if fault == "deleted" else "empty")
-        assert state.fault is not None and state.fault.kind == err.value.kind
+        assert state.fault is not None
+        assert state.fault.kind == err.value.kind
     merged = state.merged(*APP)
-    assert merged is not None and merged.size == 3  # the last good view stays
+    assert merged is not None
+    assert merged.size == 3
 
 
 def test_a_restarted_server_remembers_from_its_cache_that_groups_jsonc_had_groups(
@@ -532,3 +534,16 @@ def test_a_stale_known_document_is_caught_by_the_conditional_write(shard: Scoped
     shard.get = counting_get  # type: ignore[method-assign]
     edit_dynamic_groups(shard, add("four"), known=(current, etag))
     assert reads == []
+
+
+def test_a_groups_jsonc_beyond_shard_limits_is_refused_with_its_path(
+    state: ConfigState, shard: ScopedObjectStore
+) -> None:
+    put_groups(shard, {"default": {"app": {"template": "app", "size": 3}}})
+    state.load()
+    put_groups(shard, {"default": {"app": {"template": "app", "size": 2_147_483_648}}})
+    with pytest.raises(ConfigError, match=r"default\.app\.size: 2147483648 is more than 10000"):
+        state.load()
+    merged = state.merged(*APP)
+    assert merged is not None
+    assert merged.size == 3

@@ -184,6 +184,18 @@ def test_on_demand_instance_is_idempotent_not_counted_and_deletable(server: Serv
     assert missing.value.code() == grpc.StatusCode.NOT_FOUND
 
 
+def test_a_million_instances_or_a_megabyte_var_is_refused_by_the_limits(server: Server) -> None:
+    for config, words in (
+        (operator_pb2.GroupConfig(size=1_000_000), "1000000 is more than 10000"),
+        (operator_pb2.GroupConfig(size=1, vars={"blob": "x" * 1_000_000}), "shard.limits.max_var_bytes"),
+    ):
+        with pytest.raises(grpc.RpcError) as err:
+            server.stub.UpsertGroup(operator_pb2.UpsertGroupRequest(key="web", config=config), timeout=10)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert words in (err.value.details() or "")
+    assert [g.size for g in server.stub.ListGroups(Empty(), timeout=10).groups if g.key == "web"] == [0]
+
+
 def test_refresh_config_reloads_and_reports_removed_groups(server: Server) -> None:
     stub = server.stub
     q, cancel = watch(stub.WatchGroups(Empty()))
