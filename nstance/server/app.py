@@ -61,7 +61,7 @@ from nstance.server.limits import CreateLimiter
 from nstance.server.metrics import InstrumentedProvider, Metrics
 from nstance.server.provisioning import ShardIdentity
 from nstance.server.registration import Registrar
-from nstance.server.revocations import revocation_loop
+from nstance.server.revocations import revocation_loop, sync_revocations
 from nstance.server.servicers.agent import AgentServicer
 from nstance.server.servicers.operator import OperatorServicer
 from nstance.server.servicers.registration import RegistrationServicer
@@ -412,6 +412,9 @@ class ServerApp:
                 with db.read_session() as session:
                     return repo.is_serial_revoked(session, serial)
 
+            # Fail closed: the deny-list is in SQLite before any port accepts a certificate.
+            if not await self._first_revocation_sync(cluster_store, db, stop):
+                return 0
             interceptor = ServerInterceptor(
                 ca=identity.ca, clock=self.clock, is_revoked=is_revoked, metrics=self.metrics
             )
@@ -467,6 +470,25 @@ class ServerApp:
             for task in background:
                 task.cancel()
             await self._shutdown(grpc_servers, electors, provider, health, db)
+
+    async def _first_revocation_sync(
+        self, cluster_store: ObjectStore, db: Database, stop: asyncio.Event
+    ) -> bool:
+        """Copy the deny-list into SQLite, retrying with backoff; False if ``stop`` was set first."""
+        backoff = Backoff(base=1.0, cap=15.0)
+        attempt = 0
+        while not stop.is_set():
+            try:
+                await sync_revocations(cluster_store, db, clock=self.clock)
+                return True
+            except (NstanceError, OSError) as exc:
+                self._starting = f"reading the certificate deny-list (revoked/): {exc}"
+                delay = backoff.delay(attempt)
+                attempt += 1
+                log.error("cannot read the certificate deny-list: %s (retrying in %.1fs)", exc, delay)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
+        return False
 
     def _on_shard_leadership(self, leading: bool) -> None:
         shard = self.shard
