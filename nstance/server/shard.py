@@ -93,6 +93,8 @@ class Shard:
         self._address_task: asyncio.Task[None] | None = None
         self._lead_lock = asyncio.Lock()
         self.leading = False
+        #: On-demand creates under way by instance id: ((tenant, group), task).
+        self._on_demand_creates: dict[str, tuple[GroupKey, asyncio.Future[tuple[str, str]]]] = {}
 
     # --- leadership -------------------------------------------------------------------------
 
@@ -456,15 +458,27 @@ class Shard:
         )
 
     async def create_instance(self, tenant: str, request: InstanceRequest) -> tuple[str, str]:
-        if request.instance_id:
+        iid = request.instance_id
+        if not iid:
+            return await self._create_on_demand(tenant, request)
+        owner = (tenant, request.group)
+        running = self._on_demand_creates.get(iid)
+        if running is None:
             with self.ctx.db.read_session() as session:
-                existing = repo.get_instance(session, request.instance_id)
+                existing = repo.get_instance(session, iid)
             if existing is not None:
-                if existing.tenant != tenant or existing.group_key != request.group:
-                    raise FailedPrecondition(
-                        f"instance_id {request.instance_id!r} is already used by another instance"
-                    )
+                if (existing.tenant, existing.group_key) != owner:
+                    raise FailedPrecondition(f"instance_id {iid!r} is already used by another instance")
                 return existing.id, status_of(existing)
+            # Concurrent calls with this id share one create and all get its answer (docs/operator-api.md).
+            task = asyncio.ensure_future(self._create_on_demand(tenant, request))
+            running = self._on_demand_creates[iid] = (owner, task)
+            task.add_done_callback(lambda _: self._on_demand_creates.pop(iid, None))
+        if running[0] != owner:
+            raise FailedPrecondition(f"instance_id {iid!r} is already used by another instance")
+        return await asyncio.shield(running[1])
+
+    async def _create_on_demand(self, tenant: str, request: InstanceRequest) -> tuple[str, str]:
         merged = self._on_demand_config(tenant, request)
         if request.instance_type:
             await self._check_instance_type(merged.instance_type, merged.template, "instance_type")

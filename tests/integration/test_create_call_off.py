@@ -1,10 +1,11 @@
-"""Scale-down, DeleteGroup and lost leadership stop a burst of creates within a second.
+"""Scale-down, DeleteGroup and lost leadership stop a burst of creates within a second; concurrent creates.
 
 In-process leader (real SQLite file, in-memory object store) on a sim provider that takes 50 ms per
 create, with 8 creates in flight at most: a 5,000-instance burst would take half a minute. Creates
 already sent to the provider complete and are then handled like any other instance; those still
 waiting for the limiter are called off. A create pipeline whose fencing fails ends at once and
-yields to the event loop (it used to spin through the whole burst without ever yielding).
+yields to the event loop (it used to spin through the whole burst without ever yielding). Concurrent
+``CreateInstance`` calls with one instance id share one create and all get that instance.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from test_shard_cloud_features import Harness, RecordingSim
 
 from nstance.config import GroupUpdate
 from nstance.core.clock import ManualClock, SystemClock
+from nstance.core.errors import FailedPrecondition
+from nstance.core.ids import new_instance_id
+from nstance.server.api import InstanceRequest
 from nstance.server.limits import CreateLimiter
 from nstance.testing.shardproc import LocalCluster, server_addrs, shard_config, start_leader
 from nstance.testing.waiting import eventually
@@ -130,3 +134,17 @@ async def test_sigterm_ends_a_server_in_the_middle_of_a_ten_thousand_instance_bu
         code = process.stop(timeout=20)
     assert code == 0, process.log()
     assert time.monotonic() - started < 5 + 5  # shutdown_timeout of shard_config plus start-up slack
+
+
+async def test_concurrent_create_instance_with_one_id_all_get_the_existing_instance(h: Harness) -> None:
+    await h.shard.start_leading()
+    try:
+        iid = str(new_instance_id("app"))
+        request = InstanceRequest(group="web", instance_id=iid)
+        answers = await asyncio.gather(*(h.shard.create_instance("default", request) for _ in range(5)))
+        assert {answer[0] for answer in answers} == {iid}
+        assert len(h.vms.requests) == 1
+        with pytest.raises(FailedPrecondition, match="already used by another instance"):
+            await h.shard.create_instance("other", request)
+    finally:
+        await h.shard.stop_leading(grace=1)

@@ -184,6 +184,20 @@ def test_on_demand_instance_is_idempotent_not_counted_and_deletable(server: Serv
     assert missing.value.code() == grpc.StatusCode.NOT_FOUND
 
 
+def test_concurrent_create_instance_with_one_id_all_get_the_same_instance(server: Server) -> None:
+    iid = str(new_instance_id("app"))
+    request = operator_pb2.CreateInstanceRequest(
+        instance_id=iid, config=operator_pb2.InstanceConfig(group="web")
+    )
+    futures = [server.stub.CreateInstance.future(request, timeout=10) for _ in range(8)]
+    answers = [f.result() for f in futures]  # an ALREADY_EXISTS here raises
+    assert {a.instance_id for a in answers} == {iid}
+    status = server.stub.GetInstanceStatus(operator_pb2.GetInstanceStatusRequest(instance_id=iid), timeout=10)
+    assert status.provider_instance_id
+    deleted = server.stub.DeleteInstance(operator_pb2.DeleteInstanceRequest(instance_id=iid), timeout=10)
+    assert deleted.status == "deleted"
+
+
 def test_a_million_instances_or_a_megabyte_var_is_refused_by_the_limits(server: Server) -> None:
     for config, words in (
         (operator_pb2.GroupConfig(size=1_000_000), "1000000 is more than 10000"),
