@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pydantic import Field
 
 from nstance.config.errors import Problem, join_path
-from nstance.config.fields import StrictModel
+from nstance.config.fields import PositiveDuration, StrictModel, seconds
 from nstance.config.workloads import GroupConfig, TemplateConfig
 from nstance.core.errors import InvalidArgument, ResourceExhausted
 
@@ -27,7 +27,7 @@ Groups = Mapping[str, Mapping[str, GroupConfig]]
 
 
 class LimitsConfig(StrictModel):
-    """Upper bounds on group sizes, group counts, vars and API message sizes."""
+    """Upper bounds on group sizes, group counts, vars, API messages and client connections."""
 
     max_group_size: int = Field(default=10_000, ge=0)
     """Largest `size` a group (or a template's default size) may have, through the API or in a file."""
@@ -43,6 +43,22 @@ class LimitsConfig(StrictModel):
     group edit rewrites `groups.jsonc`, so this bounds its size per tenant."""
     max_message_bytes: int = Field(default=4 * 1024 * 1024, ge=64 * 1024)
     """Largest gRPC message any API of the server receives or sends (upstream: 4 MiB)."""
+    max_connections: int = Field(default=12_288, ge=64)
+    """Most client connections the server holds on all its ports together; lowered at start to what the
+    process's open-file limit leaves after `reserved_file_descriptors`."""
+    max_agent_connections: int = Field(default=10_000, ge=1)
+    """Most connections on the agent port (one per running agent)."""
+    max_operator_connections: int = Field(default=1_000, ge=1)
+    """Most connections on the operator port (operators, `nstance-admin`)."""
+    max_registration_connections: int = Field(default=1_000, ge=1)
+    """Most connections on the registration port (the one that needs no client certificate); more are
+    closed as soon as they are accepted."""
+    reserved_file_descriptors: int = Field(default=256, ge=32)
+    """Open files kept free of client connections for object storage, SQLite, the elections and logs."""
+    handshake_timeout: PositiveDuration = seconds(10)
+    """A connection that has not finished its TLS and HTTP/2 handshake by then is closed."""
+    registration_idle_timeout: PositiveDuration = seconds(60)
+    """A registration-port connection without a call for this long is closed."""
 
 
 def _var_bytes(vars: Mapping[str, str]) -> int:

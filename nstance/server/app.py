@@ -32,6 +32,7 @@ from nstance.core.backoff import Backoff
 from nstance.core.clock import Clock, SystemClock
 from nstance.core.errors import FailedPrecondition, InvalidArgument, NstanceError
 from nstance.core.logformat import JsonFormatter
+from nstance.core.logthrottle import LogThrottle
 from nstance.core.ratelimit import TokenBucket
 from nstance.db import repo
 from nstance.db.engine import Database, open_database
@@ -54,6 +55,7 @@ from nstance.server.configstate import ConfigState
 from nstance.server.context import ShardContext
 from nstance.server.degraded import Degradations
 from nstance.server.election import Elector, ElectorLeadership
+from nstance.server.fdbudget import HEALTH_CONNECTIONS, plan_connection_caps, raise_open_file_limit
 from nstance.server.grpcopts import server_options
 from nstance.server.http import HealthServer
 from nstance.server.interceptors import ServerInterceptor
@@ -99,9 +101,10 @@ class ServerOptions:
 
 
 def setup_logging(verbose: bool = False) -> None:
-    """JSON logs on stderr."""
+    """JSON logs on stderr; a warning or error repeated more than 10 times a minute is dropped and counted."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
+    handler.addFilter(LogThrottle())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
@@ -301,10 +304,11 @@ class ServerApp:
         asyncio.get_running_loop().set_default_executor(
             ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix="nstance-io")
         )
+        open_files = raise_open_file_limit()
         scopes = self._scopes()
         opts.cachedir.mkdir(parents=True, exist_ok=True)
         db: Database = await asyncio.to_thread(open_database, opts.cachedir / "db" / "nstance.db")
-        health = HealthServer(self, self.metrics)
+        health = HealthServer(self, self.metrics, max_connections=HEALTH_CONNECTIONS)
         health_addr = opts.health_addr or DEFAULT_HEALTH_ADDR
         host, port = _host_port(health_addr, "--health-addr")
         self.health_port = await health.start(host, port)
@@ -424,20 +428,36 @@ class ServerApp:
                 identity.ca, hosts=hosts, clock=self.clock, require_client_cert=False
             )
             limits = shard_cfg.limits
+            caps = plan_connection_caps(limits, open_files)
+            log.log(
+                logging.WARNING if caps.scaled else logging.INFO,
+                "connections: at most %d registration, %d operator, %d agent (%d open files; %d reserved)%s",
+                caps.registration,
+                caps.operator,
+                caps.agent,
+                open_files,
+                limits.reserved_file_descriptors,
+                "; scaled down to fit the open-file limit (raise it, e.g. LimitNOFILE=)"
+                if caps.scaled
+                else "",
+            )
             operator_server = grpc.aio.server(
-                interceptors=[interceptor], options=server_options(limits, streams=True)
+                interceptors=[interceptor],
+                options=server_options(limits, streams=True, max_connections=caps.operator),
             )
             operator_pb2_grpc.add_OperatorServiceServicer_to_server(
                 OperatorServicer(self.shard), operator_server
             )
             registration_server = grpc.aio.server(
-                interceptors=[interceptor], options=server_options(limits, streams=False)
+                interceptors=[interceptor],
+                options=server_options(limits, streams=False, max_connections=caps.registration),
             )
             registration_pb2_grpc.add_RegistrationServiceServicer_to_server(
                 RegistrationServicer(registrar), registration_server
             )
             agent_server = grpc.aio.server(
-                interceptors=[interceptor], options=server_options(limits, streams=True)
+                interceptors=[interceptor],
+                options=server_options(limits, streams=True, max_connections=caps.agent),
             )
             agent_pb2_grpc.add_AgentServiceServicer_to_server(
                 AgentServicer(self.shard.agents, registrar), agent_server

@@ -19,8 +19,9 @@ A deliberately tiny HTTP/1.1 server on ``asyncio.start_server``: one request per
 
 It is hardened against garbage and slow clients: the request line and headers must arrive within
 ``READ_TIMEOUT`` seconds (else 408) and fit in ``MAX_HEADER_BYTES`` (else 431); a malformed request
-line gets 400. State comes from a ``HealthSource``; this module never changes it and serves nothing
-but these routes.
+line gets 400; beyond ``max_connections`` connections at once, new ones are closed unanswered.
+State comes from a ``HealthSource``; this module never changes it and serves nothing but these
+routes.
 """
 
 from __future__ import annotations
@@ -117,9 +118,10 @@ def _parse_request_line(line: bytes) -> tuple[str, str]:
 class HealthServer:
     """Serves health and metrics over plain HTTP for one shard server."""
 
-    def __init__(self, source: HealthSource, metrics: Metrics) -> None:
+    def __init__(self, source: HealthSource, metrics: Metrics, *, max_connections: int = 32) -> None:
         self._source = source
         self._metrics = metrics
+        self._max_connections = max_connections
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -149,6 +151,9 @@ class HealthServer:
     # --- connections --------------------------------------------------------------------------
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if len(self._tasks) >= self._max_connections:
+            writer.transport.abort()  # a flood: free the descriptor at once, answer nothing
+            return
         task = asyncio.current_task()
         if task is not None:
             self._tasks.add(task)

@@ -27,6 +27,7 @@ from nstance.server.metrics import Metrics
 from nstance.server.tls import advertised_hosts, server_credentials
 from nstance.testing.identities import ClientIdentity as Identity
 from nstance.testing.identities import make_identity, real_now_clock
+from nstance.testing.waiting import eventually
 
 OPERATOR = "nstance.v1.OperatorService"
 SERVER_NAME = "nstance-server"
@@ -459,6 +460,32 @@ async def test_a_degraded_server_stays_alive_and_says_why(health: HttpFixture) -
         b"ok: standby (leader: 10.0.0.5:8993)\n",
         None,
     )
+
+
+async def test_health_endpoint_closes_connections_beyond_its_cap() -> None:
+    srv = HealthServer(FakeSource(), Metrics(), max_connections=2)
+    port = await srv.start("127.0.0.1", 0)
+    idle = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            answer = await asyncio.wait_for(reader.read(), CALL_TIMEOUT)
+        except ConnectionResetError:
+            answer = b""
+        assert answer == b""  # closed unanswered
+        writer.close()
+        for _, idle_writer in idle:
+            idle_writer.close()
+
+        async def served() -> bool:
+            try:
+                return (await get(port, "/health")).status == 200
+            except ConnectionResetError:
+                return False
+
+        await eventually(served, within=10, what="the slots to be free again")
+    finally:
+        await srv.close()
 
 
 async def test_health_is_unavailable_with_the_exact_error_until_config_loads(health: HttpFixture) -> None:
