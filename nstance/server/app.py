@@ -437,9 +437,7 @@ class ServerApp:
                 caps.agent,
                 open_files,
                 limits.reserved_file_descriptors,
-                "; scaled down to fit the open-file limit (raise it, e.g. LimitNOFILE=)"
-                if caps.scaled
-                else "",
+                "; scaled down to fit the open-file limit (raise LimitNOFILE)" if caps.scaled else "",
             )
             operator_server = grpc.aio.server(
                 interceptors=[interceptor],
