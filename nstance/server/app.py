@@ -19,10 +19,11 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
 
@@ -71,6 +72,7 @@ from nstance.server.shard import Shard
 from nstance.server.tls import advertised_hosts, server_credentials
 
 log = logging.getLogger("nstance.server")
+T = TypeVar("T")
 
 DEFAULT_HEALTH_ADDR = ":8990"
 #: Worker threads for blocking I/O (object storage, userdata fetches).
@@ -159,6 +161,31 @@ def _host_port(addr: str, what: str) -> tuple[str, int]:
     return (host.strip("[]") or "0.0.0.0"), port
 
 
+async def retry_until_stopped(
+    step: Callable[[], Awaitable[T]],
+    stop: asyncio.Event,
+    *,
+    cap: float,
+    failed: Callable[[Exception, float], None],
+) -> T | None:
+    """``step()``'s result, retried with backoff (1 s up to ``cap``) on errors; None once ``stop`` is set.
+
+    ``failed(error, delay)`` reports each failure before the wait.
+    """
+    backoff = Backoff(base=1.0, cap=cap)
+    attempt = 0
+    while not stop.is_set():
+        try:
+            return await step()
+        except (NstanceError, OSError) as exc:
+            delay = backoff.delay(attempt)
+            attempt += 1
+            failed(exc, delay)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay)
+    return None
+
+
 class ServerApp:
     """One running server; ``run`` returns when ``stop`` is set (or on a fatal error)."""
 
@@ -228,29 +255,24 @@ class ServerApp:
         return open_store(f"s3://{storage.bucket}/{prefix}" + (f"?{query}" if query else ""))
 
     async def _load_config(self, state: ConfigState, stop: asyncio.Event) -> ServerConfig | None:
-        backoff = Backoff(base=1.0, cap=30.0)
-        attempt = 0
-        while not stop.is_set():
-            try:
-                await asyncio.to_thread(state.load, True)
-                snapshot = state.snapshot()
-                assert snapshot is not None
-                if snapshot.config.shard.id != self.opts.shard:
-                    raise FailedPrecondition(
-                        f'shard.id in config.jsonc is "{snapshot.config.shard.id}" but this server runs '
-                        f'--shard "{self.opts.shard}"'
-                    )
-                self._config_error = None
-                self.metrics.set_config_loaded(True)
-                return snapshot.config
-            except (NstanceError, OSError) as exc:
-                self._config_error = str(exc)
-                delay = backoff.delay(attempt)
-                attempt += 1
-                log.error("cannot load the shard config: %s (retrying in %.1fs)", exc, delay)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), delay)
-        return None
+        async def load() -> ServerConfig:
+            await asyncio.to_thread(state.load, True)
+            snapshot = state.snapshot()
+            assert snapshot is not None
+            if snapshot.config.shard.id != self.opts.shard:
+                raise FailedPrecondition(
+                    f'shard.id in config.jsonc is "{snapshot.config.shard.id}" but this server runs '
+                    f'--shard "{self.opts.shard}"'
+                )
+            self._config_error = None
+            self.metrics.set_config_loaded(True)
+            return snapshot.config
+
+        def failed(exc: Exception, delay: float) -> None:
+            self._config_error = str(exc)
+            log.error("cannot load the shard config: %s (retrying in %.1fs)", exc, delay)
+
+        return await retry_until_stopped(load, stop, cap=30.0, failed=failed)
 
     async def _cluster_identity(
         self, config: ServerConfig, cluster_store: ObjectStore, stop: asyncio.Event
@@ -493,20 +515,16 @@ class ServerApp:
         self, cluster_store: ObjectStore, db: Database, stop: asyncio.Event
     ) -> bool:
         """Copy the deny-list into SQLite, retrying with backoff; False if ``stop`` was set first."""
-        backoff = Backoff(base=1.0, cap=15.0)
-        attempt = 0
-        while not stop.is_set():
-            try:
-                await sync_revocations(cluster_store, db, clock=self.clock)
-                return True
-            except (NstanceError, OSError) as exc:
-                self._starting = f"reading the certificate deny-list (revoked/): {exc}"
-                delay = backoff.delay(attempt)
-                attempt += 1
-                log.error("cannot read the certificate deny-list: %s (retrying in %.1fs)", exc, delay)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), delay)
-        return False
+
+        async def sync() -> bool:
+            await sync_revocations(cluster_store, db, clock=self.clock)
+            return True
+
+        def failed(exc: Exception, delay: float) -> None:
+            self._starting = f"reading the certificate deny-list (revoked/): {exc}"
+            log.error("cannot read the certificate deny-list: %s (retrying in %.1fs)", exc, delay)
+
+        return await retry_until_stopped(sync, stop, cap=15.0, failed=failed) is not None
 
     def _on_shard_leadership(self, leading: bool) -> None:
         shard = self.shard
