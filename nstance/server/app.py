@@ -500,6 +500,7 @@ class ServerApp:
                     name="revocations",
                 )
             )
+            background.append(asyncio.create_task(self.shard.standby_config_loop(), name="standby-config"))
 
             electors.append(asyncio.create_task(elector.run(), name="shard-election"))
             self._starting = None

@@ -249,6 +249,24 @@ class Shard:
                 log.info("config changed in object storage; applying it")
                 self._apply_change(change)
 
+    async def standby_config_loop(self) -> None:
+        """On a standby, check the config documents as the leader does, to report a broken one.
+
+        The standby's view follows storage (its reads stay current), and ``/health``, the metrics and
+        ``WatchErrors`` say when the stored config is broken, empty or gone. While leading, the
+        leader's own check (``_config_loop``) does this instead.
+        """
+        while True:
+            await asyncio.sleep(CONFIG_CHECK_INTERVAL)
+            if self.leading:
+                continue
+            try:
+                await asyncio.to_thread(self.ctx.config.load)
+            except NstanceError as exc:
+                log.warning("config check failed (keeping the current config): %s", exc)
+            finally:
+                report_config(self.ctx, self.ctx.config.fault)
+
     async def _metrics_loop(self) -> None:
         while True:
             self._update_instance_metrics()

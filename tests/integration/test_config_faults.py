@@ -9,6 +9,7 @@ reported on ``/health`` (through ``Degradations``), in ``nstance_config_loaded``
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -130,3 +131,17 @@ async def test_refresh_reports_a_groups_change_the_periodic_check_applied_first(
         assert (await h.shard.refresh_config()).updated is False
     finally:
         await h.shard.stop_leading(grace=1)
+
+
+async def test_a_standby_reports_a_vanished_groups_file_too(h: Harness) -> None:
+    h.leader.leading = False
+    h.state.load(True)  # the standby saw the groups at start
+    watching = asyncio.create_task(h.shard.standby_config_loop())
+    try:
+        h.store.delete("groups.jsonc")
+        await eventually(lambda: "groups.jsonc" in degraded(h), within=10, what="the standby reporting")
+        assert gauge(h, "nstance_degraded", component="config", kind="missing") == 1
+        assert h.state.snapshot().merged(*BATCH) is not None  # type: ignore[union-attr]
+        assert not h.vms.requests  # a standby never acts
+    finally:
+        watching.cancel()
