@@ -52,6 +52,7 @@ from nstance.secrets.cluster_identity import (
 )
 from nstance.secrets.factory import open_secret_store
 from nstance.secrets.keys import load_encryption_keys
+from nstance.server.confighealth import report_config
 from nstance.server.configstate import ConfigState
 from nstance.server.context import ShardContext
 from nstance.server.degraded import Degradations
@@ -425,6 +426,7 @@ class ServerApp:
                 degraded=self.degradations,
             )
             self.shard = Shard(ctx)
+            report_config(ctx, state.fault)  # e.g. started from the disk copy while storage is down
             registrar = Registrar(ctx)
             shard = self.shard
             # A registered agent is judged by its health reports from now on: its group is reconciled

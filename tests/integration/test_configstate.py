@@ -297,6 +297,8 @@ def test_storage_down_at_start_runs_from_the_disk_cache(
 
     assert change.source == "cache"
     assert change.changed == {APP, ("default", "batch")}
+    assert restarted.fault is not None
+    assert restarted.fault.kind == "unavailable"  # running on the copy is reported as degraded
     snap = restarted.snapshot()
     assert snap is not None
     assert snap.source == "cache"
@@ -326,6 +328,11 @@ def test_storage_down_while_running_keeps_the_current_snapshot(
     assert change.source == "cache"
     assert not change.updated
     assert state.snapshot() is before
+    assert state.fault is not None
+    assert state.fault.kind == "unavailable"
+    counting.down = False
+    state.load()
+    assert state.fault is None  # storage answers again: no longer degraded
 
 
 def test_a_server_taking_leadership_never_settles_for_the_copy_it_holds(
