@@ -1,7 +1,8 @@
 """Safety holds: things the leader refuses to do right now because its own view may be what is wrong.
 
 A hold has a topic (for example ``orphan-deletions default/web``) and a sentence. While any is set,
-``/health`` answers "degraded" with the sentences and ``nstance_safety_holds`` counts them by kind;
+``/health`` answers "degraded" with the sentences (each kind is one component of the server's
+``degraded.Degradations``) and ``nstance_safety_holds`` counts them by kind;
 ``set`` tells the caller when a hold is new or changed, so it is reported on ``WatchErrors`` once
 rather than on every cycle. No I/O.
 """
@@ -44,8 +45,16 @@ class Holds:
             out[kind] = out.get(kind, 0) + 1
         return out
 
-    def summary(self) -> str | None:
-        """One line per hold, sorted by topic; None when there is none."""
-        if not self._reasons:
+    def summary(self, kind: str = "") -> str | None:
+        """The holds on one line, sorted by topic; None when there is none.
+
+        With ``kind``, only that kind's holds, each named by the rest of its topic (the group, the VM).
+        """
+        topics = [t for t in sorted(self._reasons) if not kind or t.split(" ", 1)[0] == kind]
+        if not topics:
             return None
-        return "; ".join(f"{topic}: {self._reasons[topic]}" for topic in sorted(self._reasons))
+        parts = []
+        for topic in topics:
+            label = topic.split(" ", 1)[1] if kind and " " in topic else "" if kind else topic
+            parts.append(f"{label}: {self._reasons[topic]}" if label else self._reasons[topic])
+        return "; ".join(parts)

@@ -14,11 +14,11 @@ by cluster/shard tag and reconciles the three views:
   record mentions it at all; deleted as an **orphan** only when its tags say it is ours and its record
   or row says it should not exist (its create failed or was given up, or it was deleted) - and no more
   than the brake allows per group per interval (``brake``); a VM whose create is in flight is left be;
-* a provisioned row whose VM is missing from the listing for longer than ``consistency_grace`` (clouds
-  list new VMs late) is marked deleted, so the reconciler replaces it; a pending row whose create is not
-  in flight in this process (it was cut off by a crash or a leadership change) is retired at once - if
-  its VM appears later after all, it is an orphan by then and is deleted. Only rows that existed, with
-  the create state they had, when the listing began are judged by it;
+* a provisioned row whose VM is listed as gone, or missing from the listing for longer than
+  ``consistency_grace`` (clouds list new VMs late), is marked deleted, so the reconciler replaces it; a
+  pending row whose create is not in flight in this process (it was cut off by a crash or a leadership
+  change) is retired at once - if its VM appears later after all, it is an orphan by then and is deleted.
+  Only rows that existed, with the create state they had, when the listing began are judged by it;
 * status changes (stopped, suspended, ...) are stored, and the affected groups are returned for reconcile.
 """
 
@@ -38,6 +38,7 @@ from nstance.providers.base import GONE_STATUSES, InstanceStatus, ProviderInstan
 from nstance.server import adoption, brake, claims, records
 from nstance.server.context import ShardContext
 from nstance.server.instances import InstanceOps
+from nstance.server.leadertime import since_term
 
 log = logging.getLogger(__name__)
 
@@ -240,7 +241,9 @@ async def sync_provider(
             continue
         if prev.provider_id is None and row.provider_id is not None:
             continue  # its create finished after the listing began: the listing cannot show it
-        if row.provider_id is not None and now - row.created_at < consistency_grace:
+        listed_gone = iid in by_instance  # listed with a gone status: no grace, it is gone
+        young = since_term(ctx.clock, row.created_at) < consistency_grace
+        if row.provider_id is not None and not listed_gone and young:
             continue
         report.gone.append(iid)
         report.groups.add((row.tenant, row.group_key))

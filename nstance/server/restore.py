@@ -21,6 +21,7 @@ from nstance.db.models import RECORD_FAILED, Instance
 from nstance.server import records
 from nstance.server.context import ShardContext
 from nstance.server.instances import InstanceOps
+from nstance.server.leadertime import since_term
 
 log = logging.getLogger(__name__)
 
@@ -61,14 +62,13 @@ async def restore_missing_records(ctx: ShardContext, ops: InstanceOps, *, settle
     """Write back the records of active rows that have none; the instance ids restored."""
     ctx.fence()
     keys = set(await asyncio.to_thread(ctx.store.list, records.RECORD_PREFIX))
-    now = ctx.clock.now()
     with ctx.db.read_session() as session:
         rows = repo.list_instances(session)
     restored: list[str] = []
     for row in rows:
         if row.id in ops.in_flight or row.record_state == RECORD_FAILED:
             continue
-        if row.provider_id is None and now - row.created_at < settle:
+        if row.provider_id is None and since_term(ctx.clock, row.created_at) < settle:
             continue
         if records.record_key(row.tenant, row.id) in keys:
             continue
