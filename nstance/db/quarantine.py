@@ -37,10 +37,10 @@ def is_corruption(exc: BaseException) -> bool:
         seen.add(id(current))
         if isinstance(current, sqlite3.DatabaseError):
             code = getattr(current, "sqlite_errorcode", None)
-            if isinstance(code, int) and code & 0xFF in (_SQLITE_CORRUPT, _SQLITE_NOTADB):
-                return True
+            if isinstance(code, int):  # the result code decides ("malformed JSON" is not corruption)
+                return code & 0xFF in (_SQLITE_CORRUPT, _SQLITE_NOTADB)
             text = str(current).lower()
-            if "malformed" in text or "not a database" in text:
+            if "disk image is malformed" in text or "not a database" in text:
                 return True
         current = getattr(current, "orig", None) or current.__cause__
     return False

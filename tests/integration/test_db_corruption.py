@@ -67,9 +67,14 @@ def test_a_healthy_cache_is_opened_as_it_is(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir() if ".corrupt-" in p.name] == []
 
 
-def test_locked_is_not_corruption() -> None:
+def test_locked_or_bad_json_is_not_corruption() -> None:
     assert not is_corruption(sqlite3.OperationalError("database is locked"))
     assert is_corruption(sqlite3.DatabaseError("database disk image is malformed"))
+    conn = sqlite3.connect(":memory:")
+    with pytest.raises(sqlite3.OperationalError) as bad_json:
+        conn.execute("SELECT json_extract('{not json', '$.a')")
+    assert "malformed" in str(bad_json.value)
+    assert not is_corruption(bad_json.value)
 
 
 @pytest.fixture
