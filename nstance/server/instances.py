@@ -63,15 +63,22 @@ class Created:
     status: str
 
 
-def member_of(row: Instance, *, seen_since: datetime | None = None, now: datetime | None = None) -> Member:
+def member_of(
+    row: Instance,
+    *,
+    seen_since: datetime | None = None,
+    now: datetime | None = None,
+    term_start: datetime | None = None,
+) -> Member:
     """The planner's view of one SQLite row.
 
     ``seen_since`` is when this server started leading: an agent cannot have reported to it before
     then (its reports went to the previous leader, or nowhere while no server led), so its silence is
     counted from that moment at the earliest - a failover or an outage of the leader never makes
     healthy instances look silent. A drain started outside this leadership's frame is timed from
-    its start too. ``now`` (the leader clock) bounds the frame: a timestamp after it was written on a
-    clock that was ahead and is read as ``seen_since`` as well (``leadertime.in_term``).
+    ``term_start`` (default ``seen_since``). ``now`` (the leader clock) bounds the frame: a timestamp
+    after it was written on a clock that was ahead and is read as the start as well
+    (``leadertime.in_term``).
     """
     status = row.provider_status
     last_seen = row.health_at or row.registered_at
@@ -80,7 +87,8 @@ def member_of(row: Instance, *, seen_since: datetime | None = None, now: datetim
         if last_seen is not None:
             last_seen = in_term(last_seen, seen_since, now)
         if delete_at is not None and row.drain_started_at is not None:
-            delete_at = in_term(row.drain_started_at, seen_since, now) + (delete_at - row.drain_started_at)
+            start = seen_since if term_start is None else term_start
+            delete_at = in_term(row.drain_started_at, start, now) + (delete_at - row.drain_started_at)
     return Member(
         instance_id=row.id,
         created_at=row.created_at,
