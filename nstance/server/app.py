@@ -19,7 +19,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,7 +64,8 @@ from nstance.server.servicers.agent import AgentServicer
 from nstance.server.servicers.operator import OperatorServicer
 from nstance.server.servicers.registration import RegistrationServicer
 from nstance.server.shard import Shard
-from nstance.server.tls import advertised_hosts, server_credentials
+from nstance.server.tls import advertised_hosts, front_ssl_context, server_credentials
+from nstance.server.tlsfront import PeerTable, TlsFront, private_directory, remove_private_directory
 
 log = logging.getLogger("nstance.server")
 
@@ -110,6 +111,9 @@ class ServerOptions:
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     #: Optional extra bucket on create calls (requests/s) - used by benchmarks to mirror cloud limits.
     create_bucket: tuple[float, float] | None = None
+    #: Key type of the server certificates: ``ecdsa-p256`` (what grpcio clients can verify) or
+    #: ``ed25519`` (what upstream's servers present; tests use it to stand in for a Go server).
+    server_key_type: str = "ecdsa-p256"
 
 
 def setup_logging(verbose: bool = False) -> None:
@@ -320,6 +324,8 @@ class ServerApp:
         self.health_port = await health.start(host, port)
         log.info("health endpoint on %s:%d", host, self.health_port)
         grpc_servers: list[grpc.aio.Server] = []
+        fronts: list[TlsFront] = []
+        cleanup: list[Callable[[], None]] = []
         background: list[asyncio.Task[None]] = []
         electors: list[asyncio.Task[None]] = []
         provider = None
@@ -421,13 +427,28 @@ class ServerApp:
                 with db.read_session() as session:
                     return repo.is_serial_revoked(session, serial)
 
+            # The mTLS ports terminate TLS in OpenSSL (tlsfront) so Ed25519 identities connect too; the
+            # front hands each connection's verified certificate to the interceptor through ``peers``.
+            peers = PeerTable()
             interceptor = ServerInterceptor(
-                ca=identity.ca, clock=self.clock, is_revoked=is_revoked, metrics=self.metrics
+                ca=identity.ca,
+                clock=self.clock,
+                is_revoked=is_revoked,
+                metrics=self.metrics,
+                peer_certificates=peers.certificate,
             )
             hosts = advertised_hosts([*advertise.values(), *bind.values()])
-            mtls, _ = server_credentials(identity.ca, hosts=hosts, clock=self.clock)
+            front_dir = private_directory()
+            cleanup.append(lambda: remove_private_directory(front_dir))
+            mtls, _ = front_ssl_context(
+                identity.ca, hosts=hosts, clock=self.clock, scratch=front_dir, key_type=opts.server_key_type
+            )
             server_auth, _ = server_credentials(
-                identity.ca, hosts=hosts, clock=self.clock, require_client_cert=False
+                identity.ca,
+                hosts=hosts,
+                clock=self.clock,
+                require_client_cert=False,
+                key_type=opts.server_key_type,
             )
             operator_server = grpc.aio.server(interceptors=[interceptor], options=AGENT_GRPC_OPTIONS)
             operator_pb2_grpc.add_OperatorServiceServicer_to_server(
@@ -442,16 +463,31 @@ class ServerApp:
                 AgentServicer(self.shard.agents, registrar), agent_server
             )
             for server, field, creds, what in (
-                (operator_server, "operator_addr", mtls, "operator API (mTLS)"),
+                (operator_server, "operator_addr", None, "operator API (mTLS)"),
                 (registration_server, "registration_addr", server_auth, "registration (TLS)"),
-                (agent_server, "agent_addr", mtls, "agent API (mTLS)"),
+                (agent_server, "agent_addr", None, "agent API (mTLS)"),
             ):
                 host, port = _host_port(bind[field], f"shard.bind.{field}")
-                bound = server.add_secure_port(f"{host}:{port}", creds)
-                if bound == 0:
-                    raise FailedPrecondition(f"cannot listen on shard.bind.{field} {bind[field]}")
-                await server.start()
-                grpc_servers.append(server)
+                if creds is None:
+                    backend = front_dir / f"{field}.sock"
+                    if server.add_insecure_port(f"unix:{backend}") == 0:
+                        raise FailedPrecondition(f"cannot listen on {backend} for shard.bind.{field}")
+                    await server.start()
+                    grpc_servers.append(server)
+                    front = TlsFront(mtls, directory=front_dir, backend=backend, peers=peers, what=what)
+                    try:
+                        bound = await front.start(host, port)
+                    except OSError as exc:
+                        raise FailedPrecondition(
+                            f"cannot listen on shard.bind.{field} {bind[field]}: {exc}"
+                        ) from exc
+                    fronts.append(front)
+                else:
+                    bound = server.add_secure_port(f"{host}:{port}", creds)
+                    if bound == 0:
+                        raise FailedPrecondition(f"cannot listen on shard.bind.{field} {bind[field]}")
+                    await server.start()
+                    grpc_servers.append(server)
                 log.info("%s on %s:%d", what, host, bound)
             background.append(
                 asyncio.create_task(
@@ -468,7 +504,9 @@ class ServerApp:
         finally:
             for task in background:
                 task.cancel()
-            await self._shutdown(grpc_servers, electors, provider, health, db)
+            await self._shutdown(grpc_servers, electors, provider, health, db, fronts)
+            for step in cleanup:
+                step()
 
     def _on_shard_leadership(self, leading: bool) -> None:
         shard = self.shard
@@ -487,12 +525,15 @@ class ServerApp:
         provider: InstrumentedProvider | None,
         health: HealthServer,
         db: Database,
+        fronts: Sequence[TlsFront] = (),
     ) -> None:
         if self.shard is not None:
             await self.shard.stop_leading()
             self.shard.events.close_all()
             await self.shard.agents.close()
         await asyncio.gather(*(server.stop(grace=2.0) for server in grpc_servers))
+        for front in fronts:
+            await front.close()
         for task in electors:
             task.cancel()
         for task in electors:

@@ -1,0 +1,269 @@
+"""OpenSSL TLS in front of a grpc.aio server, so Ed25519 and ECDSA P-256 client identities both connect.
+
+grpcio's TLS (BoringSSL as built into grpcio) offers no Ed25519 signature algorithm when it asks a
+client for its certificate, so the Ed25519 identities Go agents, operators and admins hold fail the
+handshake (``NO_COMMON_SIGNATURE_ALGORITHMS``). Python's ``ssl`` (OpenSSL 3) verifies them. For the
+mTLS ports (agent and operator APIs) the server therefore terminates TLS here and hands plain HTTP/2
+to its grpc.aio server:
+
+* ``TlsFront`` listens on the public address with an OpenSSL server context: TLS 1.3, ALPN ``h2``, a
+  client certificate required and its chain verified against the cluster CA (Ed25519 or ECDSA P-256
+  leaves, under an Ed25519 or ECDSA CA). A connection that fails the handshake never reaches gRPC.
+* Each verified connection is forwarded over its own Unix-socket connection to the grpc.aio server,
+  which listens in a private directory (mode 0700, so no other user can connect to it). Before it
+  connects, the forwarding socket is bound to a name used once (``<dir>/<backend>.<n>``), which grpc
+  reports as the call's ``context.peer()`` (``unix:<dir>/<backend>.<n>``).
+* ``PeerTable`` maps that peer name to the DER certificate the client presented, from before the first
+  byte is forwarded until the connection closes. The interceptor looks the caller's certificate up by
+  ``context.peer()`` and applies the same checks as for grpc's own TLS (CA signature, validity, EKU,
+  subject, role, revocation). A connection to the Unix socket that did not come through the front has
+  no entry, and every call on it that needs a role is refused with UNAUTHENTICATED.
+
+Bytes are copied between the two transports by asyncio protocols with flow control in both
+directions (a full write buffer pauses reading on the other side). The module decides nothing about
+who may call what; it only proves which certificate a connection presented.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import shutil
+import socket
+import ssl
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Final
+
+log = logging.getLogger(__name__)
+
+#: Seconds a client may take to complete the TLS handshake before the connection is closed.
+HANDSHAKE_TIMEOUT: Final = 10.0
+#: Unacknowledged TCP connections the listener queues (the same order as grpc core's default).
+BACKLOG: Final = 1024
+#: Bytes buffered for one direction before the other side stops being read.
+WRITE_HIGH_WATER: Final = 256 * 1024
+
+
+class PeerTable:
+    """grpc peer name (``unix:<path>``) -> the DER client certificate of the connection behind it."""
+
+    def __init__(self) -> None:
+        self._certs: dict[str, bytes] = {}
+
+    def add(self, peer: str, der: bytes) -> None:
+        self._certs[peer] = der
+
+    def remove(self, peer: str) -> None:
+        self._certs.pop(peer, None)
+
+    def certificate(self, peer: str) -> bytes | None:
+        """The certificate of the front connection ``peer`` names, or None for any other peer."""
+        return self._certs.get(peer)
+
+    def __len__(self) -> int:
+        return len(self._certs)
+
+
+def server_ssl_context(key_pem: bytes, cert_pem: bytes, ca_pem: bytes, *, scratch: Path) -> ssl.SSLContext:
+    """An OpenSSL server context: TLS 1.3, ALPN h2, a client certificate required and chained to ``ca_pem``.
+
+    ``scratch`` is a private directory: ``load_cert_chain`` only reads files, so the key and
+    certificate are written there (0600) for the call and removed again.
+    """
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    ctx.load_verify_locations(cadata=ca_pem.decode("ascii"))
+    ctx.set_alpn_protocols(["h2"])
+    load_key_pair(ctx, key_pem, cert_pem, scratch=scratch)
+    return ctx
+
+
+def load_key_pair(ctx: ssl.SSLContext, key_pem: bytes, cert_pem: bytes, *, scratch: Path) -> None:
+    """Load a PEM key and certificate into ``ctx`` through short-lived 0600 files in ``scratch``."""
+    fd, name = tempfile.mkstemp(dir=scratch, suffix=".pem")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(key_pem.rstrip(b"\n") + b"\n" + cert_pem)
+        ctx.load_cert_chain(name)
+    finally:
+        os.unlink(name)
+
+
+class _Pipe(asyncio.Protocol):
+    """One side of a forwarded connection: writes what it reads to the other side's transport."""
+
+    def __init__(
+        self,
+        *,
+        on_made: Callable[[_Pipe, asyncio.Transport], None] | None = None,
+        on_lost: asyncio.Future[None] | None = None,
+    ) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.other: _Pipe | None = None
+        self._on_made = on_made
+        self._on_lost = on_lost
+        self._pending: list[bytes] = []
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+        if self._on_made is not None:
+            self._on_made(self, transport)
+
+    def data_received(self, data: bytes) -> None:
+        other = self.other
+        if other is not None and other.transport is not None:
+            other.transport.write(data)
+        else:  # the other side is not connected yet
+            self._pending.append(data)
+
+    def attach(self, other: _Pipe) -> None:
+        self.other = other
+        pending, self._pending = self._pending, []
+        if other.transport is not None:
+            for chunk in pending:
+                other.transport.write(chunk)
+
+    def eof_received(self) -> bool | None:
+        self.close()
+        return None
+
+    def pause_writing(self) -> None:
+        if self.other is not None and self.other.transport is not None:
+            self.other.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.other is not None and self.other.transport is not None:
+            self.other.transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        if self.other is not None:
+            self.other.close()
+        if self._on_lost is not None and not self._on_lost.done():
+            self._on_lost.set_result(None)
+
+    def close(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+
+class TlsFront:
+    """Terminate mTLS on a public address and forward verified connections to a Unix-socket server.
+
+    ``directory`` is a private directory (0700) holding the backend socket ``backend`` and the
+    forwarding sockets' names.
+    """
+
+    def __init__(
+        self,
+        ssl_context: ssl.SSLContext,
+        *,
+        directory: Path,
+        backend: Path,
+        peers: PeerTable | None = None,
+        what: str = "mTLS",
+    ) -> None:
+        self.ssl_context = ssl_context
+        self.directory = directory
+        self.backend = backend
+        self.peers = peers if peers is not None else PeerTable()
+        self.what = what
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._names = itertools.count()
+
+    @property
+    def backend_target(self) -> str:
+        """The grpc address the backend server listens on (``unix:<path>``)."""
+        return f"unix:{self.backend}"
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen on ``host:port`` (port 0: any free port) and return the bound port."""
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            self._accept,
+            host or None,
+            port,
+            ssl=self.ssl_context,
+            ssl_handshake_timeout=HANDSHAKE_TIMEOUT,
+            backlog=BACKLOG,
+            reuse_address=True,
+        )
+        return int(self._server.sockets[0].getsockname()[1])
+
+    def _accept(self) -> _Pipe:
+        return _Pipe(on_made=self._handshake_done)
+
+    def _handshake_done(self, client: _Pipe, transport: asyncio.Transport) -> None:
+        transport.pause_reading()
+        task = asyncio.get_running_loop().create_task(self._forward(client, transport))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _forward(self, client: _Pipe, transport: asyncio.Transport) -> None:
+        ssl_object = transport.get_extra_info("ssl_object")
+        der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+        if not der:  # pragma: no cover - CERT_REQUIRED refuses the handshake first
+            transport.close()
+            return
+        loop = asyncio.get_running_loop()
+        name = self.directory / f"{self.backend.stem}.{next(self._names)}"
+        peer = f"unix:{name}"
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        lost = loop.create_future()
+        try:
+            sock.bind(str(name))
+            try:
+                await loop.sock_connect(sock, str(self.backend))
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    name.unlink()
+            # Known before the first byte of the connection reaches grpc.
+            self.peers.add(peer, der)
+            _, upstream = await loop.create_unix_connection(lambda: _Pipe(on_lost=lost), sock=sock)
+        except OSError as exc:
+            sock.close()
+            self.peers.remove(peer)
+            log.warning("%s: cannot forward a connection to the gRPC server: %s", self.what, exc)
+            transport.close()
+            return
+        client.attach(upstream)
+        upstream.attach(client)
+        if client.transport is None:  # the client left while the backend connected
+            upstream.close()
+        else:
+            transport.resume_reading()
+        try:
+            await lost
+        finally:
+            self.peers.remove(peer)
+            upstream.close()
+            client.close()
+
+    async def close(self) -> None:
+        """Stop listening and close every forwarded connection."""
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+
+def private_directory(prefix: str = "nstance-tls-") -> Path:
+    """A fresh 0700 directory for the backend sockets, short enough for a Unix socket path."""
+    return Path(tempfile.mkdtemp(prefix=prefix))
+
+
+def remove_private_directory(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
