@@ -39,6 +39,7 @@ from nstance.objectstore.base import ObjectStore
 from nstance.objectstore.factory import StorageScopes, open_scopes, open_store
 from nstance.objectstore.file import FileObjectStore
 from nstance.objectstore.scoped import ScopedObjectStore
+from nstance.pki.tlspipe import private_directory, remove_private_directory
 from nstance.providers.factory import create_provider
 from nstance.rpc import agent_pb2_grpc, operator_pb2_grpc, registration_pb2_grpc
 from nstance.secrets.base import SecretStore
@@ -65,7 +66,7 @@ from nstance.server.servicers.operator import OperatorServicer
 from nstance.server.servicers.registration import RegistrationServicer
 from nstance.server.shard import Shard
 from nstance.server.tls import advertised_hosts, front_ssl_context, server_credentials
-from nstance.server.tlsfront import PeerTable, TlsFront, private_directory, remove_private_directory
+from nstance.server.tlsfront import PeerTable, TlsFront
 
 log = logging.getLogger("nstance.server")
 

@@ -30,23 +30,17 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import os
-import shutil
 import socket
 import ssl
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
+from nstance.pki.tlspipe import HANDSHAKE_TIMEOUT, Pipe, load_key_pair
+
 log = logging.getLogger(__name__)
 
-#: Seconds a client may take to complete the TLS handshake before the connection is closed.
-HANDSHAKE_TIMEOUT: Final = 10.0
 #: Unacknowledged TCP connections the listener queues (the same order as grpc core's default).
 BACKLOG: Final = 1024
-#: Bytes buffered for one direction before the other side stops being read.
-WRITE_HIGH_WATER: Final = 256 * 1024
 
 
 class PeerTable:
@@ -82,77 +76,6 @@ def server_ssl_context(key_pem: bytes, cert_pem: bytes, ca_pem: bytes, *, scratc
     ctx.set_alpn_protocols(["h2"])
     load_key_pair(ctx, key_pem, cert_pem, scratch=scratch)
     return ctx
-
-
-def load_key_pair(ctx: ssl.SSLContext, key_pem: bytes, cert_pem: bytes, *, scratch: Path) -> None:
-    """Load a PEM key and certificate into ``ctx`` through short-lived 0600 files in ``scratch``."""
-    fd, name = tempfile.mkstemp(dir=scratch, suffix=".pem")
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(key_pem.rstrip(b"\n") + b"\n" + cert_pem)
-        ctx.load_cert_chain(name)
-    finally:
-        os.unlink(name)
-
-
-class _Pipe(asyncio.Protocol):
-    """One side of a forwarded connection: writes what it reads to the other side's transport."""
-
-    def __init__(
-        self,
-        *,
-        on_made: Callable[[_Pipe, asyncio.Transport], None] | None = None,
-        on_lost: asyncio.Future[None] | None = None,
-    ) -> None:
-        self.transport: asyncio.Transport | None = None
-        self.other: _Pipe | None = None
-        self._on_made = on_made
-        self._on_lost = on_lost
-        self._pending: list[bytes] = []
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
-        if self._on_made is not None:
-            self._on_made(self, transport)
-
-    def data_received(self, data: bytes) -> None:
-        other = self.other
-        if other is not None and other.transport is not None:
-            other.transport.write(data)
-        else:  # the other side is not connected yet
-            self._pending.append(data)
-
-    def attach(self, other: _Pipe) -> None:
-        self.other = other
-        pending, self._pending = self._pending, []
-        if other.transport is not None:
-            for chunk in pending:
-                other.transport.write(chunk)
-
-    def eof_received(self) -> bool | None:
-        self.close()
-        return None
-
-    def pause_writing(self) -> None:
-        if self.other is not None and self.other.transport is not None:
-            self.other.transport.pause_reading()
-
-    def resume_writing(self) -> None:
-        if self.other is not None and self.other.transport is not None:
-            self.other.transport.resume_reading()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.transport = None
-        if self.other is not None:
-            self.other.close()
-        if self._on_lost is not None and not self._on_lost.done():
-            self._on_lost.set_result(None)
-
-    def close(self) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.close()
 
 
 class TlsFront:
@@ -199,16 +122,16 @@ class TlsFront:
         )
         return int(self._server.sockets[0].getsockname()[1])
 
-    def _accept(self) -> _Pipe:
-        return _Pipe(on_made=self._handshake_done)
+    def _accept(self) -> Pipe:
+        return Pipe(on_made=self._handshake_done)
 
-    def _handshake_done(self, client: _Pipe, transport: asyncio.Transport) -> None:
+    def _handshake_done(self, client: Pipe, transport: asyncio.Transport) -> None:
         transport.pause_reading()
         task = asyncio.get_running_loop().create_task(self._forward(client, transport))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _forward(self, client: _Pipe, transport: asyncio.Transport) -> None:
+    async def _forward(self, client: Pipe, transport: asyncio.Transport) -> None:
         ssl_object = transport.get_extra_info("ssl_object")
         der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
         if not der:  # pragma: no cover - CERT_REQUIRED refuses the handshake first
@@ -229,7 +152,7 @@ class TlsFront:
                     name.unlink()
             # Known before the first byte of the connection reaches grpc.
             self.peers.add(peer, der)
-            _, upstream = await loop.create_unix_connection(lambda: _Pipe(on_lost=lost), sock=sock)
+            _, upstream = await loop.create_unix_connection(lambda: Pipe(on_lost=lost), sock=sock)
         except OSError as exc:
             sock.close()
             self.peers.remove(peer)
@@ -258,12 +181,3 @@ class TlsFront:
         for task in list(self._tasks):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-
-
-def private_directory(prefix: str = "nstance-tls-") -> Path:
-    """A fresh 0700 directory for the backend sockets, short enough for a Unix socket path."""
-    return Path(tempfile.mkdtemp(prefix=prefix))
-
-
-def remove_private_directory(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
