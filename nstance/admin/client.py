@@ -193,15 +193,16 @@ def load_identity(directory: Path, *, clock: Clock | None = None) -> OperatorIde
 def open_channel(target: str, identity: OperatorIdentity) -> grpc.Channel:
     """A synchronous mTLS channel to ``target`` that verifies the server as ``nstance-server``.
 
-    An Ed25519 identity (upstream's admin writes one) or an Ed25519 cluster CA (whose upstream servers
-    present Ed25519 certificates) needs OpenSSL TLS (``pki.tlsclient``); otherwise grpcio's TLS.
+    An Ed25519 cluster CA (whose upstream servers present Ed25519 certificates) needs OpenSSL TLS
+    (``pki.tlsclient``); otherwise grpcio's TLS, which also signs with an Ed25519 identity key
+    (upstream's admin writes one) when the server offers Ed25519, as OpenSSL servers do.
     """
     options = [
         ("grpc.ssl_target_name_override", SERVER_NAME),
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ]
-    if needs_openssl(identity.ca_pem, identity.key_pem):
+    if needs_openssl(identity.ca_pem):
         return forwarded_channel(
             target, identity.ca_pem, identity.key_pem, identity.cert_pem, options=options
         )

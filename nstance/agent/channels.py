@@ -2,8 +2,9 @@
 
 Responsible for credentials (server verified against the cluster CA, server name ``nstance-server``
 which every server certificate carries, so an IP address works as the target) and keepalive options.
-grpcio's TLS is used unless the identity key or the cluster CA is Ed25519 (an upstream cluster, whose
-servers present Ed25519 certificates): then the channel runs over OpenSSL (``pki.tlsclient``).
+grpcio's TLS is used unless the cluster CA is Ed25519 (an upstream cluster, whose servers present
+Ed25519 certificates): then the channel runs over OpenSSL (``pki.tlsclient``). An Ed25519 identity
+key works on either: grpcio signs with it when the server offers Ed25519.
 It makes no calls.
 """
 
@@ -48,7 +49,7 @@ def registration_channel(addr: str, ca_pem: bytes) -> grpc.aio.Channel:
 
 def agent_channel(addr: str, ca_pem: bytes, key_pem: bytes, cert_pem: bytes) -> grpc.aio.Channel:
     """Mutual-TLS channel to the AgentService, with keepalive pings every 20 s."""
-    if needs_openssl(ca_pem, key_pem):
+    if needs_openssl(ca_pem):
         return forwarded_aio_channel(addr, ca_pem, key_pem, cert_pem, options=channel_options(keepalive=True))
     credentials = grpc.ssl_channel_credentials(
         root_certificates=ca_pem, private_key=key_pem, certificate_chain=cert_pem

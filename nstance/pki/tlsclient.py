@@ -1,18 +1,19 @@
-"""Client-side OpenSSL TLS for gRPC channels, for servers and identities grpcio's TLS cannot handle.
+"""Client-side OpenSSL TLS for gRPC channels, for servers that present Ed25519 certificates.
 
-grpcio's TLS (BoringSSL as built into grpcio) does not offer Ed25519 among its signature
-algorithms, so as a client it cannot verify a server that presents an Ed25519 certificate (what
-upstream's servers present) nor sign with an Ed25519 identity. ``TlsRoute`` carries a gRPC channel
-over Python's ``ssl`` (OpenSSL) instead: it listens on a Unix socket in a private directory (mode
-0700), and carries every connection grpc makes to that socket over its own TLS connection to the real
-server (TLS 1.2 or newer, ALPN ``h2``, the server verified against the cluster CA under the name
-``nstance-server``, the client certificate presented when one is given). grpc itself speaks plain
-HTTP/2 to the socket.
+grpcio's TLS (BoringSSL as built into grpcio) does not offer Ed25519 among its signature algorithms, so
+as a client it cannot verify a server that presents an Ed25519 certificate (what upstream's servers
+present), and as a server it never asks for Ed25519 client signatures. ``TlsRoute`` carries a gRPC
+channel over Python's ``ssl`` (OpenSSL) instead: it listens on a Unix socket in a private directory
+(mode 0700), and carries every connection grpc makes to that socket over its own TLS connection to the
+real server (TLS 1.2 or newer, ALPN ``h2``, the server verified against the cluster CA under the name
+``nstance-server``, the client certificate presented when one is given). grpc itself speaks plain HTTP/2
+to the socket.
 
-``needs_openssl`` decides when a client needs this: when its own key is Ed25519, or when the cluster
-CA is Ed25519 (upstream's clusters, whose servers present Ed25519 certificates). Otherwise grpcio's
-own TLS is used, as before. ``forwarded_channel`` and ``forwarded_aio_channel`` wrap a channel to the
-route so that closing the channel also closes the route.
+``needs_openssl`` decides when a client needs this: when the cluster CA is Ed25519 (upstream's clusters,
+whose servers present Ed25519 certificates). Otherwise grpcio's own TLS is used, as before: grpcio does
+sign with an Ed25519 client key when the server offers Ed25519, which OpenSSL servers do.
+``forwarded_channel`` and ``forwarded_aio_channel`` wrap a channel to the route so that closing the
+channel also closes the route.
 
 Routes run on one background event-loop thread per process, so synchronous (``nstance-admin``) and
 asyncio (agent) callers use them alike. A failed TLS connection is logged with the OpenSSL reason and
@@ -35,7 +36,6 @@ import grpc.aio
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from nstance.pki.ca import parse_certificate
-from nstance.pki.keys import load_private_key_pem
 from nstance.pki.tlspipe import (
     HANDSHAKE_TIMEOUT,
     Pipe,
@@ -54,10 +54,13 @@ LOOP_CALL_TIMEOUT: Final = 30.0
 _T = TypeVar("_T")
 
 
-def needs_openssl(ca_pem: bytes, key_pem: bytes | None = None) -> bool:
-    """Whether a client with this CA (and identity key) must use OpenSSL TLS instead of grpcio's."""
-    if key_pem is not None and isinstance(load_private_key_pem(key_pem), ed25519.Ed25519PrivateKey):
-        return True
+def needs_openssl(ca_pem: bytes) -> bool:
+    """Whether a client of the cluster with this CA must use OpenSSL TLS instead of grpcio's.
+
+    True for an Ed25519 CA: upstream's servers, which present Ed25519 certificates, only exist in
+    such clusters. The client's own key type does not matter: grpcio signs with an Ed25519 client
+    key whenever the server offers Ed25519 (OpenSSL servers, upstream's and this project's, do).
+    """
     return isinstance(parse_certificate(ca_pem, what="CA certificate").public_key(), ed25519.Ed25519PublicKey)
 
 
