@@ -28,6 +28,10 @@ minimum and median show every stream made progress). After the run the benchmark
 report the client wrote reached the hub, and that every instance's ``health_at`` is set in SQLite
 once the hub flushed (``sqlite_rows_with_health``).
 
+A second measurement, between the two: the same counting sink behind the OpenSSL front the server's
+mTLS ports use (``nstance.server.tlsfront``, in this process): ``front_sink`` and ``front_sink_ratio``
+(front / bare) show what terminating TLS in Python's ``ssl`` costs by itself.
+
 Baseline, in the same run and before the real case (the server is up but idle): the same client
 process against a bare grpc.aio server on the server's event loop - the same mTLS server credentials
 (server certificate from the same CA, client certificate required), the agent API's grpc options, no
@@ -47,6 +51,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -70,11 +75,13 @@ from google.protobuf.empty_pb2 import Empty
 from nstance.config import GroupUpdate, runtime_hash
 from nstance.core.clock import SystemClock
 from nstance.db import repo
+from nstance.pki.ca import CertificateAuthority
 from nstance.pki.certs import issue_client_certificate
 from nstance.pki.keys import generate_private_key, private_key_to_pem
 from nstance.rpc import agent_pb2_grpc
 from nstance.server.app import AGENT_GRPC_OPTIONS
-from nstance.server.tls import server_credentials
+from nstance.server.tls import front_ssl_context, server_credentials
+from nstance.server.tlsfront import TlsFront
 
 AGENTS = 2000
 WINDOW_S = 10.0
@@ -121,6 +128,22 @@ class Window:
     server_cores: float
     client_cores: float
     server_total: int
+
+
+async def fronted_server(
+    add: Callable[[grpc.aio.Server], None], ca: CertificateAuthority, tmp: Path
+) -> tuple[grpc.aio.Server, str, TlsFront]:
+    """A plain grpc.aio server on a Unix socket behind the server's OpenSSL front (``tlsfront``)."""
+    server = grpc.aio.server(options=list(AGENT_GRPC_OPTIONS))
+    add(server)
+    directory = Path(tempfile.mkdtemp(prefix="nst-bench-"))
+    backend = directory / "sink.sock"
+    server.add_insecure_port(f"unix:{backend}")
+    await server.start()
+    ctx, _ = front_ssl_context(ca, hosts=["127.0.0.1"], clock=SystemClock(), scratch=directory)
+    front = TlsFront(ctx, directory=directory, backend=backend)
+    port = await front.start("127.0.0.1", 0)
+    return server, f"127.0.0.1:{port}", front
 
 
 async def measure(
@@ -280,6 +303,23 @@ async def amain(window_s: float) -> int:
             finally:
                 await server.stop(grace=1.0)
 
+            progress("the same sink behind the OpenSSL front of the mTLS ports")
+            front_sink = CountingSink()  # type: ignore[abstract]
+            front_server, front_addr, front = await fronted_server(
+                lambda s: agent_pb2_grpc.add_AgentServiceServicer_to_server(front_sink, s), identity.ca, tmp
+            )
+            try:
+                plan = write_plan(tmp / "front.json", {**plan_doc, "target": front_addr})
+                fronted = await measure(
+                    plan,
+                    reports=lambda: front_sink.reports,
+                    open_streams=lambda: front_sink.open,
+                    window_s=window_s,
+                )
+            finally:
+                await front_server.stop(grace=1.0)
+                await front.close()
+
             hub = shard.agents
 
             def hub_open() -> int:
@@ -312,15 +352,18 @@ async def amain(window_s: float) -> int:
         "baseline_reports_in_window": bare.reports,
         "sqlite_rows_with_health": rows,
         "sessions_with_pushes": pushed,
+        "front_sink": round(fronted.rate, 1),
+        "front_sink_ratio": round(fronted.rate / bare.rate, 3),
         **client_extras("nstance", real),
         **client_extras("bare", bare),
+        **client_extras("front", fronted),
         "tmp": where_tmp(),
     }
     print(json.dumps(line), flush=True)
     problems = []
     if rows != AGENTS:
         problems.append(f"{AGENTS - rows} instances have no health_at in SQLite")
-    for name, window in (("nstance", real), ("bare", bare)):
+    for name, window in (("nstance", real), ("bare", bare), ("front", fronted)):
         lost = window.client["sent_total"] - window.server_total
         if lost or window.client["errors"] or window.client["per_agent_min"] <= 0:
             slowest = window.client["per_agent_min"]
