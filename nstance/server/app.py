@@ -39,6 +39,7 @@ from nstance.objectstore.base import ObjectStore
 from nstance.objectstore.factory import StorageScopes, open_scopes, open_store
 from nstance.objectstore.file import FileObjectStore
 from nstance.objectstore.scoped import ScopedObjectStore
+from nstance.pki.certs import issue_server_certificate
 from nstance.pki.tlspipe import private_directory, remove_private_directory
 from nstance.providers.factory import create_provider
 from nstance.rpc import agent_pb2_grpc, operator_pb2_grpc, registration_pb2_grpc
@@ -54,6 +55,7 @@ from nstance.secrets.keys import load_encryption_keys
 from nstance.server.configstate import ConfigState
 from nstance.server.context import ShardContext
 from nstance.server.election import Elector, ElectorLeadership
+from nstance.server.frontproc import FrontProcess, Listener
 from nstance.server.http import HealthServer
 from nstance.server.interceptors import ServerInterceptor
 from nstance.server.limits import CreateLimiter
@@ -65,8 +67,8 @@ from nstance.server.servicers.agent import AgentServicer
 from nstance.server.servicers.operator import OperatorServicer
 from nstance.server.servicers.registration import RegistrationServicer
 from nstance.server.shard import Shard
-from nstance.server.tls import advertised_hosts, front_ssl_context, server_credentials
-from nstance.server.tlsfront import PeerTable, TlsFront
+from nstance.server.tls import advertised_hosts, server_credentials
+from nstance.server.tlsfront import PeerTable, listening_socket
 
 log = logging.getLogger("nstance.server")
 
@@ -187,6 +189,8 @@ class ServerApp:
         self._elector: Elector | None = None
         self._cluster_elector: Elector | None = None
         self.shard: Shard | None = None
+        #: The OpenSSL front of the mTLS ports, once they listen.
+        self.tls_front: FrontProcess | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._secrets: SecretStore | None = None
 
@@ -325,7 +329,7 @@ class ServerApp:
         self.health_port = await health.start(host, port)
         log.info("health endpoint on %s:%d", host, self.health_port)
         grpc_servers: list[grpc.aio.Server] = []
-        fronts: list[TlsFront] = []
+        fronts: list[FrontProcess] = []
         cleanup: list[Callable[[], None]] = []
         background: list[asyncio.Task[None]] = []
         electors: list[asyncio.Task[None]] = []
@@ -428,8 +432,9 @@ class ServerApp:
                 with db.read_session() as session:
                     return repo.is_serial_revoked(session, serial)
 
-            # The mTLS ports terminate TLS in OpenSSL (tlsfront) so Ed25519 identities connect too; the
-            # front hands each connection's verified certificate to the interceptor through ``peers``.
+            # The mTLS ports terminate TLS in OpenSSL in a child process (frontproc, tlsfront) so Ed25519
+            # identities connect too; each connection's verified certificate reaches the interceptor
+            # through ``peers``.
             peers = PeerTable()
             interceptor = ServerInterceptor(
                 ca=identity.ca,
@@ -441,9 +446,18 @@ class ServerApp:
             hosts = advertised_hosts([*advertise.values(), *bind.values()])
             front_dir = private_directory()
             cleanup.append(lambda: remove_private_directory(front_dir))
-            mtls, _ = front_ssl_context(
-                identity.ca, hosts=hosts, clock=self.clock, scratch=front_dir, key_type=opts.server_key_type
+            mtls = issue_server_certificate(
+                identity.ca, hosts=hosts, clock=self.clock, key_type=opts.server_key_type
             )
+            assert mtls.key_pem is not None  # issue_server_certificate generates the key
+            front = FrontProcess(
+                peers,
+                directory=front_dir,
+                key_pem=mtls.key_pem,
+                cert_pem=mtls.cert_pem,
+                ca_pem=identity.ca.cert_pem,
+            )
+            fronts.append(front)
             server_auth, _ = server_credentials(
                 identity.ca,
                 hosts=hosts,
@@ -475,14 +489,14 @@ class ServerApp:
                         raise FailedPrecondition(f"cannot listen on {backend} for shard.bind.{field}")
                     await server.start()
                     grpc_servers.append(server)
-                    front = TlsFront(mtls, directory=front_dir, backend=backend, peers=peers, what=what)
                     try:
-                        bound = await front.start(host, port)
+                        sock = listening_socket(host, port)
                     except OSError as exc:
                         raise FailedPrecondition(
                             f"cannot listen on shard.bind.{field} {bind[field]}: {exc}"
                         ) from exc
-                    fronts.append(front)
+                    front.add(Listener(sock, backend, what))
+                    bound = sock.getsockname()[1]
                 else:
                     bound = server.add_secure_port(f"{host}:{port}", creds)
                     if bound == 0:
@@ -490,6 +504,8 @@ class ServerApp:
                     await server.start()
                     grpc_servers.append(server)
                 log.info("%s on %s:%d", what, host, bound)
+            await front.start()
+            self.tls_front = front
             background.append(
                 asyncio.create_task(
                     revocation_loop(cluster_store, db, clock=self.clock, interval=REVOCATION_SYNC_INTERVAL),
@@ -526,7 +542,7 @@ class ServerApp:
         provider: InstrumentedProvider | None,
         health: HealthServer,
         db: Database,
-        fronts: Sequence[TlsFront] = (),
+        fronts: Sequence[FrontProcess] = (),
     ) -> None:
         if self.shard is not None:
             await self.shard.stop_leading()

@@ -4,15 +4,15 @@ grpcio's TLS (BoringSSL as built into grpcio) offers no Ed25519 signature algori
 client for its certificate, so the Ed25519 identities Go agents, operators and admins hold fail the
 handshake (``NO_COMMON_SIGNATURE_ALGORITHMS``). Python's ``ssl`` (OpenSSL 3) verifies them. For the
 mTLS ports (agent and operator APIs) the server therefore terminates TLS here and hands plain HTTP/2
-to its grpc.aio server:
+to its grpc.aio server (in the server, from a child process: ``frontproc``):
 
 * ``TlsFront`` listens on the public address with an OpenSSL server context: TLS 1.3, ALPN ``h2``, a
   client certificate required and its chain verified against the cluster CA (Ed25519 or ECDSA P-256
   leaves, under an Ed25519 or ECDSA CA). A connection that fails the handshake never reaches gRPC.
 * Each verified connection is forwarded over its own Unix-socket connection to the grpc.aio server,
   which listens in a private directory (mode 0700, so no other user can connect to it). Before it
-  connects, the forwarding socket is bound to a name used once (``<dir>/<backend>.<n>``), which grpc
-  reports as the call's ``context.peer()`` (``unix:<dir>/<backend>.<n>``).
+  connects, the forwarding socket is bound to a name used once (``<dir>/<prefix><backend>.<n>``),
+  which grpc reports as the call's ``context.peer()`` (``unix:<dir>/<prefix><backend>.<n>``).
 * ``PeerTable`` maps that peer name to the DER certificate the client presented, from before the first
   byte is forwarded until the connection closes. The interceptor looks the caller's certificate up by
   ``context.peer()`` and applies the same checks as for grpc's own TLS (CA signature, validity, EKU,
@@ -33,7 +33,7 @@ import logging
 import socket
 import ssl
 from pathlib import Path
-from typing import Final
+from typing import Final, Protocol
 
 from nstance.pki.tlspipe import HANDSHAKE_TIMEOUT, Pipe, load_key_pair
 
@@ -41,6 +41,16 @@ log = logging.getLogger(__name__)
 
 #: Unacknowledged TCP connections the listener queues (the same order as grpc core's default).
 BACKLOG: Final = 1024
+
+
+class PeerRegistry(Protocol):
+    """Where a front records which certificate stands behind a peer name (the table, or a channel to it)."""
+
+    async def announce(self, peer: str, der: bytes) -> None:
+        """Record ``peer`` -> ``der``; returns once calls from ``peer`` will find it."""
+
+    def retract(self, peer: str) -> None:
+        """Forget ``peer`` (its connection closed)."""
 
 
 class PeerTable:
@@ -54,6 +64,17 @@ class PeerTable:
 
     def remove(self, peer: str) -> None:
         self._certs.pop(peer, None)
+
+    def clear(self) -> None:
+        self._certs.clear()
+
+    async def announce(self, peer: str, der: bytes) -> None:
+        """``add``, as a ``PeerRegistry``."""
+        self.add(peer, der)
+
+    def retract(self, peer: str) -> None:
+        """``remove``, as a ``PeerRegistry``."""
+        self.remove(peer)
 
     def certificate(self, peer: str) -> bytes | None:
         """The certificate of the front connection ``peer`` names, or None for any other peer."""
@@ -91,14 +112,16 @@ class TlsFront:
         *,
         directory: Path,
         backend: Path,
-        peers: PeerTable | None = None,
+        peers: PeerRegistry | None = None,
         what: str = "mTLS",
+        name_prefix: str = "",
     ) -> None:
         self.ssl_context = ssl_context
         self.directory = directory
         self.backend = backend
-        self.peers = peers if peers is not None else PeerTable()
+        self.peers: PeerRegistry = peers if peers is not None else PeerTable()
         self.what = what
+        self._name_prefix = name_prefix
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._names = itertools.count()
@@ -110,15 +133,13 @@ class TlsFront:
 
     async def start(self, host: str, port: int) -> int:
         """Listen on ``host:port`` (port 0: any free port) and return the bound port."""
+        return await self.start_on(listening_socket(host, port))
+
+    async def start_on(self, sock: socket.socket) -> int:
+        """Serve on an already bound and listening socket; return its port."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            self._accept,
-            host or None,
-            port,
-            ssl=self.ssl_context,
-            ssl_handshake_timeout=HANDSHAKE_TIMEOUT,
-            backlog=BACKLOG,
-            reuse_address=True,
+            self._accept, sock=sock, ssl=self.ssl_context, ssl_handshake_timeout=HANDSHAKE_TIMEOUT
         )
         return int(self._server.sockets[0].getsockname()[1])
 
@@ -138,7 +159,7 @@ class TlsFront:
             transport.close()
             return
         loop = asyncio.get_running_loop()
-        name = self.directory / f"{self.backend.stem}.{next(self._names)}"
+        name = self.directory / f"{self._name_prefix}{self.backend.stem}.{next(self._names)}"
         peer = f"unix:{name}"
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.setblocking(False)
@@ -151,11 +172,11 @@ class TlsFront:
                 with contextlib.suppress(FileNotFoundError):
                     name.unlink()
             # Known before the first byte of the connection reaches grpc.
-            self.peers.add(peer, der)
+            await self.peers.announce(peer, der)
             _, upstream = await loop.create_unix_connection(lambda: Pipe(on_lost=lost), sock=sock)
         except OSError as exc:
             sock.close()
-            self.peers.remove(peer)
+            self.peers.retract(peer)
             log.warning("%s: cannot forward a connection to the gRPC server: %s", self.what, exc)
             transport.close()
             return
@@ -168,7 +189,7 @@ class TlsFront:
         try:
             await lost
         finally:
-            self.peers.remove(peer)
+            self.peers.retract(peer)
             upstream.close()
             client.close()
 
@@ -181,3 +202,20 @@ class TlsFront:
         for task in list(self._tasks):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A non-blocking TCP socket bound to ``host:port`` and listening (reuse_address, BACKLOG).
+
+    An empty host or ``::`` listens on every interface (IPv4 too, where the system allows dual stack);
+    ``0.0.0.0`` on every IPv4 interface; anything else on the first address it resolves to.
+    """
+    if host in ("", "::") and socket.has_dualstack_ipv6():
+        sock = socket.create_server(
+            ("::", port), family=socket.AF_INET6, backlog=BACKLOG, dualstack_ipv6=True
+        )
+    else:
+        family, _, _, _, address = socket.getaddrinfo(host or "0.0.0.0", port, type=socket.SOCK_STREAM)[0]
+        sock = socket.create_server(address[:2], family=family, backlog=BACKLOG)
+    sock.setblocking(False)
+    return sock
