@@ -28,8 +28,8 @@ minimum and median show every stream made progress). After the run the benchmark
 report the client wrote reached the hub, and that every instance's ``health_at`` is set in SQLite
 once the hub flushed (``sqlite_rows_with_health``).
 
-A second measurement, between the two: the same counting sink behind the OpenSSL front the server's
-mTLS ports use (``nstance.server.tlsfront``, in this process): ``front_sink`` and ``front_sink_ratio``
+A second measurement, between the two: the same counting sink behind the OpenSSL front process the
+server's mTLS ports use (``nstance.server.frontproc``): ``front_sink`` and ``front_sink_ratio``
 (front / bare) show what terminating TLS in Python's ``ssl`` costs by itself.
 
 Baseline, in the same run and before the real case (the server is up but idle): the same client
@@ -51,7 +51,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -76,12 +75,14 @@ from nstance.config import GroupUpdate, runtime_hash
 from nstance.core.clock import SystemClock
 from nstance.db import repo
 from nstance.pki.ca import CertificateAuthority
-from nstance.pki.certs import issue_client_certificate
+from nstance.pki.certs import issue_client_certificate, issue_server_certificate
 from nstance.pki.keys import generate_private_key, private_key_to_pem
+from nstance.pki.tlspipe import private_directory
 from nstance.rpc import agent_pb2_grpc
 from nstance.server.app import AGENT_GRPC_OPTIONS
-from nstance.server.tls import front_ssl_context, server_credentials
-from nstance.server.tlsfront import TlsFront
+from nstance.server.frontproc import FrontProcess, Listener
+from nstance.server.tls import server_credentials
+from nstance.server.tlsfront import PeerTable, listening_socket
 
 AGENTS = 2000
 WINDOW_S = 10.0
@@ -131,19 +132,24 @@ class Window:
 
 
 async def fronted_server(
-    add: Callable[[grpc.aio.Server], None], ca: CertificateAuthority, tmp: Path
-) -> tuple[grpc.aio.Server, str, TlsFront]:
-    """A plain grpc.aio server on a Unix socket behind the server's OpenSSL front (``tlsfront``)."""
+    add: Callable[[grpc.aio.Server], None], ca: CertificateAuthority
+) -> tuple[grpc.aio.Server, str, FrontProcess]:
+    """A plain grpc.aio server on a Unix socket behind the server's OpenSSL front process (``frontproc``)."""
     server = grpc.aio.server(options=list(AGENT_GRPC_OPTIONS))
     add(server)
-    directory = Path(tempfile.mkdtemp(prefix="nst-bench-"))
+    directory = private_directory()
     backend = directory / "sink.sock"
     server.add_insecure_port(f"unix:{backend}")
     await server.start()
-    ctx, _ = front_ssl_context(ca, hosts=["127.0.0.1"], clock=SystemClock(), scratch=directory)
-    front = TlsFront(ctx, directory=directory, backend=backend)
-    port = await front.start("127.0.0.1", 0)
-    return server, f"127.0.0.1:{port}", front
+    issued = issue_server_certificate(ca, hosts=["127.0.0.1"], clock=SystemClock())
+    assert issued.key_pem is not None
+    front = FrontProcess(
+        PeerTable(), directory=directory, key_pem=issued.key_pem, cert_pem=issued.cert_pem, ca_pem=ca.cert_pem
+    )
+    sock = listening_socket("127.0.0.1", 0)
+    front.add(Listener(sock, backend, "sink"))
+    await front.start()
+    return server, f"127.0.0.1:{sock.getsockname()[1]}", front
 
 
 async def measure(
@@ -306,7 +312,7 @@ async def amain(window_s: float) -> int:
             progress("the same sink behind the OpenSSL front of the mTLS ports")
             front_sink = CountingSink()  # type: ignore[abstract]
             front_server, front_addr, front = await fronted_server(
-                lambda s: agent_pb2_grpc.add_AgentServiceServicer_to_server(front_sink, s), identity.ca, tmp
+                lambda s: agent_pb2_grpc.add_AgentServiceServicer_to_server(front_sink, s), identity.ca
             )
             try:
                 plan = write_plan(tmp / "front.json", {**plan_doc, "target": front_addr})

@@ -7,9 +7,9 @@ present an Ed25519 one to clients that offer Ed25519, as upstream's do) and buil
 ``require_client_cert=True`` a client without a CA-signed certificate fails the handshake; with ``False``
 (Registration API) no client certificate is requested, as upstream's ``NoClientCert``.
 
-``front_ssl_context`` issues the same kind of server certificate for the OpenSSL front of the mTLS
-ports (``tlsfront``), which accepts Ed25519 as well as ECDSA P-256 client certificates and, unlike
-grpcio, also negotiates with clients that sign with Ed25519 only.
+The mTLS ports of the server itself terminate TLS in OpenSSL (``frontproc``, ``tlsfront``), so that
+Ed25519 client certificates are accepted too; ``server_credentials`` with ``require_client_cert=True``
+remains for tests and benchmarks that want grpcio's own mTLS.
 
 ``advertised_hosts`` turns listener addresses (``host:port``) into the host names and IPs the
 certificate must name.
@@ -21,9 +21,7 @@ minimum-TLS-version setting, so the protocol floor is grpc core's default (TLS 1
 
 from __future__ import annotations
 
-import ssl
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 
 import grpc
 
@@ -31,7 +29,6 @@ from nstance.core.clock import Clock
 from nstance.core.errors import FailedPrecondition
 from nstance.pki.ca import CertificateAuthority
 from nstance.pki.certs import IssuedCertificate, issue_server_certificate
-from nstance.server.tlsfront import server_ssl_context
 
 #: Bind hosts that mean "every interface": never written into a certificate.
 _WILDCARD_HOSTS = frozenset({"", "*", "0.0.0.0", "::", "0:0:0:0:0:0:0:0"})
@@ -61,27 +58,6 @@ def server_credentials(
         require_client_auth=require_client_cert,
     )
     return credentials, issued
-
-
-def front_ssl_context(
-    ca: CertificateAuthority,
-    *,
-    hosts: Sequence[str],
-    clock: Clock,
-    scratch: Path,
-    key_type: str = "ecdsa-p256",
-) -> tuple[ssl.SSLContext, IssuedCertificate]:
-    """Issue a server certificate (key ``key_type``) and build the front's OpenSSL mTLS context.
-
-    The certificate is ECDSA P-256 by default so grpcio clients can verify it; ``ed25519`` makes the
-    server present what upstream's servers present. ``scratch`` is a private directory (see
-    ``tlsfront.server_ssl_context``).
-    """
-    issued = issue_server_certificate(ca, hosts=hosts, clock=clock, key_type=key_type)
-    key_pem = issued.key_pem
-    if key_pem is None:  # pragma: no cover - issue_server_certificate always generates the key
-        raise FailedPrecondition("the server certificate was issued without its private key")
-    return server_ssl_context(key_pem, issued.cert_pem, ca.cert_pem, scratch=scratch), issued
 
 
 def _host_of(addr: str) -> str:
