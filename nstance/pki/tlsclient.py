@@ -152,9 +152,10 @@ class TlsRoute:
 
     async def _connect(self, local: Pipe, transport: asyncio.Transport) -> None:
         loop = asyncio.get_running_loop()
+        lost: asyncio.Future[None] = loop.create_future()
         try:
             _, remote = await loop.create_connection(
-                Pipe,
+                lambda: Pipe(on_lost=lost),
                 self.host,
                 self.port,
                 ssl=self._ssl,
@@ -168,6 +169,7 @@ class TlsRoute:
             transport.close()
             return
         self._pipes.add(remote)
+        lost.add_done_callback(lambda _: self._pipes.difference_update((local, remote)))
         local.attach(remote)
         remote.attach(local)
         if local.transport is None:
