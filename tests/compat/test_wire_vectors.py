@@ -6,10 +6,10 @@ The upstream binaries cannot be built here (the Go module proxy answers 403 for
 upstream's own tests and generators: ``pkg/nonce`` (claims and EdDSA signing; header ``alg`` EdDSA,
 ``typ`` JWT), the JWT helpers of ``internal/server/api`` (all claims set; the servers' issuer
 ``nstance-server``, which this implementation requires while upstream's validator ignores it),
-``internal/server/pki`` (client certificates: Ed25519 key, serial = Unix nanoseconds, CN = client id, O = [tenant], KeyUsage
-digitalSignature, EKU clientAuth, CA:false, the role extension as ``asn1.Marshal`` of a Go string;
-server certificates: Ed25519 key, CN ``nstance-server``, O ``Nstance Server``, C ``US``, SANs the bind
-host plus ``nstance-server``, ``localhost``, 127.0.0.1 and ::1).
+``internal/server/pki`` (client certificates: Ed25519 key, serial = Unix nanoseconds, CN = client id, O
+= [tenant], KeyUsage digitalSignature, EKU clientAuth, CA:false, the role extension as ``asn1.Marshal``
+of a Go string; server certificates: Ed25519 key, CN ``nstance-server``, O ``Nstance Server``, C ``US``,
+SANs the bind host plus ``nstance-server``, ``localhost``, 127.0.0.1 and ::1).
 """
 
 from __future__ import annotations
