@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import signal
 import socket
 import ssl
 from collections.abc import AsyncIterator, Callable
@@ -40,6 +42,8 @@ SHARD = "zone-a"
 CLUSTER = "mixed"
 FILES = {"app.env": {"kind": "env", "template": {"GREETING": "{{ Vars.greeting }}"}}}
 CALL_TIMEOUT = 10.0
+CERT = "identity/identity.crt"
+KEY = "identity/identity.key"
 
 
 @dataclass
@@ -55,6 +59,16 @@ class Running:
     def instance_dir(self, instance_id: str) -> Path:
         return self.root / "instances" / instance_id
 
+    def registered(self, *, besides: str = "") -> dict[str, Any] | None:
+        """A live instance (other than ``besides``) whose agent registered and stored its certificate."""
+        for record in self.records():
+            iid = record["instance_id"]
+            if iid == besides or record["status"] in ("deleting", "deleted", "failed"):
+                continue
+            if record.get("registered_at") and (self.instance_dir(iid) / CERT).is_file():
+                return record
+        return None
+
 
 def _config(root: Path, addrs: dict[str, str], size: int) -> dict[str, Any]:
     return shard_config(
@@ -68,6 +82,12 @@ def _config(root: Path, addrs: dict[str, str], size: int) -> dict[str, Any]:
         shard_extra={"health_check_interval": "1s"},
         template_extra={"files": FILES, "vars": {"greeting": "hello"}},
     )
+
+
+@pytest.fixture(autouse=True)
+def _agents_report_often(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Agents started by the local provider inherit this process's environment."""
+    monkeypatch.setenv("NSTANCE_REPORT_INTERVAL", "300ms")
 
 
 @contextlib.asynccontextmanager
@@ -217,16 +237,7 @@ async def test_an_agent_under_an_ed25519_ca_registers_reports_and_receives_files
         )
         assert isinstance(registration_leaf.public_key(), expected)
 
-        def registered() -> dict[str, Any] | None:
-            done = [r for r in running.records() if r.get("registered_at")]
-            stored = [
-                r
-                for r in done
-                if (running.instance_dir(r["instance_id"]) / "identity/identity.crt").is_file()
-            ]
-            return stored[0] if stored else None
-
-        record = await _value(registered, within=60, what="the agent to register")
+        record = await _value(lambda: running.registered(), within=60, what="the agent to register")
         iid = record["instance_id"]
         identity = running.instance_dir(iid) / "identity"
         key = load_private_key_pem((identity / "identity.key").read_bytes())
@@ -252,3 +263,34 @@ async def test_an_agent_under_an_ed25519_ca_registers_reports_and_receives_files
                 return bool(reply.status == "healthy")
 
             await _value(healthy, within=30, what="health reports from the Ed25519 agent")
+
+
+async def test_an_ed25519_agent_that_stops_reporting_is_replaced(tmp_path: Path) -> None:
+    running = _new(tmp_path)
+    async with _serving(running, ca_key_type="ed25519", leaf="ecdsa-p256", size=1):
+        first = (await _value(lambda: running.registered(), within=60, what="the agent to register"))[
+            "instance_id"
+        ]
+        info = json.loads((running.instance_dir(first) / "instance.json").read_text())
+        pid = int(info["pid"])
+        os.kill(pid, signal.SIGSTOP)  # the VM runs, its agent says nothing
+        try:
+            second = await _value(
+                lambda: running.registered(besides=first),
+                within=60,
+                what="a replacement for the silent agent",
+            )
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        key = load_private_key_pem(
+            (running.instance_dir(second["instance_id"]) / "identity/identity.key").read_bytes()
+        )
+        assert isinstance(key, ed25519.Ed25519PrivateKey)
+
+        def gone() -> bool:
+            return all(
+                r["instance_id"] != first or r["status"] in ("deleting", "deleted") for r in running.records()
+            )
+
+        await _value(gone, within=60, what="the silent instance to go")
