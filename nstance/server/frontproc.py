@@ -119,8 +119,7 @@ class FrontProcess:
         proc.stdin.write(json.dumps(config).encode("utf-8"))
         await proc.stdin.drain()
         proc.stdin.close()
-        if self._control is not None:
-            self._control.close()
+        await self._stop_control()
         self._proc = proc
         self._control = parent_end
         self._control_task = asyncio.get_running_loop().create_task(
@@ -128,20 +127,34 @@ class FrontProcess:
         )
 
     async def _serve_control(self, sock: socket.socket) -> None:
-        reader, writer = await asyncio.open_connection(sock=sock)
+        """Apply the child's announcements until it closes the channel (the socket stays ours)."""
+        loop = asyncio.get_running_loop()
+        sock.setblocking(False)
+        buffered = b""
         try:
-            while line := await reader.readline():
-                op, _, rest = line.decode("ascii").strip().partition(" ")
-                if op == "A":
-                    peer, _, der = rest.partition(" ")
-                    self.peers.add(peer, base64.b64decode(der))
-                    writer.write(f"K {peer}\n".encode("ascii"))
-                elif op == "D":
-                    self.peers.remove(rest)
-        except (ConnectionError, ValueError) as exc:  # pragma: no cover - the child died mid-line
+            while chunk := await loop.sock_recv(sock, 65536):
+                buffered += chunk
+                *lines, buffered = buffered.split(b"\n")
+                for line in lines:
+                    op, _, rest = line.decode("ascii").partition(" ")
+                    if op == "A":
+                        peer, _, der = rest.partition(" ")
+                        self.peers.add(peer, base64.b64decode(der))
+                        await loop.sock_sendall(sock, f"K {peer}\n".encode("ascii"))
+                    elif op == "D":
+                        self.peers.remove(rest)
+        except (OSError, ValueError) as exc:  # the child died mid-line or the socket was closed
             log.warning("TLS front control channel: %s", exc)
-        finally:
-            writer.close()
+
+    async def _stop_control(self) -> None:
+        if self._control_task is not None:
+            self._control_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._control_task
+            self._control_task = None
+        if self._control is not None:
+            self._control.close()
+            self._control = None
 
     async def _supervise(self) -> None:
         while not self._stopping:
@@ -170,12 +183,7 @@ class FrontProcess:
             except TimeoutError:
                 proc.kill()
                 await proc.wait()
-        if self._control_task is not None:
-            self._control_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._control_task
-        if self._control is not None:
-            self._control.close()
+        await self._stop_control()
         for listener in self._listeners:
             listener.sock.close()
 
