@@ -478,6 +478,7 @@ class ServerApp:
                 key_pem=mtls.key_pem,
                 cert_pem=mtls.cert_pem,
                 ca_pem=identity.ca.cert_pem,
+                handshake_timeout=shard_cfg.limits.handshake_timeout.total_seconds(),
             )
             fronts.append(front)
             server_auth, _ = server_credentials(

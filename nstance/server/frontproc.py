@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from nstance.core.logformat import JsonFormatter
+from nstance.pki.tlspipe import HANDSHAKE_TIMEOUT
 from nstance.server.tlsfront import PeerTable, TlsFront, server_ssl_context
 
 log = logging.getLogger(__name__)
@@ -55,9 +56,19 @@ class Listener:
 class FrontProcess:
     """Runs the mTLS fronts in a child process and keeps ``peers`` in step with its connections."""
 
-    def __init__(self, peers: PeerTable, *, directory: Path, key_pem: bytes, cert_pem: bytes, ca_pem: bytes):
+    def __init__(
+        self,
+        peers: PeerTable,
+        *,
+        directory: Path,
+        key_pem: bytes,
+        cert_pem: bytes,
+        ca_pem: bytes,
+        handshake_timeout: float = HANDSHAKE_TIMEOUT,
+    ) -> None:
         self.peers = peers
         self.directory = directory
+        self._handshake_timeout = handshake_timeout
         self._material = {
             "key_pem": key_pem.decode("ascii"),
             "cert_pem": cert_pem.decode("ascii"),
@@ -99,6 +110,7 @@ class FrontProcess:
             **self._material,
             "directory": str(self.directory),
             "name_prefix": f"g{self._generation}.",
+            "handshake_timeout": self._handshake_timeout,
             "control_fd": child_end.fileno(),
             "listeners": [
                 {"fd": listener.sock.fileno(), "backend": str(listener.backend), "what": listener.what}
@@ -245,6 +257,7 @@ async def _child(config: dict[str, Any]) -> None:
             peers=channel,
             what=item["what"],
             name_prefix=config["name_prefix"],
+            handshake_timeout=float(config["handshake_timeout"]),
         )
         sock = socket.socket(fileno=item["fd"])
         sock.setblocking(False)

@@ -115,6 +115,7 @@ class TlsFront:
         peers: PeerRegistry | None = None,
         what: str = "mTLS",
         name_prefix: str = "",
+        handshake_timeout: float = HANDSHAKE_TIMEOUT,
     ) -> None:
         self.ssl_context = ssl_context
         self.directory = directory
@@ -122,6 +123,7 @@ class TlsFront:
         self.peers: PeerRegistry = peers if peers is not None else PeerTable()
         self.what = what
         self._name_prefix = name_prefix
+        self._handshake_timeout = handshake_timeout
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._names = itertools.count()
@@ -139,7 +141,7 @@ class TlsFront:
         """Serve on an already bound and listening socket; return its port."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            self._accept, sock=sock, ssl=self.ssl_context, ssl_handshake_timeout=HANDSHAKE_TIMEOUT
+            self._accept, sock=sock, ssl=self.ssl_context, ssl_handshake_timeout=self._handshake_timeout
         )
         return int(self._server.sockets[0].getsockname()[1])
 
