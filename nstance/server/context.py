@@ -28,6 +28,7 @@ from nstance.pki.ca import CertificateAuthority
 from nstance.providers.base import Provider
 from nstance.secrets.base import SecretStore
 from nstance.server.configstate import ConfigState
+from nstance.server.degraded import Degradations
 from nstance.server.events import Events
 from nstance.server.fencing import FencedProvider, FencedStore, NotLeader
 from nstance.server.leadertime import LeaderClock
@@ -90,6 +91,8 @@ class ShardContext:
     image_errors: dict[str, str] = field(default_factory=dict)
     #: The provider id of the VM this server runs on ("" = ask the provider's metadata service).
     own_provider_id: str = ""
+    #: Why this server runs degraded (shown on ``/health``); see ``nstance.server.degraded``.
+    degraded: Degradations = field(default_factory=Degradations)
 
     def __post_init__(self) -> None:
         if not isinstance(self.store, FencedStore):
