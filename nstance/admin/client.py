@@ -46,6 +46,10 @@ CA_FILE = "ca.crt"
 KEY_FILE = "identity.key"
 CERT_FILE = "identity.crt"
 SERVER_NAME = "nstance-server"
+NO_SERVER_HINT = (
+    "is nstance-server running there? (`make run` starts a local one; check --servers or "
+    f"{SERVERS_ENV})"
+)
 DEFAULT_TIMEOUT_SECONDS = 30.0
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
@@ -214,6 +218,8 @@ def describe_rpc_error(exc: grpc.RpcError, *, timeout: float | None = None) -> s
     text = " ".join(str(details).split()) if details else ""
     if name == "DEADLINE_EXCEEDED" and timeout is not None:
         text = f"no answer within {timeout:g}s" + (f" ({text})" if text else "")
+    if name == "UNAVAILABLE" and ("Connection refused" in text or "failed to connect" in text):
+        text += f"; {NO_SERVER_HINT}"
     return f"{name}: {text}" if text else name
 
 

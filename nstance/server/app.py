@@ -30,7 +30,7 @@ from nstance.config import ServerConfig
 from nstance.config.shard import split_host_port
 from nstance.core.backoff import Backoff
 from nstance.core.clock import Clock, SystemClock
-from nstance.core.errors import FailedPrecondition, InvalidArgument, NstanceError
+from nstance.core.errors import FailedPrecondition, InvalidArgument, NstanceError, Unauthenticated
 from nstance.core.logformat import JsonFormatter
 from nstance.core.ratelimit import TokenBucket
 from nstance.db import repo
@@ -119,6 +119,8 @@ def setup_logging(verbose: bool = False) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    # Schema migrations log every step at INFO on each start; only --debug shows them.
+    logging.getLogger("alembic").setLevel(logging.DEBUG if verbose else logging.WARNING)
 
 
 def _override_hosts(addrs: Mapping[str, str], host: str) -> dict[str, str]:
@@ -250,6 +252,8 @@ class ServerApp:
                 self._config_error = None
                 self.metrics.set_config_loaded(True)
                 return snapshot.config
+            except Unauthenticated:
+                raise  # no storage credentials: waiting will not bring them; the CLI says so and exits 1
             except (NstanceError, OSError) as exc:
                 self._config_error = str(exc)
                 delay = backoff.delay(attempt)

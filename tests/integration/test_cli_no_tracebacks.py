@@ -1,0 +1,270 @@
+"""Every command of the four programs, run the ways a newcomer gets it wrong, answers without a traceback.
+
+The commands are enumerated from the typer/click definitions (a new command is covered without editing
+this file). Each is run with: no AWS credentials, unreachable endpoints (S3 and shard servers), a
+missing bucket (a missing directory for file storage, a bucket moto does not have for s3) and a flag
+that does not exist. A run fails the test when it raises (a traceback), prints the last-resort
+``unexpected error`` line, or, for a bad flag, exits 0.
+
+nstance-admin runs in-process (click's runner re-raises nothing: an exception is a failure); the three
+daemons run as processes, since some of them rightly keep waiting (an unreachable endpoint is retried):
+those are stopped with SIGTERM after a while and must then exit cleanly.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+from moto import mock_aws
+from typer.testing import CliRunner
+
+from nstance.admin.cli import app as admin_app
+from nstance.agent.cli import app as agent_app
+from nstance.core.cli import UNEXPECTED
+from nstance.operator.cli import app as operator_app
+from nstance.server.cli import app as server_app
+from nstance.testing.procs import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE_CONFIG = ROOT / "examples" / "local" / "config.jsonc"
+KEY_B64 = base64.b64encode(bytes(range(32))).decode()
+DAEMON_GRACE = 40.0  # seconds the daemons (all started at once) get before the still-running are stopped
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """One runnable command: its words after the program name, and its click definition."""
+
+    words: tuple[str, ...]
+    command: Any
+
+    @property
+    def name(self) -> str:
+        return " ".join(self.words) or "(main)"
+
+
+def leaves(app: typer.Typer) -> list[Leaf]:
+    """Every leaf command of ``app``, from its click definition."""
+    out: list[Leaf] = []
+
+    def walk(command: Any, words: tuple[str, ...]) -> None:
+        subcommands = getattr(command, "commands", None)  # a group (typer carries its own click)
+        if subcommands is not None:
+            for name, sub in sorted(subcommands.items()):
+                walk(sub, (*words, name))
+        else:
+            out.append(Leaf(words, command))
+
+    walk(typer.main.get_command(app), ())
+    return out
+
+
+def _value(param: Any) -> str:
+    """A well-formed value for a required parameter, so the command gets as far as storage or the wire."""
+    name = (param.name or "").lower()
+    if getattr(param.type_descriptor, "annotation", None) is int:
+        return "1"
+    if name in ("file", "files", "config"):
+        return str(EXAMPLE_CONFIG)
+    if name == "serial":
+        return "01"
+    return "test"
+
+
+def argv_for(leaf: Leaf) -> list[str]:
+    """The command's words and a value for each required argument and option."""
+    argv = list(leaf.words)
+    for param in leaf.command.params:
+        if not param.required:
+            continue
+        if param.param_type_name == "argument":
+            argv.append(_value(param))
+        else:
+            argv += [param.opts[0], _value(param)]
+    return argv
+
+
+def _clean_env(tmp: Path) -> dict[str, str]:
+    """An environment without the host's AWS or Kubernetes settings."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("AWS_", "NSTANCE_", "KUBERNETES_")) and k != "KUBECONFIG"
+    }
+    env.update(
+        {
+            "AWS_CONFIG_FILE": str(tmp / "no-aws-config"),
+            "AWS_SHARED_CREDENTIALS_FILE": str(tmp / "no-aws-credentials"),
+            "AWS_EC2_METADATA_DISABLED": "true",
+            "KUBECONFIG": str(tmp / "no-kubeconfig"),
+            "NSTANCE_ENCRYPTION_KEY": KEY_B64,
+            "HOME": str(tmp),
+        }
+    )
+    return env
+
+
+def scenarios(tmp: Path) -> dict[str, dict[str, str]]:
+    """Environment overlays, one per way of getting it wrong."""
+    closed = free_port()  # nothing listens here
+    kubeconfig = tmp / "kubeconfig-unreachable"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        f"clusters: [{{name: c, cluster: {{server: 'https://127.0.0.1:{closed}'}}}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\nusers: [{name: u, user: {token: t}}]\n"
+    )
+    fake_creds = {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_REGION": "us-east-1",
+    }
+    return {
+        "missing credentials": {
+            "NSTANCE_STORAGE": "s3",
+            "NSTANCE_BUCKET": "nstance-test",
+            "AWS_REGION": "us-east-1",
+        },
+        "unreachable endpoints": {
+            **fake_creds,
+            "NSTANCE_STORAGE": "s3",
+            "NSTANCE_BUCKET": "nstance-test",
+            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{closed}",
+            "NSTANCE_ADMIN_SERVERS": f"test=127.0.0.1:{closed}",
+            "NSTANCE_SERVER_REGISTRATION_ADDR": f"127.0.0.1:{closed}",
+            "NSTANCE_SERVER_AGENT_ADDR": f"127.0.0.1:{closed}",
+            "NSTANCE_INSTANCE_ID": "app01",
+            "KUBECONFIG": str(kubeconfig),
+        },
+        "missing bucket directory": {"NSTANCE_STORAGE": "file", "NSTANCE_BUCKET": str(tmp / "no-such-dir")},
+        "missing s3 bucket": {**fake_creds, "NSTANCE_STORAGE": "s3", "NSTANCE_BUCKET": "no-such-bucket"},
+        "bad flag": {},
+    }
+
+
+def _problem(output: str) -> str | None:
+    if "Traceback (most recent call last)" in output:
+        return "printed a traceback"
+    if f": {UNEXPECTED}:" in output:
+        return "hit the last-resort error line"
+    return None
+
+
+@pytest.fixture
+def tmp_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, dict[str, str]]:
+    env = _clean_env(tmp_path)
+    for key in list(os.environ):
+        if key not in env:
+            monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path, env
+
+
+def _operator_identity(runner: CliRunner, tmp: Path) -> Path:
+    """A real operator identity, so shard commands get as far as dialling the (unreachable) server."""
+    storage = ["--storage-provider", "file", "--storage-bucket", str(tmp / "identity-bucket")]
+    directory = tmp / "identity"
+    for argv in (
+        ["cluster", "init", "--cluster-id", "test", *storage],
+        ["cluster", "register-operator", "--cluster-id", "test", "--output-dir", str(directory), *storage],
+    ):
+        result = runner.invoke(admin_app, argv)
+        assert result.exit_code == 0, result.output
+    return directory
+
+
+def test_every_admin_command_fails_in_words(tmp_env: tuple[Path, dict[str, str]]) -> None:
+    tmp, _ = tmp_env
+    commands = leaves(admin_app)
+    assert len(commands) >= 20  # group, instance, cluster, config, cert, secrets commands
+    runner = CliRunner()
+    identity = _operator_identity(runner, tmp)
+    failures: list[str] = []
+    for scenario, overlay in scenarios(tmp).items():
+        overlay = {**overlay, "NSTANCE_ADMIN_IDENTITY_DIR": str(identity)}
+        for leaf in commands:
+            argv = argv_for(leaf)
+            if any(param.name == "output_dir" for param in leaf.command.params):
+                argv += ["--output-dir", str(tmp / "identities" / f"{scenario.replace(' ', '-')}")]
+            if scenario == "bad flag":
+                argv.append("--no-such-flag")
+            if scenario == "missing s3 bucket":
+                with mock_aws():
+                    result = runner.invoke(admin_app, argv, env=overlay)
+            else:
+                result = runner.invoke(admin_app, argv, env=overlay)
+            shutil.rmtree(tmp / "no-such-dir", ignore_errors=True)  # each command meets it missing
+            where = f"[{scenario}] nstance-admin {' '.join(argv)}"
+            if result.exception is not None and not isinstance(result.exception, SystemExit):
+                failures.append(f"{where}: raised {type(result.exception).__name__}: {result.exception}")
+                continue
+            if os.environ.get("SHOW_CLI_OUTPUT"):
+                print(f"{where} -> {result.exit_code}: {result.output.strip()[-300:]}")
+            problem = _problem(result.output)
+            if problem:
+                failures.append(f"{where}: {problem}")
+            if scenario == "bad flag" and result.exit_code == 0:
+                failures.append(f"{where}: accepted an unknown flag")
+    assert not failures, "\n".join(failures)
+
+
+def _daemon_runs(tmp: Path) -> list[tuple[str, list[str], dict[str, str]]]:
+    """(label, argv, env) for each daemon command in each scenario that applies to it."""
+    runs: list[tuple[str, list[str], dict[str, str]]] = []
+    base = _clean_env(tmp)
+    for program, app in (("server", server_app), ("agent", agent_app), ("operator", operator_app)):
+        for leaf in leaves(app):
+            for scenario, overlay in scenarios(tmp).items():
+                if scenario == "missing s3 bucket":
+                    continue  # needs a live S3 emulator; the admin test covers NoSuchBucket in-process
+                argv = [sys.executable, "-m", f"nstance.{program}", *argv_for(leaf)]
+                if program == "server":
+                    argv += ["--id", "s1", "--shard", "test", "--cachedir", str(tmp / f"cache-{len(runs)}")]
+                    argv += ["--health-addr", f"127.0.0.1:{free_port()}"]
+                if program == "operator":
+                    argv += ["--health-addr", f"127.0.0.1:{free_port()}", "--disable-webhooks"]
+                if scenario == "bad flag":
+                    argv.append("--no-such-flag")
+                runs.append((f"[{scenario}] nstance-{program} {leaf.name}", argv, {**base, **overlay}))
+    return runs
+
+
+def test_every_daemon_fails_in_words(tmp_path: Path) -> None:
+    runs = _daemon_runs(tmp_path)
+    procs = [
+        (
+            label,
+            argv,
+            subprocess.Popen(argv, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT),
+        )
+        for label, argv, env in runs
+    ]
+    failures: list[str] = []
+    deadline = time.monotonic() + DAEMON_GRACE
+    for label, _argv, proc in procs:
+        try:
+            output, _ = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGTERM)
+            output, _ = proc.communicate(timeout=30)
+            if proc.returncode not in (0, -signal.SIGTERM):
+                failures.append(f"{label}: exit {proc.returncode} after SIGTERM")
+        text = output.decode(errors="replace")
+        problem = _problem(text)
+        if problem:
+            failures.append(f"{label}: {problem}\n{text[-1500:]}")
+        if "bad flag" in label and proc.returncode == 0:
+            failures.append(f"{label}: accepted an unknown flag")
+    assert not failures, "\n".join(failures)
