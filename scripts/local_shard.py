@@ -4,6 +4,8 @@
                         (shell-quoted) read from the config's cluster.id, shard.id and shard.bind.
 ``check-ports CONFIG``  exit 1 with one line per address when any of the config's shard.bind addresses
                         cannot be bound (another server, or another copy of ``make run``, holds it).
+``wait-leader ADDR PID`` wait until ``http://ADDR/leader/health`` answers 200: exit 0; exit 3 as soon as
+                        process PID has exited, 4 after 60 seconds.
 ``stop-agents DIR``     stop the agent processes of the local provider's instance directory DIR, and
                         only those: a process is signalled only when its pid is recorded in one of
                         DIR's ``instance.json`` files *and* its command line names that instance's
@@ -14,9 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
 import shlex
 import socket
 import sys
+import time
+import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +79,23 @@ def check_ports(path: str) -> int:
     return 1 if busy else 0
 
 
+def wait_leader(addr: str, pid: str) -> int:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return 3
+        try:
+            with urllib.request.urlopen(f"http://{addr}/leader/health", timeout=2) as response:
+                if response.status == 200:
+                    return 0
+        except OSError:
+            pass
+        time.sleep(0.2)
+    return 4
+
+
 def stop_agents(directory: str) -> int:
     base = Path(directory)
     if not base.is_dir():
@@ -87,11 +110,17 @@ def stop_agents(directory: str) -> int:
 
 
 def main(argv: list[str]) -> int:
-    commands = {"settings": settings, "check-ports": check_ports, "stop-agents": stop_agents}
-    if len(argv) != 2 or argv[0] not in commands:
-        print(f"usage: local_shard.py {{{'|'.join(commands)}}} ARG", file=sys.stderr)
+    commands: dict[str, Callable[..., int]] = {
+        "settings": settings,
+        "check-ports": check_ports,
+        "wait-leader": wait_leader,
+        "stop-agents": stop_agents,
+    }
+    arity = {"wait-leader": 2}
+    if not argv or argv[0] not in commands or len(argv) != 1 + arity.get(argv[0], 1):
+        print(f"usage: local_shard.py {{{'|'.join(commands)}}} ARG...", file=sys.stderr)
         return 2
-    return commands[argv[0]](argv[1])
+    return commands[argv[0]](*argv[1:])
 
 
 if __name__ == "__main__":

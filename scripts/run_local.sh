@@ -56,7 +56,7 @@ if [ ! -s "$STATE/encryption.key" ]; then
 fi
 NSTANCE_ENCRYPTION_KEY="$(cat "$STATE/encryption.key")"
 export NSTANCE_ENCRYPTION_KEY
-export NSTANCE_STORAGE_PROVIDER=file NSTANCE_STORAGE_BUCKET="$STORAGE"
+export NSTANCE_STORAGE=file NSTANCE_BUCKET="$STORAGE"
 
 echo "== validating $CONFIG"
 nstance-admin config validate "$CONFIG" 9>&-
@@ -122,17 +122,12 @@ server_died() {
     exit 1
 }
 
-ready=""
-for _ in $(seq 1 150); do
-    kill -0 "$SERVER_PID" 2>/dev/null || server_died
-    if curl -fsS "http://$HEALTH_ADDR/leader/health" >/dev/null 2>&1; then
-        ready=1
-        break
-    fi
-    sleep 0.2
-done
-if [ -z "$ready" ]; then
-    echo "nstance-server did not become leader within 30s; see $STATE/server.log" >&2
+wait_status=0
+python "$HELPER" wait-leader "$HEALTH_ADDR" "$SERVER_PID" 9>&- || wait_status=$?
+if [ "$wait_status" = 3 ]; then
+    server_died
+elif [ "$wait_status" != 0 ]; then
+    echo "nstance-server did not become leader within 60s; see $STATE/server.log" >&2
     exit 1
 fi
 echo "== nstance-server is up and leads shard $SHARD"

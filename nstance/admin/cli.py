@@ -40,6 +40,7 @@ from .options import (
 )
 from .plan import register_plan
 from .stores import StorageOptions, open_cluster_stores
+from .watch import register_watch
 
 app = typer.Typer(
     add_completion=False, help="Nstance administration: cluster bootstrap, nonces, config checks."
@@ -310,6 +311,7 @@ def secrets_generate_key() -> None:
 register(app, cluster_app, config_app)
 register_plan(config_app)
 register_certs(app)
+register_watch(app)
 
 
 def main() -> None:

@@ -234,7 +234,7 @@ class _Target:
     output: str
 
 
-def _target(
+def resolve_target(
     ctx: typer.Context,
     servers: str,
     identity_dir: Path | None,
@@ -341,7 +341,7 @@ def group_list(
     output: OutputOpt = "table",
 ) -> None:
     """List the groups of your tenant (static and dynamic) with desired and actual size."""
-    target = _target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
+    target = resolve_target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
 
     def action(client: ShardClient) -> list[Row]:
         return [_group_row(client.shard, g) for g in sorted(client.list_groups(), key=lambda g: g.key)]
@@ -361,7 +361,7 @@ def group_status(
     output: OutputOpt = "table",
 ) -> None:
     """Show one group: settings, merged vars, actual size and provider IDs (a shard without it fails)."""
-    target = _target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
+    target = resolve_target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
     _execute(
         target,
         lambda client: [_group_row(client.shard, client.get_group(name))],
@@ -395,7 +395,7 @@ def group_create(
         raise _fail("--template must not be empty")
     _check_size(size, "--size")
     variables = _parse_vars(var)
-    target = _target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
+    target = resolve_target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
     config = operator_pb2.GroupConfig(
         template=template,
         size=size,
@@ -430,7 +430,7 @@ def group_scale(
     """
     _checked_identifier(name, "group")
     _check_size(size, "SIZE")
-    target = _target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
+    target = resolve_target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
 
     def action(client: ShardClient) -> list[Row]:
         current = client.get_group(name)
@@ -461,7 +461,7 @@ def group_delete(
 ) -> None:
     """Delete a dynamic group (for a static group only the dynamic overrides are removed)."""
     _checked_identifier(name, "group")
-    target = _target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
+    target = resolve_target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
 
     def action(client: ShardClient) -> list[Row]:
         client.delete_group(name)
@@ -490,7 +490,7 @@ def instance_list(
 
     On-demand instances, instances not yet running and instance IDs are not shown (see `instance show`).
     """
-    target = _target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
+    target = resolve_target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
 
     def action(client: ShardClient) -> list[Row]:
         groups = [client.get_group(group)] if group else sorted(client.list_groups(), key=lambda g: g.key)
@@ -516,7 +516,7 @@ def instance_show(
     output: OutputOpt = "table",
 ) -> None:
     """Show one instance's status as the server sees it (GetInstanceStatus)."""
-    target = _target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
+    target = resolve_target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
 
     def action(client: ShardClient) -> list[Row]:
         status = client.get_instance_status(instance_id)
@@ -560,7 +560,7 @@ def instance_create(
     if instance_id and all_shards:
         raise _fail("--instance-id names one instance; use it with --shard, not --all-shards")
     variables = _parse_vars(var)
-    target = _target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
+    target = resolve_target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
     config = operator_pb2.InstanceConfig(
         group=group,
         template=template,
@@ -589,7 +589,7 @@ def instance_delete(
     output: OutputOpt = "table",
 ) -> None:
     """Delete an instance (idempotent: prints deleting, deleted or unknown)."""
-    target = _target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
+    target = resolve_target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
 
     def action(client: ShardClient) -> list[Row]:
         result = client.delete_instance(instance_id)
@@ -612,7 +612,7 @@ def config_status(
     output: OutputOpt = "table",
 ) -> None:
     """Show the config.jsonc each shard server has loaded (etag, last modified, size)."""
-    target = _target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
+    target = resolve_target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
 
     def action(client: ShardClient) -> list[Row]:
         status = client.get_config_status()
@@ -639,7 +639,7 @@ def config_refresh(
     output: OutputOpt = "table",
 ) -> None:
     """Make shard servers download their config again and apply it without a restart."""
-    target = _target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
+    target = resolve_target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
 
     def action(client: ShardClient) -> list[Row]:
         result = client.refresh_config()
