@@ -33,7 +33,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from google.protobuf.message import Message
 
 from nstance.core.durations import parse_duration
-from nstance.core.errors import NstanceError
+from nstance.core.errors import FailedPrecondition, NotFound, NstanceError
 from nstance.core.ids import identifier_problem, new_puid
 from nstance.pki.certs import issue_client_certificate
 from nstance.pki.keys import (
@@ -157,8 +157,10 @@ def _parse_vars(values: Sequence[str] | None) -> dict[str, str]:
 
 
 def _check_size(size: int, what: str) -> int:
-    if not 0 <= size <= INT32_MAX:
-        raise _fail(f"{what} {size} must be between 0 and {INT32_MAX}")
+    if size < 0:
+        raise _fail(f"{what} {size}: the size must be 0 or more")
+    if size > INT32_MAX:
+        raise _fail(f"{what} {size}: the size must be at most {INT32_MAX}")
     return size
 
 
@@ -410,7 +412,8 @@ def group_create(
     )
 
 
-@group_app.command("scale")
+# A negative SIZE reaches the range check (and its message) instead of reading as an unknown option.
+@group_app.command("scale", context_settings={"ignore_unknown_options": True})
 def group_scale(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="Group name.")],
@@ -452,6 +455,13 @@ def group_scale(
 def group_delete(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="Group name.")],
+    reset_static: Annotated[
+        bool,
+        typer.Option(
+            "--reset-static",
+            help="For a static group (from config.jsonc): drop its runtime changes, back to the config.",
+        ),
+    ] = False,
     servers: ServersOpt = "",
     identity_dir: IdentityDirOpt = None,
     shard: ShardOpt = None,
@@ -459,13 +469,28 @@ def group_delete(
     timeout: TimeoutOpt = "30s",
     output: OutputOpt = "table",
 ) -> None:
-    """Delete a dynamic group (for a static group only the dynamic overrides are removed)."""
+    """Delete a dynamic group and its instances.
+
+    A static group (defined in config.jsonc) cannot be deleted here: it is refused, or with
+    --reset-static its runtime changes (size, overrides) are dropped and it returns to its config.
+    """
     _checked_identifier(name, "group")
     target = resolve_target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
 
     def action(client: ShardClient) -> list[Row]:
+        before = client.get_group(name)
+        if before.is_static and not reset_static:
+            raise FailedPrecondition(
+                f"group {name!r} is static (defined in config.jsonc) and cannot be deleted here; remove it "
+                f"from config.jsonc, scale it with `group scale {name} N`, or use --reset-static to drop "
+                f"its runtime changes (size now {before.size})"
+            )
         client.delete_group(name)
-        return [{"shard": client.shard, "group": name, "result": "deleted"}]
+        if not before.is_static:
+            return [{"shard": client.shard, "group": name, "result": "deleted"}]
+        after = client.get_group(name)
+        result = f"reset to its config (size {before.size} -> {after.size})"
+        return [{"shard": client.shard, "group": name, "result": result}]
 
     _execute(target, action, _View([("SHARD", "shard"), ("GROUP", "group"), ("RESULT", "result")]))
 
@@ -588,11 +613,13 @@ def instance_delete(
     timeout: TimeoutOpt = "30s",
     output: OutputOpt = "table",
 ) -> None:
-    """Delete an instance (idempotent: prints deleting, deleted or unknown)."""
+    """Delete an instance (idempotent: prints deleting or deleted; an unknown ID is an error)."""
     target = resolve_target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
 
     def action(client: ShardClient) -> list[Row]:
         result = client.delete_instance(instance_id)
+        if result.status == "unknown":
+            raise NotFound(f"instance {instance_id!r} is not known to this shard")
         return [{"shard": client.shard, "instance_id": instance_id, "status": result.status}]
 
     columns = [("SHARD", "shard"), ("INSTANCE_ID", "instance_id"), ("STATUS", "status")]

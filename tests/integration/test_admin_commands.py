@@ -88,6 +88,8 @@ class FakeShard(operator_pb2_grpc.OperatorServiceServicer):  # type: ignore[misc
     peers: list[str] = field(default_factory=list)
     standby: bool = False
     etag: str = '"etag-1"'
+    static_sizes: dict[str, int] = field(default_factory=dict)
+    """Static groups and their config size: DeleteGroup resets them, as the real server does."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def _enter(self, context: grpc.ServicerContext) -> None:
@@ -132,7 +134,10 @@ class FakeShard(operator_pb2_grpc.OperatorServiceServicer):  # type: ignore[misc
         with self.lock:
             if request.key not in self.groups:
                 context.abort(grpc.StatusCode.NOT_FOUND, f"group {request.key!r} not found")
-            del self.groups[request.key]
+            if request.key in self.static_sizes:
+                self.groups[request.key].size = self.static_sizes[request.key]
+            else:
+                del self.groups[request.key]
         return Empty()
 
     def CreateInstance(  # noqa: N802 - name fixed by the proto
@@ -425,6 +430,36 @@ def test_group_scale_keeps_the_other_settings(shards: Shards) -> None:
         "private",
     )
     assert dict(sent.config.vars) == {"role": "worker", "zone": "a"}
+
+
+def test_group_delete_of_a_static_group_is_refused_or_reported(shards: Shards) -> None:
+    seed_group(shards.a, "app", size=5)
+    shards.a.groups["app"].is_static = True
+    shards.a.static_sizes["app"] = 1
+    result = shards.run("group", "delete", "app", "--shard", "a")
+    assert result.code == 1
+    assert "group 'app' is static" in result.err
+    assert "--reset-static" in result.err
+    assert shards.a.groups["app"].size == 5  # nothing was sent
+
+    result = shards.run("group", "delete", "app", "--shard", "a", "--reset-static")
+    assert result.code == 0, result.err
+    assert "reset to its config (size 5 -> 1)" in result.out
+    assert "deleted" not in result.out
+
+
+def test_group_scale_to_a_negative_size_says_why(shards: Shards) -> None:
+    seed_group(shards.a, "app", size=2)
+    result = shards.run("group", "scale", "app", "-1", "--shard", "a")
+    assert result.code == 1
+    assert "SIZE -1: the size must be 0 or more" in result.err
+    assert not shards.a.upserts
+
+
+def test_instance_delete_of_an_unknown_id_fails(shards: Shards) -> None:
+    result = shards.run("instance", "delete", "tstnope", "--shard", "b")
+    assert result.code == 1
+    assert "instance 'tstnope' is not known to this shard" in result.err
 
 
 def test_group_scale_of_a_missing_group_changes_nothing(shards: Shards) -> None:
