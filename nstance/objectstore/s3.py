@@ -356,4 +356,6 @@ class S3ObjectStore:
                 "If-Match/If-None-Match on PutObject and If-Match on DeleteObject"
             ) from exc
         message = str(error.get("Message", "")) or "no details"
-        raise InvalidArgument(f"{where}: object storage refused the request ({status} {code}: {message})") from exc
+        raise InvalidArgument(
+            f"{where}: object storage refused the request ({status} {code}: {message})"
+        ) from exc

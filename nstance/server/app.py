@@ -56,7 +56,7 @@ from nstance.server.election import Elector, ElectorLeadership
 from nstance.server.http import HealthServer
 from nstance.server.interceptors import ServerInterceptor
 from nstance.server.limits import CreateLimiter
-from nstance.server.metrics import InstrumentedProvider, Metrics
+from nstance.server.metrics import InstrumentedProvider, Metrics, watch_event_loop_lag
 from nstance.server.provisioning import ShardIdentity
 from nstance.server.registration import Registrar
 from nstance.server.revocations import revocation_loop
@@ -324,7 +324,9 @@ class ServerApp:
         self.health_port = await health.start(host, port)
         log.info("health endpoint on %s:%d", host, self.health_port)
         grpc_servers: list[grpc.aio.Server] = []
-        background: list[asyncio.Task[None]] = []
+        background: list[asyncio.Task[None]] = [
+            asyncio.create_task(watch_event_loop_lag(self.metrics, stop), name="event-loop-lag")
+        ]
         electors: list[asyncio.Task[None]] = []
         provider = None
         try:

@@ -113,7 +113,9 @@ def main_command(
         typer.echo(f"{validate}: OK")
         return
     missing = [
-        flag for flag, value in (("--id", server_id), ("--shard", shard), ("--storage-bucket", bucket)) if not value
+        flag
+        for flag, value in (("--id", server_id), ("--shard", shard), ("--storage-bucket", bucket))
+        if not value
     ]
     if missing:
         typer.echo(
