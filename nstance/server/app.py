@@ -324,6 +324,7 @@ class ServerApp:
         self.health_port = await health.start(host, port)
         log.info("health endpoint on %s:%d", host, self.health_port)
         grpc_servers: list[grpc.aio.Server] = []
+        self.metrics.set_info(opts.server_id, opts.shard)
         background: list[asyncio.Task[None]] = [
             asyncio.create_task(watch_event_loop_lag(self.metrics, stop), name="event-loop-lag")
         ]

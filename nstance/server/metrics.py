@@ -19,6 +19,7 @@ several servers can run in one process (tests, benchmarks) without their series 
 * ``nstance_replacements_total{reason}`` counter (instances retired to be replaced: a drain started or a
   delete done for a reason other than scale-down, group deletion, the end of a drain or on-demand
   expiry);
+* ``nstance_server_info{server_id,shard,version}`` gauge (1; the labels to join other series by shard);
 * ``nstance_event_loop_lag_seconds`` histogram (how late each ``watch_event_loop_lag`` tick woke).
 
 ``render()`` returns the text exposition format served on ``/metrics``.
@@ -44,6 +45,7 @@ from typing import Any, Final, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+import nstance
 from nstance.config.resources import ImageConfig, LoadBalancerConfig
 from nstance.core.plan import (
     REASON_DRAIN_COMPLETE,
@@ -175,6 +177,12 @@ class Metrics:
             ["reason"],
             registry=reg,
         )
+        self.info = Gauge(
+            "nstance_server_info",
+            "1, labelled with this server's id, shard and version.",
+            ["server_id", "shard", "version"],
+            registry=reg,
+        )
         self.event_loop_lag = Histogram(
             "nstance_event_loop_lag_seconds",
             "How much later than asked the event loop woke a timer (sampled every 0.5 s).",
@@ -242,6 +250,10 @@ class Metrics:
         """Count an instance retired for ``reason`` when that retirement is a replacement."""
         if reason not in NOT_REPLACEMENTS:
             self.replacements.labels(reason=reason).inc()
+
+    def set_info(self, server_id: str, shard: str) -> None:
+        """Publish ``nstance_server_info`` for this server (call once at start)."""
+        self.info.labels(server_id=server_id, shard=shard, version=nstance.__version__).set(1)
 
     def observe_event_loop_lag(self, seconds: float) -> None:
         self.event_loop_lag.observe(max(0.0, seconds))
