@@ -27,6 +27,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from typer.testing import CliRunner
 
 from nstance.admin.cli import app
+from nstance.admin.watch import CLEAR_BELOW, HOME, paint
 from nstance.objectstore.file import FileObjectStore
 from nstance.objectstore.scoped import ScopedObjectStore
 from nstance.pki.ca import CertificateAuthority, create_ca
@@ -704,3 +705,73 @@ def test_help_lists_the_new_commands() -> None:
     assert "refresh" in result.out
     result = run("instance", "list", "--help")
     assert "no instance listing" in " ".join(result.out.split())
+
+
+# --- watch (the live view) -----------------------------------------------------------------------
+
+
+def _local_instance(directory: Path, instance_id: str, group: str, status: str = "running") -> None:
+    (directory / instance_id).mkdir(parents=True)
+    meta = {
+        "instance_id": instance_id,
+        "group": group,
+        "status": status,
+        "provider_id": f"local-{instance_id}",
+    }
+    (directory / instance_id / "instance.json").write_text(json.dumps(meta))
+
+
+def test_watch_once_shows_groups_and_every_local_instance(shards: Shards, tmp_path: Path) -> None:
+    seed_group(shards.a, "app", size=2)
+    seen = Timestamp()
+    seen.FromDatetime(datetime.now(UTC))
+    shards.a.instances["app01"] = operator_pb2.InstanceStatusResponse(
+        instance_id="app01", status="healthy", last_seen=seen
+    )
+    shards.a.instances["app02"] = operator_pb2.InstanceStatusResponse(
+        instance_id="app02", status="registered"
+    )
+    local = tmp_path / "instances"
+    _local_instance(local, "app01", "app")
+    _local_instance(local, "app02", "app")
+    _local_instance(local, "app03", "app")  # created by the provider, not yet known to the server
+    _local_instance(local, "app04", "app", status="deleted")  # a tombstone: not shown
+    result = shards.run("watch", "--once", "--shard", "a", "--instances-dir", str(local), "--title", "T")
+    assert result.code == 0, result.err
+    lines = [line.split() for line in result.out.splitlines()]
+    assert ["a", "app", "2", "2", "dynamic"] in lines
+    rows = {line[2]: line[3:] for line in lines if len(line) >= 4 and line[2].startswith("app0")}
+    assert rows["app01"][0] == "healthy"
+    assert rows["app01"][1].endswith("s")  # "0s ago"
+    assert rows["app02"] == ["registered", "-"]
+    assert rows["app03"] == ["starting", "-"]
+    assert "app04" not in rows
+    assert "\033" not in result.out  # no terminal, no escape codes
+
+
+def test_watch_without_a_server_says_so(cluster: Cluster) -> None:
+    result = run(
+        "watch",
+        "--once",
+        "--servers",
+        f"x=127.0.0.1:{unused_port()}",
+        "--identity-dir",
+        str(cluster.identity),
+    )
+    assert result.code == 1
+    assert "UNAVAILABLE" in result.out
+    assert "is nstance-server running there?" in result.out
+
+
+def test_watch_refuses_a_bad_interval(cluster: Cluster) -> None:
+    result = run("watch", "--interval", "0s", "--servers", "x=h:1", "--identity-dir", str(cluster.identity))
+    assert result.code == 1
+    assert "--interval '0s' must be a positive duration" in result.err
+
+
+def test_watch_frames_overwrite_in_place() -> None:
+    frame = paint(["title", "row 1"], terminal=True)
+    assert frame.startswith(HOME)
+    assert "\033[2J" not in frame  # never clears the whole screen (that is what flickers)
+    assert frame.endswith(CLEAR_BELOW)
+    assert frame.count("\033[K") == 2
