@@ -1,4 +1,5 @@
-"""Every command of the four programs, run the ways a newcomer gets it wrong, answers without a traceback.
+"""Every command of the four programs, run the ways a newcomer gets it wrong, answers without a traceback;
+and every option of the four has help, the operator's readable at 80 columns, and each has --version.
 
 The commands are enumerated from the typer/click definitions (a new command is covered without editing
 this file). Each is run with: no AWS credentials, unreachable endpoints (S3 and shard servers), a
@@ -29,6 +30,7 @@ import typer
 from moto import mock_aws
 from typer.testing import CliRunner
 
+from nstance import __version__
 from nstance.admin.cli import app as admin_app
 from nstance.agent.cli import app as agent_app
 from nstance.core.cli import UNEXPECTED
@@ -306,3 +308,43 @@ def test_every_daemon_fails_in_words(tmp_path: Path) -> None:
         if "bad flag" in run.label and code == 0:
             failures.append(f"{run.label}: accepted an unknown flag")
     assert not failures, "\n".join(failures)
+
+
+# --- help and --version --------------------------------------------------------------------------
+
+PROGRAMS = {
+    "nstance-admin": admin_app,
+    "nstance-agent": agent_app,
+    "nstance-operator": operator_app,
+    "nstance-server": server_app,
+}
+
+
+@pytest.mark.parametrize("program", sorted(PROGRAMS))
+def test_every_option_is_described(program: str) -> None:
+    undescribed = [
+        f"{leaf.name} {param.opts[0]}"
+        for leaf in leaves(PROGRAMS[program])
+        for param in leaf.command.params
+        if param.param_type_name == "option" and not (getattr(param, "help", None) or "").strip()
+    ]
+    assert not undescribed, f"{program}: options without help: {undescribed}"
+
+
+@pytest.mark.parametrize("program", sorted(PROGRAMS))
+def test_version(program: str) -> None:
+    result = CliRunner().invoke(PROGRAMS[program], ["--version"])
+    assert result.exit_code == 0
+    assert result.output.strip() == f"{program} {__version__}"
+
+
+def test_operator_help_is_readable_at_80_columns() -> None:
+    result = CliRunner().invoke(operator_app, ["--help"], env={"COLUMNS": "80"}, terminal_width=80)
+    assert result.exit_code == 0
+    lines = result.output.splitlines()
+    assert max(len(line) for line in lines) <= 80, [line for line in lines if len(line) > 80]
+    assert "…" not in result.output  # no option name or text cut short
+    command = typer.main.get_command(operator_app)
+    for param in command.params:
+        if param.param_type_name == "option":
+            assert param.opts[0] in result.output, param.opts[0]
