@@ -87,8 +87,13 @@ def _value(param: Any) -> str:
 
 
 def argv_for(leaf: Leaf) -> list[str]:
-    """The command's words and a value for each required argument and option."""
+    """The command's words and a value for each required argument and option.
+
+    A command that runs until interrupted (``watch``) has ``--once``: it is given, so it draws one round.
+    """
     argv = list(leaf.words)
+    if any(param.name == "once" for param in leaf.command.params):
+        argv.append("--once")
     for param in leaf.command.params:
         if not param.required:
             continue
@@ -189,6 +194,7 @@ def _operator_identity(runner: CliRunner, tmp: Path) -> Path:
     return directory
 
 
+@pytest.mark.timeout(600)  # about 100 command runs; ~1 minute on an idle machine
 def test_every_admin_command_fails_in_words(tmp_env: tuple[Path, dict[str, str]]) -> None:
     tmp, _ = tmp_env
     commands = leaves(admin_app)
@@ -273,6 +279,7 @@ def _step(run: _Run, now: float) -> bool:
     return False
 
 
+@pytest.mark.timeout(900)  # a dozen daemon processes, four at a time
 def test_every_daemon_fails_in_words(tmp_path: Path) -> None:
     """A daemon either exits with its one line, or keeps running (retrying, logging) and stops on SIGTERM."""
     waiting = [

@@ -79,6 +79,7 @@ def _agents(state: Path) -> dict[int, Path]:
     return out
 
 
+@pytest.mark.timeout(900)  # a whole make run: cluster setup, a server, two agents, two refused copies
 def test_second_copy_refuses_and_first_survives(tmp_path: Path) -> None:
     config = _config(tmp_path)
     state = tmp_path / "state"
