@@ -442,7 +442,7 @@ class ServerApp:
             registrar.on_registered = lambda tenant, group, _iid: shard.health_deadline((tenant, group))
             restored = await registrar.backfill_operators()
             if restored:
-                log.info("restored %d operator registrations from cluster storage", restored)
+                log.debug("restored %d operator registrations from cluster storage", restored)
 
             def is_revoked(serial: str) -> bool:
                 with db.read_session() as session:
