@@ -160,6 +160,7 @@ class Reconciler:
             member_of(row, seen_since=self.leading_since, now=now) for row in all_rows if row.on_demand
         ]
         spec = self._spec(merged)
+        members = self._ops.brake_silent(key, members, spec.silence_limit, now, self.leading_since)
         plan = plan_group(spec, members, now)
         ondemand_age = self._ondemand_age()
         drain_timeout = merged.drain_timeout if merged is not None else timedelta(0)
