@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 run: $(STAMP)
-	@PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/run_local.sh
+	@PATH="$(CURDIR)/$(VENV)/bin:$$PATH" exec bash scripts/run_local.sh
 
 test: $(STAMP)
 	$(PY) -m pytest

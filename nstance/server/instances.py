@@ -613,6 +613,7 @@ class InstanceOps:
         await self._set_record_status(row, "deleted")
         log.info("instance %s of %s/%s deleted (%s)", row.id, row.tenant, row.group_key, reason)
         self._publish(row, "deleted", reason)
+        ctx.metrics.record_retirement(reason)
 
     async def delete_or_hold(self, row: Instance, reason: str) -> bool:
         """``delete``, but a delete waiting for load balancers is not an error: False, retried later."""
@@ -641,6 +642,7 @@ class InstanceOps:
             started = repo.start_drain(session, row.id, reason=reason, now=now, delete_at=delete_at)
         if started:
             log.info("instance %s draining (%s) until %s", row.id, reason, delete_at.isoformat())
+            ctx.metrics.record_retirement(reason)
             self.lbs.start_deregistration(row)
             ctx.events.instances.publish(
                 InstanceEventData(
