@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from nstance.testing.kubeapi import discovery, errors
+from nstance.testing.kubeapi import discovery, errors, tables
 from nstance.testing.kubeapi.admission import Admission, AdmissionRequest
 from nstance.testing.kubeapi.manifests import load_manifests
 from nstance.testing.kubeapi.resources import Registry, ResourceType
@@ -389,20 +389,30 @@ class KubeAPIServer:
                 if watch_path or _truthy(query.get("watch")):
                     return await self._watch(request, target, labels, fields)
                 limit = _int_param(query, "limit")
-                return _json_response(
-                    self.store.list_objects(
-                        rtype,
-                        target.namespace,
-                        labels,
-                        fields,
-                        limit=limit,
-                        continue_token=query.get("continue", ""),
-                    )
+                listed = self.store.list_objects(
+                    rtype,
+                    target.namespace,
+                    labels,
+                    fields,
+                    limit=limit,
+                    continue_token=query.get("continue", ""),
                 )
+                if tables.wants_table(request.headers.get("Accept", "")):
+                    include = tables.include_object(query)
+                    return _json_response(
+                        tables.table(rtype, listed["items"], include=include, metadata=listed.get("metadata"))
+                    )
+                return _json_response(listed)
             if watch_path:
                 fields = parse_field_selector(f"metadata.name={target.name}", rtype.fields, rtype.custom)
                 return await self._watch(request, target, (), fields)
-            return _json_response(self.store.get(rtype, target.namespace, target.name))
+            obj = self.store.get(rtype, target.namespace, target.name)
+            if tables.wants_table(request.headers.get("Accept", "")):
+                meta = {"resourceVersion": obj["metadata"].get("resourceVersion", "")}
+                return _json_response(
+                    tables.table(rtype, [obj], include=tables.include_object(query), metadata=meta)
+                )
+            return _json_response(obj)
         if method == "POST":
             body = await self._body(request)
             if target.name is None:
@@ -583,6 +593,9 @@ class KubeAPIServer:
             raise errors.bad_request(f"resourceVersion: Invalid value: {rv_text!r}: must be an integer")
 
         queue: asyncio.Queue[WatchEvent | None] = asyncio.Queue()
+        encode: Callable[[JSON], bytes] = _line
+        if tables.wants_table(request.headers.get("Accept", "")):
+            encode = self._table_encoder(rtype, tables.include_object(query))
 
         def listener(event: WatchEvent) -> None:
             if event.key == rtype.key:
@@ -615,8 +628,8 @@ class KubeAPIServer:
             response.enable_chunked_encoding()
             await response.prepare(request)
             for item in pending:
-                await response.write(_line(item))
-            await self._stream(response, queue, target, labels, fields, bookmarks, timeout_seconds)
+                await response.write(encode(item))
+            await self._stream(response, queue, target, labels, fields, bookmarks, timeout_seconds, encode)
             with contextlib.suppress(ConnectionResetError, RuntimeError):
                 await response.write_eof()
             return response
@@ -633,6 +646,7 @@ class KubeAPIServer:
         fields: FieldSelector,
         bookmarks: bool,
         timeout_seconds: int,
+        encode: Callable[[JSON], bytes],
     ) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_seconds if timeout_seconds > 0 else None
@@ -649,14 +663,35 @@ class KubeAPIServer:
                 now = loop.time()
                 if deadline is not None and now >= deadline:
                     return
-                await response.write(_line(self._bookmark(target.rtype)))
+                await response.write(encode(self._bookmark(target.rtype)))
                 next_bookmark = now + self.bookmark_interval
                 continue
             if event is None:
                 return
             translated = self._translate(event, target, labels, fields)
             if translated is not None:
-                await response.write(_line(translated))
+                await response.write(encode(translated))
+
+    @staticmethod
+    def _table_encoder(rtype: ResourceType, include: str) -> Callable[[JSON], bytes]:
+        """Watch events with their object as a one-row Table; only the first carries the columns."""
+        first = [True]
+
+        def encode(item: JSON) -> bytes:
+            if item["type"] in ("BOOKMARK", "ERROR"):
+                return _line(item)
+            obj = item["object"]
+            rendered = tables.table(
+                rtype,
+                [obj],
+                include=include,
+                metadata={"resourceVersion": obj["metadata"].get("resourceVersion", "")},
+                with_columns=first[0],
+            )
+            first[0] = False
+            return _line({"type": item["type"], "object": rendered})
+
+        return encode
 
     def _as_version(self, rtype: ResourceType, obj: JSON) -> JSON:
         view = dict(obj)
