@@ -70,6 +70,13 @@ WIDGET_CRD: dict[str, Any] = {
                 "served": True,
                 "storage": True,
                 "subresources": {"status": {}},
+                "additionalPrinterColumns": [
+                    {"name": "Size", "type": "integer", "jsonPath": ".spec.size"},
+                    {"name": "Shards", "type": "string", "jsonPath": ".spec.shards"},
+                    {"name": "Ready", "type": "boolean", "jsonPath": ".status.ready"},
+                    {"name": "Mode", "type": "string", "jsonPath": ".spec.mode", "priority": 1},
+                    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+                ],
                 "schema": {
                     "openAPIV3Schema": {
                         "type": "object",
@@ -1225,6 +1232,63 @@ async def test_webhook_object_selector_limits_calls(kube: Kube, tmp_path: Path) 
         status, _body = await kube.raw("POST", kube.widgets(), body)
         assert status == 422
         assert len(reviews) == 1
+
+
+# ---------------------------------------------------------------------------------------------- tables
+
+TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
+
+
+async def test_table_format_uses_the_printer_columns(kube: Kube) -> None:
+    await kube.custom.create_namespaced_custom_object(
+        GROUP, "v1", kube.ns, "widgets", widget("tabled", size=3, mode="fast", shards=["a", "b"])
+    )
+    session = kube.api.rest_client.pool_manager
+    headers = {**await kube._headers("application/json"), "Accept": TABLE}
+    async with session.get(kube.api.configuration.host + kube.widgets(), headers=headers) as response:
+        assert response.status == 200
+        table = await response.json()
+    assert table["kind"] == "Table"
+    assert table["apiVersion"] == "meta.k8s.io/v1"
+    assert [(c["name"], c["type"], c["priority"]) for c in table["columnDefinitions"]] == [
+        ("Name", "string", 0),
+        ("Size", "integer", 0),
+        ("Shards", "string", 0),
+        ("Ready", "boolean", 0),
+        ("Mode", "string", 1),
+        ("Age", "date", 0),
+    ]
+    (row,) = table["rows"]
+    name, size, shards, ready, mode, age = row["cells"]
+    assert (name, size, shards, ready, mode) == ("tabled", 3, '["a","b"]', None, "fast")
+    assert re.fullmatch(r"\d+s", age), age
+    assert row["object"]["kind"] == "PartialObjectMetadata"
+    assert row["object"]["metadata"]["name"] == "tabled"
+
+    async with session.get(
+        kube.api.configuration.host + kube.widgets("tabled"),
+        headers=headers,
+        params={"includeObject": "Object"},
+    ) as response:
+        one = await response.json()
+    assert one["rows"][0]["object"]["spec"]["size"] == 3
+
+
+async def test_table_watch_sends_columns_once(kube: Kube) -> None:
+    session = kube.api.rest_client.pool_manager
+    headers = {**await kube._headers("application/json"), "Accept": TABLE}
+    await kube.custom.create_namespaced_custom_object(GROUP, "v1", kube.ns, "widgets", widget("w1"))
+    async with session.get(
+        kube.api.configuration.host + kube.widgets(), headers=headers, params={"watch": "true"}
+    ) as response:
+        stream = WatchStream(response)
+        first = await stream.until(lambda e: e["type"] == "ADDED")
+        assert first["object"]["kind"] == "Table"
+        assert [c["name"] for c in first["object"]["columnDefinitions"]][:2] == ["Name", "Size"]
+        await kube.custom.create_namespaced_custom_object(GROUP, "v1", kube.ns, "widgets", widget("w2"))
+        second = await stream.until(lambda e: e["type"] == "ADDED")
+        assert second["object"]["rows"][0]["cells"][0] == "w2"
+        assert not second["object"].get("columnDefinitions")
 
 
 # ---------------------------------------------------------------------------------------------- runners

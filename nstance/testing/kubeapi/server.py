@@ -21,10 +21,11 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from nstance.testing.kubeapi import discovery, errors, tables
+from nstance.testing.kubeapi import discovery, errors, openapi, tables
 from nstance.testing.kubeapi.admission import Admission, AdmissionRequest
 from nstance.testing.kubeapi.manifests import load_manifests
 from nstance.testing.kubeapi.resources import Registry, ResourceType
+from nstance.testing.kubeapi.schema import unknown_fields
 from nstance.testing.kubeapi.selectors import (
     FieldSelector,
     Selector,
@@ -299,10 +300,20 @@ class KubeAPIServer:
         )
         if discovery_path and request.method != "GET":
             raise errors.method_not_allowed()
+        if parts[:2] == ["openapi", "v3"]:
+            # OpenAPI v3 only: kubectl finds fieldValidation on every kind there and leaves validation
+            # to the server; ``kubectl explain`` reads the schemas. No v2 document is served.
+            if len(parts) == 2:
+                return _json_response(openapi.index(self.registry))
+            served = None
+            if parts[2:3] == ["api"] and len(parts) == 4:
+                served = openapi.document(self.registry, "", parts[3])
+            elif parts[2:3] == ["apis"] and len(parts) == 5:
+                served = openapi.document(self.registry, parts[3], parts[4])
+            if served is None:
+                raise _not_found_path()
+            return _json_response(served)
         if parts[:1] == ["openapi"]:
-            # No OpenAPI documents: kubectl then relies on server-side field validation.
-            if parts == ["openapi", "v3"]:
-                return _json_response({"paths": {}})
             raise _not_found_path()
         if parts == ["version"]:
             return _json_response(discovery.version())
@@ -416,7 +427,8 @@ class KubeAPIServer:
         if method == "POST":
             body = await self._body(request)
             if target.name is None:
-                return await self._create(target, body, dry_run)
+                warnings = _field_validation(query, target, body, "")
+                return _warn(await self._create(target, body, dry_run), warnings)
             if target.sub == "eviction":
                 return await self._evict(target, body)
             raise errors.method_not_allowed()
@@ -440,25 +452,29 @@ class KubeAPIServer:
                 return _json_response(self.store.finalize_namespace(target.name, body))
             if target.sub not in (None, "status"):
                 raise errors.method_not_allowed()
-            return await self._update(
+            warnings = _field_validation(query, target, body, "")
+            response = await self._update(
                 target,
                 dry_run,
                 lambda: self.store.prepare_update(
                     rtype, target.namespace, str(target.name), body, target.sub
                 ),
             )
+            return _warn(response, warnings)
         if method == "PATCH":
             if target.sub not in (None, "status"):
                 raise errors.method_not_allowed()
             content_type = request.headers.get("Content-Type", "").split(";")[0].strip()
             body = await self._body(request)
-            return await self._update(
+            warnings = _field_validation(query, target, body, content_type)
+            response = await self._update(
                 target,
                 dry_run,
                 lambda: self.store.prepare_patch(
                     rtype, target.namespace, str(target.name), content_type, body, target.sub
                 ),
             )
+            return _warn(response, warnings)
         if method == "DELETE":
             if target.sub is not None:
                 raise errors.method_not_allowed()
@@ -737,6 +753,37 @@ class KubeAPIServer:
         else:
             return None
         return {"type": kind, "object": self._as_version(rtype, event.obj)}
+
+
+FIELD_VALIDATION = ("Ignore", "Warn", "Strict")
+
+
+def _field_validation(query: Any, target: _Target, body: Any, content_type: str) -> list[str]:
+    """Unknown fields of a write: a 400 under ``fieldValidation=Strict``, warnings under ``Warn`` (the
+    default), nothing under ``Ignore``. Only custom resources have a schema to check against here."""
+    directive = query.get("fieldValidation") or "Warn"
+    if directive not in FIELD_VALIDATION:
+        raise errors.bad_request(
+            f'fieldValidation: Unsupported value: "{directive}": supported values: "Ignore", "Strict", "Warn"'
+        )
+    rtype = target.rtype
+    if directive == "Ignore" or not rtype.custom or content_type == JSON_PATCH:
+        return []
+    unknown = unknown_fields(body, rtype.schema)
+    if unknown and directive == "Strict":
+        listed = ", ".join(f'unknown field "{path}"' for path in unknown)
+        raise errors.bad_request(
+            f'{rtype.kind} in version "{rtype.version}" cannot be handled as a {rtype.kind}: '
+            f"strict decoding error: {listed}"
+        )
+    return [f'unknown field "{path}"' for path in unknown]
+
+
+def _warn(response: web.StreamResponse, warnings: list[str]) -> web.StreamResponse:
+    for text in warnings:
+        escaped = text.replace("\\", "\\\\").replace('"', '\\"')
+        response.headers.add("Warning", f'299 - "{escaped}"')
+    return response
 
 
 def _truthy(value: str | None) -> bool:
