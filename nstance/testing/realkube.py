@@ -82,6 +82,23 @@ def binaries() -> Path | None:
     return Path(found.stdout.strip().splitlines()[-1])
 
 
+def capi_binaries() -> Path | None:
+    """The folder with ``controller-gen`` and ``clusterctl`` (scripts/build_kube.sh), or None when not built.
+
+    Where ``NSTANCE_KUBE_BIN`` is set the build script has run, so their absence is an error.
+    """
+    found = subprocess.run(
+        ["bash", str(BUILD_SCRIPT), "--print-capi"], capture_output=True, text=True, check=False
+    )
+    if found.returncode == 0:
+        return Path(found.stdout.strip().splitlines()[-1])
+    if os.environ.get(BIN_ENV):
+        raise FileNotFoundError(
+            f"{BIN_ENV} is set but the Cluster API tools are not built (scripts/build_kube.sh)"
+        )
+    return None
+
+
 def _client_certificate(ca: CertificateAuthority, user: str, group: str) -> tuple[bytes, bytes]:
     """(cert PEM, key PEM) of a clientAuth certificate whose CN is the user and O the group."""
     key = generate_private_key("ecdsa-p256")

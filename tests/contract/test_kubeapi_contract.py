@@ -8,7 +8,7 @@ test works in a fresh namespace ``contract-<random>`` (deleted afterwards), the 
 429 hook, tiny watch history, fast bookmarks) are skipped with a reason. Requests go through
 kubernetes_asyncio, or raw HTTP on its authenticated session where the client cannot express a request
 (malformed bodies, exact status bodies, watch streams with parameters). Differences the suite found and
-the emulator keeps are listed in docs/kubeapi-emulator.md.
+the emulator keeps are listed in docs/kubernetes-testing.md.
 """
 
 from __future__ import annotations

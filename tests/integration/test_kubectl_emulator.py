@@ -4,7 +4,7 @@ Each test runs the ``kubectl`` binary on the machine (skipped where there is non
 fresh emulator holding the Nstance and minimal Cluster API CRDs: ``apply`` with kubectl's default
 validation (the emulator serves OpenAPI v3, so kubectl asks for server-side ``fieldValidation=Strict``),
 ``get`` with the CRDs' printer columns (the Table format), ``get -w``, ``wait --for=condition=Ready`` and
-``explain``. Server-side apply is not served (see docs/kubeapi-emulator.md).
+``explain``. Server-side apply is not served (see docs/kubernetes-testing.md).
 """
 
 from __future__ import annotations
