@@ -18,6 +18,8 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
+import subprocess
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
@@ -47,6 +49,7 @@ MACHINES = Resource(names.GROUP, names.VERSION, names.NSTANCE_MACHINES, names.KI
 CAPI_POOLS = Resource(names.CAPI_GROUP, names.CAPI_VERSION, names.MACHINE_POOLS, names.CAPI_KIND_MACHINE_POOL)
 CAPI_MACHINES = Resource(names.CAPI_GROUP, names.CAPI_VERSION, names.MACHINES, names.CAPI_KIND_MACHINE)
 DAEMON_SETS = Resource("apps", "v1", "daemonsets", "DaemonSet")
+KUBECTL = shutil.which("kubectl")
 LIVE = ("pending", "running", "registered", "healthy")
 T = TypeVar("T")
 
@@ -113,6 +116,11 @@ class System:
 
     def stub(self, shard: str) -> operator_pb2_grpc.OperatorServiceStub:
         return self.cluster.operator_stub(self.identity, self.shards[shard].addrs["operator_addr"])
+
+    def group_sizes_of(self, shard: str, group: str) -> int | None:
+        """Desired size of ``group`` on ``shard`` (None where the group does not exist)."""
+        groups = self.stub(shard).ListGroups(Empty(), timeout=10).groups
+        return next((g.size for g in groups if g.key == group), None)
 
     def group_sizes(self, group: str) -> dict[str, int | None]:
         """Desired size of ``group`` on each shard (None where the group does not exist)."""
@@ -495,6 +503,136 @@ async def test_the_webhook_refuses_changing_the_template_of_a_static_group(syste
         # Changing what static groups allow (vars) still works.
         await kube.patch(POOLS, "web", {"spec": {"vars": {"tier": "gold"}}}, system.namespace)
     finally:
+        await kube.close()
+
+
+EXAMPLES = REPO / "examples" / "kubernetes"
+LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease")
+CAPI_CLUSTERS = Resource(names.CAPI_GROUP, names.CAPI_VERSION, "clusters", "Cluster")
+NSTANCE_CLUSTERS = Resource(names.GROUP, names.VERSION, "nstanceclusters", "NstanceCluster")
+EXAMPLE_KINDS = {
+    r.kind: r
+    for r in (
+        CAPI_CLUSTERS,
+        NSTANCE_CLUSTERS,
+        CAPI_POOLS,
+        POOLS,
+        PODS,
+        Resource(names.CAPI_GROUP, names.CAPI_VERSION, "machinedeployments", "MachineDeployment"),
+        Resource(names.GROUP, names.VERSION, "nstancemachinetemplates", "NstanceMachineTemplate"),
+    )
+}
+
+
+async def apply_example(kube: Kube, namespace: str, filename: str) -> None:
+    """Create every object of ``examples/kubernetes/<filename>`` in ``namespace``, as ``kubectl apply``."""
+    for doc in load_manifests([EXAMPLES / filename]):
+        body = {k: v for k, v in doc.items() if k not in ("apiVersion", "kind")}
+        await kube.create(EXAMPLE_KINDS[doc["kind"]], body, namespace)
+
+
+def kubectl(system: System, *args: str) -> str:
+    done = subprocess.run(
+        [str(KUBECTL), "--kubeconfig", str(system.kubeconfig), "-n", system.namespace, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
+    return done.stdout
+
+
+async def test_the_examples_apply_and_the_machine_pool_scales(system: System) -> None:
+    kube = await system.kube()
+    log = system.operator_log
+    try:
+        await apply_example(kube, system.namespace, "cluster.yaml")
+        await apply_example(kube, system.namespace, "machinepool.yaml")
+        if system.backend == "real":  # Cluster API's own CRDs: MachineDeployment is served there
+            await apply_example(kube, system.namespace, "machinedeployment.yaml")
+
+        async def spread() -> bool:
+            return system.group_sizes("workers") == {"zone-a": 2, "zone-b": 1}
+
+        await eventually(spread, what="the example pool's 3 replicas spread 2 + 1", log=log)
+
+        async def cluster_ready() -> bool:
+            obj = await kube.get(NSTANCE_CLUSTERS, "demo", system.namespace) or {}
+            return bool(((obj.get("status") or {}).get("initialization") or {}).get("provisioned"))
+
+        await eventually(cluster_ready, what="the example NstanceCluster provisioned", log=log)
+
+        if system.backend == "real" and KUBECTL:  # the scale subresource of Cluster API's MachinePool CRD
+            assert "scaled" in kubectl(system, "scale", "machinepool", "workers", "--replicas", "1")
+            columns = kubectl(system, "get", "nstancemachinepools", "workers").splitlines()[0].split()
+            assert columns == ["NAME", "GROUP", "SHARDS", "REPLICAS", "READY", "STATIC", "AGE"]
+        else:
+            await kube.patch(CAPI_POOLS, "workers", {"spec": {"replicas": 1}}, system.namespace)
+
+        async def scaled() -> bool:
+            return system.group_sizes("workers") == {"zone-a": 1, "zone-b": 0}
+
+        await eventually(scaled, within=90, what="the example pool scaled to 1", log=log)
+    finally:
+        with contextlib.suppress(KubeError):
+            await kube.delete(POOLS, "workers", system.namespace)
+            await kube.delete(CAPI_POOLS, "workers", system.namespace)
+        await kube.close()
+
+
+async def test_the_operator_holds_the_lease_and_renews_it(system: System) -> None:
+    kube = await system.kube()
+    try:
+        lease = await kube.get(LEASES, names.LEADER_ELECTION_LEASE, system.namespace)
+        assert lease is not None
+        holder, renewed = lease["spec"]["holderIdentity"], lease["spec"]["renewTime"]
+        assert holder
+
+        async def renewed_again() -> bool:
+            current = await kube.get(LEASES, names.LEADER_ELECTION_LEASE, system.namespace) or {}
+            spec = current.get("spec") or {}
+            return spec.get("holderIdentity") == holder and spec.get("renewTime") != renewed
+
+        await eventually(
+            renewed_again, within=20, what="the Lease renewed by its holder", log=system.operator_log
+        )
+    finally:
+        await kube.close()
+
+
+async def test_a_shard_down_and_back_gets_its_share(system: System) -> None:
+    kube = await system.kube()
+    log = system.operator_log
+    try:
+        await create_pool(kube, system, "resilient", list(SHARDS), 2)
+
+        async def one_each() -> bool:
+            return system.group_sizes("resilient") == {"zone-a": 1, "zone-b": 1}
+
+        await eventually(one_each, what="1 + 1 before the shard goes down", log=log)
+        server = system.shards["zone-b"]
+        assert server.process is not None
+        server.process.stop()
+        await kube.patch(CAPI_POOLS, "resilient", {"spec": {"replicas": 4}}, system.namespace)
+        assert system.operator is not None
+        assert system.operator.proc is not None
+
+        async def zone_a_grows() -> bool:
+            return system.group_sizes_of("zone-a", "resilient") == 2
+
+        await eventually(zone_a_grows, what="zone-a given its share while zone-b is down", log=log)
+        assert system.operator.proc.poll() is None
+        system.start_shard("zone-b")
+
+        async def two_each() -> bool:
+            return system.group_sizes("resilient") == {"zone-a": 2, "zone-b": 2}
+
+        await eventually(two_each, within=90, what="zone-b given its share once back", log=log)
+    finally:
+        with contextlib.suppress(KubeError):
+            await kube.delete(POOLS, "resilient", system.namespace)
+            await kube.delete(CAPI_POOLS, "resilient", system.namespace)
         await kube.close()
 
 
