@@ -48,7 +48,9 @@ JSON = dict[str, Any]
 T = TypeVar("T")
 log = logging.getLogger("nstance.testing.kubeapi")
 
-_STATUS_ON_DELETE = {("", "configmaps"), ("", "secrets")}
+# Kinds whose immediate delete answers with the deleted object (the real registries' ReturnDeletedObject);
+# every other kind, custom resources included, answers with a Status naming it.
+_RETURNS_DELETED_OBJECT = {("", "pods"), ("", "namespaces"), ("", "serviceaccounts"), ("", "services")}
 _WRITE_RETRIES = 5
 _INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 
@@ -431,6 +433,16 @@ class KubeAPIServer:
                 return _warn(await self._create(target, body, dry_run), warnings)
             if target.sub == "eviction":
                 return await self._evict(target, body)
+            if target.sub is None and isinstance(body, dict):
+                # Like the real server: a POST to an object's own path is a create of that name.
+                meta = body.setdefault("metadata", {})
+                if meta.get("name", target.name) != target.name:
+                    raise errors.bad_request(
+                        f"the name of the object ({meta['name']}) does not match the name on the URL "
+                        f"({target.name})"
+                    )
+                meta["name"] = target.name
+                return await self._create(_Target(rtype, target.namespace, None, None), body, dry_run)
             raise errors.method_not_allowed()
         if target.name is None:
             if method == "DELETE":
@@ -572,14 +584,17 @@ class KubeAPIServer:
         if still_there is not None and still_there["metadata"]["uid"] == result["metadata"]["uid"]:
             # Like the real server: 202 only when the client explicitly asked orphanDependents=false.
             return _json_response(result, 202 if options.get("orphanDependents") is False else 200)
-        if rtype.key in _STATUS_ON_DELETE:
+        if rtype.key not in _RETURNS_DELETED_OBJECT:
+            details = {"name": name, "kind": rtype.plural, "uid": result["metadata"]["uid"]}
+            if rtype.group:
+                details["group"] = rtype.group
             return _json_response(
                 {
                     "kind": "Status",
                     "apiVersion": "v1",
                     "metadata": {},
                     "status": "Success",
-                    "details": {"name": name, "kind": rtype.plural, "uid": result["metadata"]["uid"]},
+                    "details": details,
                 }
             )
         return _json_response(result)
@@ -805,5 +820,8 @@ def _int_param(query: Any, name: str) -> int:
         raise errors.bad_request(f"{name}: Invalid value: {text!r}: must be an integer") from None
 
 
-def _not_found_path() -> errors.APIError:
-    return errors.APIError(404, "NotFound", "the server could not find the requested resource", {})
+def _not_found_path() -> web.HTTPNotFound:
+    """A path no resource is served at: the real server's plain-text 404 (not a Status object)."""
+    return web.HTTPNotFound(
+        text="404 page not found\n", content_type="text/plain", headers={"X-Content-Type-Options": "nosniff"}
+    )
