@@ -51,6 +51,7 @@ from nstance.server.context import ShardContext, fault_point
 from nstance.server.events import ErrorEventData, InstanceEventData
 from nstance.server.followups import RecordFollowUps
 from nstance.server.images import explain_missing_image
+from nstance.server.leadertime import in_term
 from nstance.server.loadbalancers import DeregistrationPending, LoadBalancerSync
 from nstance.server.provisioning import PreparedInstance, prepare_instance
 
@@ -84,18 +85,24 @@ class Created:
     status: str
 
 
-def member_of(row: Instance, *, seen_since: datetime | None = None) -> Member:
+def member_of(row: Instance, *, seen_since: datetime | None = None, now: datetime | None = None) -> Member:
     """The planner's view of one SQLite row.
 
     ``seen_since`` is when this server started leading: an agent cannot have reported to it before
     then (its reports went to the previous leader, or nowhere while no server led), so its silence is
     counted from that moment at the earliest - a failover or an outage of the leader never makes
-    healthy instances look silent.
+    healthy instances look silent. A drain started outside this leadership's frame is timed from
+    its start too. ``now`` (the leader clock) bounds the frame: a timestamp after it was written on a
+    clock that was ahead and is read as ``seen_since`` as well (``leadertime.in_term``).
     """
     status = row.provider_status
     last_seen = row.health_at or row.registered_at
-    if last_seen is not None and seen_since is not None and last_seen < seen_since:
-        last_seen = seen_since
+    delete_at = row.delete_at
+    if seen_since is not None:
+        if last_seen is not None:
+            last_seen = in_term(last_seen, seen_since, now)
+        if delete_at is not None and row.drain_started_at is not None:
+            delete_at = in_term(row.drain_started_at, seen_since, now) + (delete_at - row.drain_started_at)
     return Member(
         instance_id=row.id,
         created_at=row.created_at,
@@ -104,7 +111,7 @@ def member_of(row: Instance, *, seen_since: datetime | None = None) -> Member:
         failed=row.record_state == RECORD_FAILED,
         draining=row.drain_started_at is not None,
         drain_acked=row.drain_acked_at is not None,
-        delete_at=row.delete_at,
+        delete_at=delete_at,
         infra_hash=row.infra_config_hash,
         last_seen=last_seen,
         spot_notice=bool((row.health or {}).get("termination_notice")),

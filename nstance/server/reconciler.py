@@ -154,10 +154,12 @@ class Reconciler:
             all_rows = repo.list_active_instances(session, tenant=tenant, group_key=group)
         rows = [row for row in all_rows if not row.on_demand]
         by_id = {row.id: row for row in all_rows}
-        members = [member_of(row, seen_since=self.leading_since) for row in rows]
-        on_demand = [member_of(row, seen_since=self.leading_since) for row in all_rows if row.on_demand]
+        now = ctx.clock.now()  # the leader clock: monotonic within this leadership (``leadertime``)
+        members = [member_of(row, seen_since=self.leading_since, now=now) for row in rows]
+        on_demand = [
+            member_of(row, seen_since=self.leading_since, now=now) for row in all_rows if row.on_demand
+        ]
         spec = self._spec(merged)
-        now = ctx.clock.now()
         plan = plan_group(spec, members, now)
         ondemand_age = self._ondemand_age()
         drain_timeout = merged.drain_timeout if merged is not None else timedelta(0)

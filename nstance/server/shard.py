@@ -4,9 +4,11 @@
 refused by the servicer on standbys) and owns the leader-only machinery: on acquiring leadership it
 starts moving the leader address here (``leadernet``), rebuilds the cache from the records, syncs
 with the provider, resolves the config's images (``images``), then starts the reconciler, the GC loop
-and the image refresh; on losing it (or at shutdown) it stops handing out work, lets in-flight
-provider calls finish - each of which records its own outcome - within ``shard.shutdown_timeout``,
-and releases the leader address.
+and the image refresh, all as tasks of one ``LeaderTerm``. On losing leadership every one of those
+tasks (recovery included) is cancelled at once; at an orderly shutdown while still leading, in-flight
+provider calls - each of which records its own outcome - get ``shard.shutdown_timeout`` to finish.
+Either way it then releases the leader address. Leadership starts a new frame of the shard's
+``LeaderClock`` (``leadertime``).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from nstance.server.gc import gc_cycle
 from nstance.server.images import ImageService
 from nstance.server.instances import InstanceOps, status_of
 from nstance.server.leadernet import LeaderAddress
+from nstance.server.leaderterm import LeaderTerm
 from nstance.server.reconciler import Reconciler
 from nstance.server.recovery import rebuild_cache, sync_provider
 
@@ -90,6 +93,8 @@ class Shard:
         self.leader_net = LeaderAddress(ctx)
         self.reconciler: Reconciler | None = None
         self._leader_tasks: list[asyncio.Task[None]] = []
+        #: Every task of the current leadership (recovery included): cancelled together when it is lost.
+        self._term = LeaderTerm()
         self._address_task: asyncio.Task[None] | None = None
         self._lead_lock = asyncio.Lock()
         self.leading = False
@@ -116,13 +121,15 @@ class Shard:
 
     async def start_leading(self) -> None:
         """Recover state and start the reconciler and GC (called when leadership is acquired)."""
+        self._term.enrol(asyncio.current_task())  # losing leadership cancels the recovery too
         async with self._lead_lock:
             if self.leading:
                 return
             ctx = self.ctx
+            ctx.leader_clock.restart()
             log.info("shard %s: leading; rebuilding the cache from object storage", ctx.identity.shard)
             if self._address_task is None or self._address_task.done():
-                self._address_task = asyncio.create_task(self.leader_net.hold(), name="leader-network")
+                self._address_task = self._term.start(self.leader_net.hold(), "leader-network")
             backoff = Backoff(base=1.0, cap=30.0)
             attempt = 0
             while True:
@@ -155,20 +162,28 @@ class Shard:
             self.leading = True
             ctx.metrics.set_leader("shard", True)
             self._leader_tasks = [
-                asyncio.create_task(reconciler.run(), name="reconciler"),
-                asyncio.create_task(self._gc_loop(reconciler), name="gc"),
-                asyncio.create_task(self._metrics_loop(), name="metrics"),
-                asyncio.create_task(self._config_loop(), name="config"),
-                asyncio.create_task(self.images.run(), name="images"),
+                self._term.start(reconciler.run(), "reconciler"),
+                self._term.start(self._gc_loop(reconciler), "gc"),
+                self._term.start(self._metrics_loop(), "metrics"),
+                self._term.start(self._config_loop(), "config"),
+                self._term.start(self.images.run(), "images"),
             ]
             reconciler.enqueue_all()
             for key in groups:
                 reconciler.enqueue(key)
 
     async def stop_leading(self, grace: float | None = None) -> None:
-        """Stop reconciling and GC; in-flight steps get ``grace`` seconds to finish, then are cancelled."""
+        """Stop reconciling and GC.
+
+        Leadership lost: every task of the term (recovery included) is cancelled at once. Still leading
+        (an orderly shutdown): in-flight steps get ``grace`` seconds to finish, then are cancelled.
+        """
+        lost = not self.ctx.is_leader()
+        if lost or not self.leading:
+            self._term.cancel()  # before taking the lock, which a running recovery holds
         async with self._lead_lock:
             if not self.leading:
+                await self._release_address()
                 return
             self.leading = False
             self.ctx.metrics.set_leader("shard", False)
@@ -176,11 +191,13 @@ class Shard:
             if timeout is None:
                 snapshot = self.ctx.config.snapshot()
                 timeout = snapshot.config.shard.shutdown_timeout.total_seconds() if snapshot else 10.0
+            if lost:
+                timeout = 0.0
             if self.reconciler is not None:
                 await self.reconciler.close()
             tasks, self._leader_tasks = self._leader_tasks, []
             for task in tasks:
-                if task.get_name() in ("gc", "metrics", "images", "config"):
+                if lost or task.get_name() in ("gc", "metrics", "images", "config"):
                     task.cancel()
             _done, pending = await asyncio.wait(tasks, timeout=max(timeout, 0.01))
             for task in pending:
