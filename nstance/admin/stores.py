@@ -5,7 +5,8 @@ The flags mirror upstream's (``--storage-provider``, ``--storage-bucket``, ``--s
 is ``{bucket}/{storage-prefix}`` and object-storage secrets live under ``{storage-prefix}{secrets-prefix}``
 (``cluster/secret/ca.key``), shard scopes under ``shard/{shard}/``, as upstream lays them out.
 
-This module only validates the flag combination and constructs stores; it reads no secret.
+This module only validates the flag combination and constructs stores; it reads no secret. A ``file``
+bucket directory is created only by ``cluster init``; every other command requires it to exist.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from nstance.core.errors import InvalidArgument
 from nstance.core.ids import identifier_problem
 from nstance.objectstore.base import ObjectStore
-from nstance.objectstore.factory import open_scopes
+from nstance.objectstore.factory import check_bucket_directory, open_scopes
 from nstance.objectstore.scoped import ScopedObjectStore
 from nstance.secrets.base import SecretStore
 from nstance.secrets.factory import open_secret_store
@@ -54,8 +55,14 @@ class ClusterStores:
         return ScopedObjectStore(self.root, f"shard/{shard}/")
 
 
-def open_cluster_stores(opts: StorageOptions, environ: Mapping[str, str] | None = None) -> ClusterStores:
-    """Build the stores the options describe; raise InvalidArgument naming the flag that is wrong."""
+def open_cluster_stores(
+    opts: StorageOptions, environ: Mapping[str, str] | None = None, *, create: bool = False
+) -> ClusterStores:
+    """Build the stores the options describe; raise InvalidArgument naming the flag that is wrong.
+
+    A ``file`` bucket directory must exist unless ``create`` (``cluster init``): a mistyped path is
+    reported rather than silently made.
+    """
     if opts.storage_provider not in STORAGE_PROVIDERS:
         raise InvalidArgument(
             f"--storage-provider {opts.storage_provider!r} is not supported; use one of: "
@@ -64,6 +71,8 @@ def open_cluster_stores(opts: StorageOptions, environ: Mapping[str, str] | None 
     if not opts.storage_bucket:
         what = "a directory" if opts.storage_provider == "file" else "a bucket name"
         raise InvalidArgument(f"--storage-bucket is required ({what})")
+    if opts.storage_provider == "file" and not create:
+        check_bucket_directory(opts.storage_bucket)
     scopes = open_scopes(
         opts.storage_provider,
         opts.storage_bucket,

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from nstance.core.errors import InvalidArgument
+from nstance.core.errors import InvalidArgument, NotFound
 from nstance.objectstore.base import ObjectStore
 from nstance.objectstore.file import FileObjectStore
 from nstance.objectstore.memory import MemoryObjectStore
@@ -84,6 +84,17 @@ def _open_s3(url: str, opts: dict[str, Any]) -> ObjectStore:
     from nstance.objectstore.s3 import S3ObjectStore  # boto3 only when asked for
 
     return S3ObjectStore(bucket, prefix, **kwargs)
+
+
+def check_bucket_directory(bucket: str) -> None:
+    """Raise NotFound unless the ``file`` storage directory ``bucket`` exists (a typo is not created)."""
+    path = Path(bucket).expanduser()
+    if not path.is_dir():
+        what = "is not a directory" if path.exists() else "does not exist"
+        raise NotFound(
+            f"storage directory {bucket} {what}; check --storage-bucket (`nstance-admin cluster init` "
+            "creates it for a new cluster)"
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,7 +36,8 @@ _UNSUPPORTED = ("aws-secrets-manager", "aws-parameter-store", "google-secret-man
 _HEX = re.compile(rb"[0-9a-fA-F]{64}")
 _B64 = re.compile(rb"[A-Za-z0-9+/_-]+={0,2}")
 EXPECTED_FORMATS = (
-    "32 raw bytes, 64 hex characters, or base64 of 32 bytes (generate one with `openssl rand -base64 32`)"
+    "32 raw bytes, 64 hex characters, or base64 of 32 bytes (generate one with "
+    "`nstance-admin secrets generate-key` or `openssl rand -base64 32`)"
 )
 
 

@@ -15,7 +15,9 @@ from typing import Annotated
 import typer
 
 from nstance.config import validate_config_file
+from nstance.core.cli import VERSION_HELP, print_version, run_app
 from nstance.core.errors import NstanceError
+from nstance.objectstore.factory import check_bucket_directory
 from nstance.server.app import ServerOptions, serve, setup_logging
 
 app = typer.Typer(add_completion=False, help="Per-shard Nstance server: keeps groups of VMs at their size.")
@@ -24,9 +26,23 @@ EXIT_USAGE = 2
 
 IdOpt = Annotated[str | None, typer.Option("--id", envvar="NSTANCE_SERVER_ID", help="This server's id.")]
 ShardOpt = Annotated[str | None, typer.Option(envvar="NSTANCE_SHARD", help="Shard (zone) this server runs.")]
-StorageOpt = Annotated[str, typer.Option(envvar="NSTANCE_STORAGE", help="Object storage kind: file or s3.")]
+StorageOpt = Annotated[
+    str,
+    typer.Option(
+        "--storage-provider",
+        "--storage",
+        envvar="NSTANCE_STORAGE",
+        help="Object storage: file or s3 (the same flag and variable as nstance-admin's).",
+    ),
+]
 BucketOpt = Annotated[
-    str | None, typer.Option(envvar="NSTANCE_BUCKET", help="Bucket name (s3) or directory (file).")
+    str | None,
+    typer.Option(
+        "--storage-bucket",
+        "--bucket",
+        envvar="NSTANCE_BUCKET",
+        help="Bucket name (s3) or an existing directory (file; `nstance-admin cluster init` creates it).",
+    ),
 ]
 PrefixOpt = Annotated[str | None, typer.Option(envvar="NSTANCE_PREFIX", help="Key prefix of the cluster.")]
 CacheOpt = Annotated[
@@ -55,7 +71,16 @@ ProviderIdOpt = Annotated[
         "(default: asked from the cloud's metadata service).",
     ),
 ]
-VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")]
+VerboseOpt = Annotated[
+    bool,
+    typer.Option(
+        "--debug", "--verbose", "-v", envvar="NSTANCE_DEBUG", help="Debug logging, and every start-up step."
+    ),
+]
+VersionOpt = Annotated[
+    bool,
+    typer.Option("--version", callback=print_version("nstance-server"), is_eager=True, help=VERSION_HELP),
+]
 ValidateOpt = Annotated[
     Path | None,
     typer.Option("--validate", help="Validate a config.jsonc file, print every problem, and exit."),
@@ -76,6 +101,7 @@ def main_command(
     provider_instance_id: ProviderIdOpt = "",
     verbose: VerboseOpt = False,
     validate: ValidateOpt = None,
+    version: VersionOpt = False,
 ) -> None:
     """Run the shard server, or validate a config file with --validate."""
     if validate is not None:
@@ -87,7 +113,9 @@ def main_command(
         typer.echo(f"{validate}: OK")
         return
     missing = [
-        flag for flag, value in (("--id", server_id), ("--shard", shard), ("--bucket", bucket)) if not value
+        flag
+        for flag, value in (("--id", server_id), ("--shard", shard), ("--storage-bucket", bucket))
+        if not value
     ]
     if missing:
         typer.echo(
@@ -108,6 +136,8 @@ def main_command(
         provider_instance_id=provider_instance_id,
     )
     try:
+        if storage == "file":
+            check_bucket_directory(bucket or "")
         code = asyncio.run(serve(opts))
     except NstanceError as exc:
         typer.echo(f"nstance-server: {exc}", err=True)
@@ -117,4 +147,4 @@ def main_command(
 
 def main() -> None:
     """Console-script entry point."""
-    app()
+    run_app(app, "nstance-server")

@@ -127,8 +127,21 @@ class Shard:
         return self.ctx.leadership.leader_address()
 
     async def start_leading(self) -> None:
-        """Recover state and start the reconciler and GC (called when leadership is acquired)."""
-        self._term.enrol(asyncio.current_task())  # losing leadership cancels the recovery too
+        """Recover state and start the reconciler and GC (called when leadership is acquired).
+
+        The recovery runs as a task of the leadership term, so losing leadership cancels it at once;
+        this then returns normally (a cancellation of the caller itself still propagates).
+        """
+        recovery = self._term.start(self._recover_and_lead(), "recovery")
+        try:
+            await recovery
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise
+            log.info("leadership lost during recovery")
+
+    async def _recover_and_lead(self) -> None:
         async with self._lead_lock:
             if self.leading:
                 return

@@ -27,6 +27,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from typer.testing import CliRunner
 
 from nstance.admin.cli import app
+from nstance.admin.watch import CLEAR_BELOW, HOME, paint
 from nstance.objectstore.file import FileObjectStore
 from nstance.objectstore.scoped import ScopedObjectStore
 from nstance.pki.ca import CertificateAuthority, create_ca
@@ -88,6 +89,8 @@ class FakeShard(operator_pb2_grpc.OperatorServiceServicer):  # type: ignore[misc
     peers: list[str] = field(default_factory=list)
     standby: bool = False
     etag: str = '"etag-1"'
+    static_sizes: dict[str, int] = field(default_factory=dict)
+    """Static groups and their config size: DeleteGroup resets them, as the real server does."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def _enter(self, context: grpc.ServicerContext) -> None:
@@ -132,7 +135,10 @@ class FakeShard(operator_pb2_grpc.OperatorServiceServicer):  # type: ignore[misc
         with self.lock:
             if request.key not in self.groups:
                 context.abort(grpc.StatusCode.NOT_FOUND, f"group {request.key!r} not found")
-            del self.groups[request.key]
+            if request.key in self.static_sizes:
+                self.groups[request.key].size = self.static_sizes[request.key]
+            else:
+                del self.groups[request.key]
         return Empty()
 
     def CreateInstance(  # noqa: N802 - name fixed by the proto
@@ -317,20 +323,36 @@ def test_register_operator_default_id_and_given_public_key(cluster: Cluster, tmp
     assert (cluster.bucket / "cluster" / "operator" / "team-b.demo.json").is_file()
 
 
-def test_register_operator_refuses_ed25519(cluster: Cluster, tmp_path: Path) -> None:
+def test_register_operator_certifies_an_ed25519_key_as_upstream_admins_hold(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    private = Ed25519PrivateKey.generate()
     pub_file = tmp_path / "ed.pub"
-    pub_file.write_bytes(public_key_to_pem(Ed25519PrivateKey.generate().public_key()))
+    pub_file.write_bytes(public_key_to_pem(private.public_key()))
     out = tmp_path / "id"
     result = run(
         "cluster", "register-operator", "--cluster-id", "demo", "--tenant", "team-ed",
         "--public-key-file", str(pub_file), "--output-dir", str(out), *store_flags(cluster.bucket),
     )  # fmt: skip
+    assert result.code == 0, result.err
+    peer = verify_client_certificate((out / "identity.crt").read_bytes(), cluster.ca)
+    assert public_keys_equal(peer.certificate.public_key(), private)  # type: ignore[arg-type]
+    assert (cluster.bucket / "cluster" / "operator" / "team-ed.demo.json").is_file()
+
+
+def test_register_operator_refuses_other_key_types(cluster: Cluster, tmp_path: Path) -> None:
+    pub_file = tmp_path / "p384.pub"
+    pub_file.write_bytes(public_key_to_pem(ec.generate_private_key(ec.SECP384R1()).public_key()))
+    out = tmp_path / "id"
+    result = run(
+        "cluster", "register-operator", "--cluster-id", "demo", "--tenant", "team-p384",
+        "--public-key-file", str(pub_file), "--output-dir", str(out), *store_flags(cluster.bucket),
+    )  # fmt: skip
     assert result.code == 1
     assert result.err.startswith("error: ")
-    assert "Ed25519" in result.err
-    assert "ECDSA P-256" in result.err
+    assert "ecdsa-p384" in result.err
     assert not out.exists()
-    assert not (cluster.bucket / "cluster" / "operator" / "team-ed.demo.json").exists()
+    assert not (cluster.bucket / "cluster" / "operator" / "team-p384.demo.json").exists()
 
 
 def test_register_operator_keeps_an_existing_identity(cluster: Cluster) -> None:
@@ -425,6 +447,36 @@ def test_group_scale_keeps_the_other_settings(shards: Shards) -> None:
         "private",
     )
     assert dict(sent.config.vars) == {"role": "worker", "zone": "a"}
+
+
+def test_group_delete_of_a_static_group_is_refused_or_reported(shards: Shards) -> None:
+    seed_group(shards.a, "app", size=5)
+    shards.a.groups["app"].is_static = True
+    shards.a.static_sizes["app"] = 1
+    result = shards.run("group", "delete", "app", "--shard", "a")
+    assert result.code == 1
+    assert "group 'app' is static" in result.err
+    assert "--reset-static" in result.err
+    assert shards.a.groups["app"].size == 5  # nothing was sent
+
+    result = shards.run("group", "delete", "app", "--shard", "a", "--reset-static")
+    assert result.code == 0, result.err
+    assert "reset to its config (size 5 -> 1)" in result.out
+    assert "deleted" not in result.out
+
+
+def test_group_scale_to_a_negative_size_says_why(shards: Shards) -> None:
+    seed_group(shards.a, "app", size=2)
+    result = shards.run("group", "scale", "app", "-1", "--shard", "a")
+    assert result.code == 1
+    assert "SIZE -1: the size must be 0 or more" in result.err
+    assert not shards.a.upserts
+
+
+def test_instance_delete_of_an_unknown_id_fails(shards: Shards) -> None:
+    result = shards.run("instance", "delete", "tstnope", "--shard", "b")
+    assert result.code == 1
+    assert "instance 'tstnope' is not known to this shard" in result.err
 
 
 def test_group_scale_of_a_missing_group_changes_nothing(shards: Shards) -> None:
@@ -669,3 +721,73 @@ def test_help_lists_the_new_commands() -> None:
     assert "refresh" in result.out
     result = run("instance", "list", "--help")
     assert "no instance listing" in " ".join(result.out.split())
+
+
+# --- watch (the live view) -----------------------------------------------------------------------
+
+
+def _local_instance(directory: Path, instance_id: str, group: str, status: str = "running") -> None:
+    (directory / instance_id).mkdir(parents=True)
+    meta = {
+        "instance_id": instance_id,
+        "group": group,
+        "status": status,
+        "provider_id": f"local-{instance_id}",
+    }
+    (directory / instance_id / "instance.json").write_text(json.dumps(meta))
+
+
+def test_watch_once_shows_groups_and_every_local_instance(shards: Shards, tmp_path: Path) -> None:
+    seed_group(shards.a, "app", size=2)
+    seen = Timestamp()
+    seen.FromDatetime(datetime.now(UTC))
+    shards.a.instances["app01"] = operator_pb2.InstanceStatusResponse(
+        instance_id="app01", status="healthy", last_seen=seen
+    )
+    shards.a.instances["app02"] = operator_pb2.InstanceStatusResponse(
+        instance_id="app02", status="registered"
+    )
+    local = tmp_path / "instances"
+    _local_instance(local, "app01", "app")
+    _local_instance(local, "app02", "app")
+    _local_instance(local, "app03", "app")  # created by the provider, not yet known to the server
+    _local_instance(local, "app04", "app", status="deleted")  # a tombstone: not shown
+    result = shards.run("watch", "--once", "--shard", "a", "--instances-dir", str(local), "--title", "T")
+    assert result.code == 0, result.err
+    lines = [line.split() for line in result.out.splitlines()]
+    assert ["a", "app", "2", "2", "dynamic"] in lines
+    rows = {line[2]: line[3:] for line in lines if len(line) >= 4 and line[2].startswith("app0")}
+    assert rows["app01"][0] == "healthy"
+    assert rows["app01"][1].endswith("s")  # "0s ago"
+    assert rows["app02"] == ["registered", "-"]
+    assert rows["app03"] == ["starting", "-"]
+    assert "app04" not in rows
+    assert "\033" not in result.out  # no terminal, no escape codes
+
+
+def test_watch_without_a_server_says_so(cluster: Cluster) -> None:
+    result = run(
+        "watch",
+        "--once",
+        "--servers",
+        f"x=127.0.0.1:{unused_port()}",
+        "--identity-dir",
+        str(cluster.identity),
+    )
+    assert result.code == 1
+    assert "UNAVAILABLE" in result.out
+    assert "is nstance-server running there?" in result.out
+
+
+def test_watch_refuses_a_bad_interval(cluster: Cluster) -> None:
+    result = run("watch", "--interval", "0s", "--servers", "x=h:1", "--identity-dir", str(cluster.identity))
+    assert result.code == 1
+    assert "--interval '0s' must be a positive duration" in result.err
+
+
+def test_watch_frames_overwrite_in_place() -> None:
+    frame = paint(["title", "row 1"], terminal=True)
+    assert frame.startswith(HOME)
+    assert "\033[2J" not in frame  # never clears the whole screen (that is what flickers)
+    assert frame.endswith(CLEAR_BELOW)
+    assert frame.count("\033[K") == 2

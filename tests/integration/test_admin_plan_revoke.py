@@ -83,6 +83,8 @@ def run(*args: str) -> Result:
 
 
 def flags(bucket: Path) -> list[str]:
+    """Storage flags for ``bucket``, made as `cluster init` would (the admin creates no other bucket)."""
+    bucket.mkdir(parents=True, exist_ok=True)
     return ["--storage-provider", "file", "--storage-bucket", str(bucket)]
 
 

@@ -117,6 +117,9 @@ def test_every_generated_file_says_it_is_generated_and_has_no_yaml_aliases(gen: 
         "config/rbac/role_binding.yaml",
         "config/webhook/manifests.yaml",
         "deploy/helm/nstance-operator/files/rbac-rules.yaml",
+        "deploy/clusterctl/metadata.yaml",
+        "deploy/clusterctl/infrastructure-components.yaml",
+        "deploy/clusterctl/cluster-template.yaml",
     }
     rendered = gen.render()
     assert set(rendered) == expected

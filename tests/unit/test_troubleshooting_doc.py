@@ -139,7 +139,6 @@ QUOTED_MESSAGES: list[tuple[str, str]] = [
     ("registration nonce already used: instance", "nstance/server/registration.py"),
     ("registration nonce already used by a different public key", "nstance/server/registration.py"),
     ("has been deleted; it cannot register", "nstance/server/registration.py"),
-    ("which cannot be used for agent or operator identities", "nstance/pki/certs.py"),
     ("accepted key types: ", "nstance/pki/certs.py"),
     ("is not an IPv4 address", "nstance/server/registration.py"),
     ("retry with the same nonce", "nstance/server/registration.py"),
@@ -241,7 +240,6 @@ QUOTED_MESSAGES: list[tuple[str, str]] = [
         "already holds an operator identity; use --force to replace it, or choose another --output-dir",
         "nstance/admin/commands.py",
     ),
-    ("which cannot be used for an operator identity", "nstance/admin/commands.py"),
     ("is already revoked since", "nstance/admin/certs.py"),
     # providers
     (
