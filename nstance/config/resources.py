@@ -133,7 +133,7 @@ AbsoluteUri = Annotated[str, AfterValidator(_absolute_uri)]
 
 
 class CertConfig(StrictModel):
-    """A certificate template; string fields may be templated (``{{ Instance.Hostname }}``).
+    """A certificate template; string fields may be templated (``{{ .Instance.Hostname }}``).
 
     Three names are reserved. ``agent`` sets the lifetime (``ttl``) of agent certificates issued at
     registration and renewal; ``operator`` that of operator certificates issued at registration

@@ -307,7 +307,7 @@ class _CertRequest:
 
 
 def _render_list(path: str, values: Sequence[str], data: TemplateData) -> list[str]:
-    """Render each item; items that render empty (e.g. ``{{ Instance.IP6 }}`` without IPv6) are dropped."""
+    """Render each item; items that render empty (e.g. ``{{ .Instance.IP6 }}`` without IPv6) are dropped."""
     out = []
     for i, value in enumerate(values):
         text = render_template(join_path(path, i), value, data).strip()

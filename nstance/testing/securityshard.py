@@ -77,7 +77,7 @@ class SecurityShard:
         config["shard"]["garbage_collection"] = {"interval": "1s"}
         config["templates"]["needy"] = {
             **config["templates"]["app"],
-            "userdata": {"content": "#!/bin/sh\n# {{ Vars.needed }}\n"},
+            "userdata": {"content": "#!/bin/sh\n# {{ .Vars.needed }}\n"},
         }
         config["groups"] = {
             TENANT_A: {"web": _APP, "needy": _NEEDY},

@@ -25,7 +25,7 @@ from nstance.testing.shardproc import LocalCluster, server_addrs, shard_config, 
 
 pytestmark = pytest.mark.timeout(180)
 SHARD = "zone-a"
-FILES = {"app.env": {"kind": "env", "template": {"GREETING": "{{ Vars.greeting }}"}}}
+FILES = {"app.env": {"kind": "env", "template": {"GREETING": "{{ .Vars.greeting }}"}}}
 
 
 class Shard:

@@ -64,10 +64,10 @@ CERTS = {
     "kubelet-server": CertConfig.model_validate(
         {
             "kind": "server",
-            "cn": "system:node:{{ Instance.Hostname }}",
+            "cn": "system:node:{{ .Instance.Hostname }}",
             "organization": ["system:nodes"],
-            "dns": ["{{ Instance.Hostname }}", "{{ Instance.Hostname }}.{{ Vars.cluster_name }}.internal"],
-            "ip": ["{{ Instance.IP4 }}", "{{ Instance.IP6 }}"],
+            "dns": ["{{ .Instance.Hostname }}", "{{ .Instance.Hostname }}.{{ .Vars.cluster_name }}.internal"],
+            "ip": ["{{ .Instance.IP4 }}", "{{ .Instance.IP6 }}"],
             "ttl": 24,
         }
     ),
@@ -137,26 +137,26 @@ async def test_every_plain_kind_renders_with_vars_and_instance_data(env: Env) ->
     env.store.put("files/acme/ip-10-0-1-7/motd", b"welcome\n")
     files = {
         "token": file("secret", source="bootstrap-token"),
-        "motd": file("storage", source="files/acme/{{ Instance.Hostname }}/motd"),
+        "motd": file("storage", source="files/acme/{{ .Instance.Hostname }}/motd"),
         "node.env": file(
             "env",
             template={
-                "NODE": "{{ Instance.ID }}",
-                "CLUSTER": "{{ Vars.cluster_name }}",
-                "ZONE": "{{ Provider.Zone }}",
+                "NODE": "{{ .Instance.ID }}",
+                "CLUSTER": "{{ .Vars.cluster_name }}",
+                "ZONE": "{{ .Provider.Zone }}",
             },
         ),
         "node.json": file(
             "json",
             template={
                 "id": "{{ .Instance.ID }}",
-                "ports": [80, "{{ Vars.cluster_name }}"],
+                "ports": [80, "{{ .Vars.cluster_name }}"],
                 "ok": True,
-                "image": "{{ Image.debian }}",
+                "image": "{{ .Image.debian }}",
             },
         ),
         "hello.txt": file(
-            "string", template="host {{ Instance.Hostname }} ({{ Instance.IP4 }}) in {{ Server.Shard }}\n"
+            "string", template="host {{ .Instance.Hostname }} ({{ .Instance.IP4 }}) in {{ .Server.Shard }}\n"
         ),
     }
     result = await env.render(files)
@@ -178,8 +178,8 @@ async def test_every_plain_kind_renders_with_vars_and_instance_data(env: Env) ->
 
 
 async def test_json_output_is_stable_whatever_the_config_key_order(env: Env) -> None:
-    a = file("json", template={"b": {"y": 1, "x": "{{ Vars.cluster_name }}"}, "a": [3, 1]})
-    b = file("json", template={"a": [3, 1], "b": {"x": "{{ Vars.cluster_name }}", "y": 1}})
+    a = file("json", template={"b": {"y": 1, "x": "{{ .Vars.cluster_name }}"}, "a": [3, 1]})
+    b = file("json", template={"a": [3, 1], "b": {"x": "{{ .Vars.cluster_name }}", "y": 1}})
     first = contents(await env.render({"c.json": a}))["c.json"]
     second = contents(await env.render({"c.json": b}))["c.json"]
     assert first == second
@@ -233,7 +233,7 @@ async def test_missing_secret_object_key_and_template_errors_do_not_stop_the_oth
     files = {
         "token": file("secret", source="not-there"),
         "blob": file("storage", source="missing/object"),
-        "broken.txt": file("string", template="{{ Vars.nope }}"),
+        "broken.txt": file("string", template="{{ .Vars.nope.x }}"),
         "cert.pem": CERT_FILE,
         "ok.txt": file("string", template="fine"),
     }
@@ -242,7 +242,7 @@ async def test_missing_secret_object_key_and_template_errors_do_not_stop_the_oth
     assert 'secret "not-there" does not exist' in result.errors["token"]
     assert 'object "missing/object" does not exist' in result.errors["blob"]
     assert "broken.txt" in result.errors["broken.txt"]
-    assert "Vars.nope" in result.errors["broken.txt"]
+    assert "<.Vars.nope.x>" in result.errors["broken.txt"]
     assert 'public key "kubelet.server"' in result.errors["cert.pem"]
     assert result.certificates == []
     assert env.store.list("certlog/") == []
@@ -266,9 +266,9 @@ async def test_cluster_secrets_and_shard_bookkeeping_are_never_delivered(env: En
     )
     files = {
         "ca": file("secret", source="ca.key"),
-        "ca2": file("secret", source="{{ Vars.which }}.key"),
+        "ca2": file("secret", source="{{ .Vars.which }}.key"),
         "rec": file("storage", source="instance/acme.rec.json"),
-        "climb": file("storage", source="files/{{ Instance.Hostname }}/acme.rec.json"),
+        "climb": file("storage", source="files/{{ .Instance.Hostname }}/acme.rec.json"),
     }
     result = await render_files(
         merged=merged(files, vars={"which": "ca"}),

@@ -25,8 +25,8 @@ from nstance.testing.shardproc import LocalCluster, server_addrs, shard_config, 
 pytestmark = pytest.mark.timeout(120)
 SHARD = "zone-a"
 FILES = {
-    "app.env": {"kind": "env", "template": {"GREETING": "{{ Vars.greeting }}", "ID": "{{ Instance.ID }}"}},
-    "app.json": {"kind": "json", "template": {"greeting": "{{ Vars.greeting }}"}},
+    "app.env": {"kind": "env", "template": {"GREETING": "{{ .Vars.greeting }}", "ID": "{{ .Instance.ID }}"}},
+    "app.json": {"kind": "json", "template": {"greeting": "{{ .Vars.greeting }}"}},
 }
 
 

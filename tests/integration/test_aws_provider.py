@@ -742,7 +742,7 @@ async def test_every_example_group_makes_a_valid_runinstances_request(world: Wor
     checked = []
     for tenant, group in all_group_keys(config, {}):
         merged = merged_group(config, {}, tenant, group)
-        args = dict(merged.args, ImageId=AMI)  # "{{ Image.debian }}" once the server has rendered it
+        args = dict(merged.args, ImageId=AMI)  # "{{ .Image.debian }}" once the server has rendered it
         request = world.request(
             tenant=tenant,
             group=group,

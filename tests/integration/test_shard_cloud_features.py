@@ -265,7 +265,7 @@ async def test_a_new_leader_registers_again_and_a_gone_vm_is_not_waited_for(h: H
 def _image_harness(tmp_path: Path, image: dict[str, Any], **kwargs: Any) -> Harness:
     return Harness(
         tmp_path,
-        template_extra={"args": {"ImageId": "{{ Image.debian }}"}},
+        template_extra={"args": {"ImageId": "{{ .Image.debian }}"}},
         config_extra={"images": {"debian": image}},
         **kwargs,
     )

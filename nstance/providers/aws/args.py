@@ -176,7 +176,7 @@ def run_instances_params(request: CreateRequest) -> dict[str, Any]:
     image = request.args.get("ImageId")
     if "LaunchTemplate" not in request.args and (not isinstance(image, str) or not image):
         raise ProviderInvalidRequest(
-            f'{path}.ImageId: RunInstances needs an AMI id (for example "{{{{ Image.debian }}}}" from '
+            f'{path}.ImageId: RunInstances needs an AMI id (for example "{{{{ .Image.debian }}}}" from '
             "the images section, or a literal ami-...)"
         )
     if len(request.userdata) > MAX_USERDATA_BYTES:

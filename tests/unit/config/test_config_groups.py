@@ -39,7 +39,7 @@ def rich_config(**shard: Any) -> ServerConfig:
             "args": {"Net": {"b": 2}, "Flat": "t"},
             "instance_type": "t.small",
             "size": 4,
-            "files": {"app.env": {"kind": "env", "template": {"A": "{{ Vars.env }}"}}},
+            "files": {"app.env": {"kind": "env", "template": {"A": "{{ .Vars.env }}"}}},
         }
     )
     doc["templates"]["api"] = {"kind": "api", "arch": "arm64", "vars": {"tier": "api"}}

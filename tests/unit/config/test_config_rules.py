@@ -305,20 +305,22 @@ def test_userdata_content_required() -> None:
     assert only(doc) == "templates.web.userdata.content: must not be empty"
 
 
-def test_go_template_constructs_in_userdata_are_reported_at_load() -> None:
+def test_unsupported_template_constructs_in_userdata_are_reported_at_load() -> None:
     doc = base_config()
-    doc["templates"]["web"]["userdata"]["content"] = "{{ range .Vars }}x{{ end }}"
+    doc["templates"]["web"]["userdata"]["content"] = '{{ range .Vars }}x{{ end }}{{ template "x" }}'
+    assert only(doc) == 'templates.web.userdata: line 1: Go template construct "template" is not supported'
+    doc["templates"]["web"]["userdata"]["content"] = "#!/bin/bash\necho ${#A[@]} {% {#\n{{ .Instance.Nope }}"
     assert only(doc) == (
-        'templates.web.userdata: Go template construct "range" is not supported; '
-        "use Jinja2 syntax ({% for %})"
+        "templates.web.userdata: line 3: executing at <.Instance.Nope>: "
+        "can't evaluate field Nope in type InstanceData"
     )
 
 
 def test_encoded_inline_userdata_is_decoded_before_checking() -> None:
     doc = base_config()
-    encoded = base64.b64encode(b"{% if x %}").decode()
+    encoded = base64.b64encode(b"{{ if .Vars.x }}").decode()
     doc["templates"]["web"]["userdata"] = {"content": encoded, "encoding": "base64"}
-    assert only(doc).startswith("templates.web.userdata: syntax error on line 1:")
+    assert only(doc) == "templates.web.userdata: unexpected EOF: {{if}} has no matching {{end}}"
     doc["templates"]["web"]["userdata"] = {"content": "not base64!", "encoding": "base64"}
     assert only(doc).startswith("templates.web.userdata.content: not valid base64")
 
@@ -326,16 +328,14 @@ def test_encoded_inline_userdata_is_decoded_before_checking() -> None:
 def test_template_syntax_errors_in_args_files_and_certificates() -> None:
     doc = base_config()
     doc["defaults"] = {"args": {"Tags": [{"Value": "{{ .Instance.ID "}]}}
-    doc["templates"]["web"]["files"] = {"app.env": {"kind": "env", "template": {"A": "{{ if .X }}"}}}
-    doc["certificates"] = {"srv": {"kind": "server", "cn": '{{ printf "%s" .Instance.ID }}'}}
+    doc["templates"]["web"]["files"] = {"app.env": {"kind": "env", "template": {"A": "{{ if .Vars.x }}"}}}
+    doc["certificates"] = {"srv": {"kind": "server", "cn": '{{ printf "%s" .Instance.ID | js }}'}}
     found = sorted(problems(doc))
-    assert len(found) == 3, found
-    assert found[0].startswith('certificates.srv.cn: Go template construct "printf" is not supported')
-    assert found[1].startswith("defaults.args.Tags[0].Value: syntax error on line 1:")
-    assert found[2] == (
-        'templates.web.files["app.env"].template.A: Go template construct "if" is not supported; '
-        "use Jinja2 syntax ({% if %})"
-    )
+    assert found == [
+        'certificates.srv.cn: line 1: Go template construct "js" is not supported',
+        "defaults.args.Tags[0].Value: line 1: unclosed action",
+        'templates.web.files["app.env"].template.A: unexpected EOF: {{if}} has no matching {{end}}',
+    ]
 
 
 # ---- files -----------------------------------------------------------------------------------
