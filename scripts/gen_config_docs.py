@@ -69,7 +69,9 @@ VALIDATOR_RULES: dict[str, str | None] = {
     "_port": "a port from 1 to 65535",
     "_absolute_uri": "an absolute URI such as `spiffe://example/x`, unless it is a template",
     "_check_pools": "at least one subnet in each pool; no subnet in two pools",
-    "_provider_alias": "`gcp` is read as `google`; `tmux` and `mock` are refused",
+    "_provider_alias": "`gcp` is read as `google`; `tmux` and `mock` as `local` and `sim` (with a notice)",
+    "_lb_provider_alias": "`gcp` (upstream's v1 name) is read as `google`",
+    "_ip_address": "an IPv4 or IPv6 address",
     "_secrets_alias": "`gcp-secret-manager` is read as `google-secret-manager`",
     "format_duration": None,  # the serializer that writes durations back; not a rule
 }

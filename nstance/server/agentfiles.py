@@ -4,8 +4,10 @@ A template's ``files`` map a delivered file name to one of six kinds:
 
 * ``secret``: the bytes of a secret (``source`` names it, templated) from the cluster secret store;
 * ``storage``: the bytes of an object (``source`` is its key, templated) in the shard's store;
-* ``env``: ``KEY=value`` lines, keys sorted, values templated and quoted by ``env_line``;
-* ``json``: the object with every string templated, serialised with sorted keys and 2-space indent;
+* ``env``: ``KEY=value`` lines, keys sorted, values templated and written as they are, lines joined
+  by ``\n`` with none after the last (byte for byte what a Go server writes);
+* ``json``: the object with every string templated, serialised as Go's ``json.MarshalIndent`` does
+  (``nstance.core.gojson``: sorted keys, 2-space indent, ``\u003c``-style escapes, no final newline);
 * ``string``: the templated text;
 * ``certificate``: a certificate issued by the cluster CA for the public key the agent submitted
   under ``key.name`` (without ``.pub``), subject and SANs from the named ``certificates`` entry
@@ -54,6 +56,7 @@ from nstance.config.errors import join_path
 from nstance.config.render import render_value
 from nstance.core.clock import Clock
 from nstance.core.errors import InvalidArgument, NotFound, NstanceError
+from nstance.core.gojson import go_marshal_indent
 from nstance.objectstore.base import ObjectStore, PreconditionFailed
 from nstance.objectstore.file import validate_key
 from nstance.pki.ca import CertificateAuthority
@@ -75,8 +78,6 @@ PROTECTED_SECRETS: frozenset[str] = frozenset({CA_KEY_SECRET, NONCE_KEY_SECRET})
 PROTECTED_OBJECT_PREFIXES: tuple[str, ...] = (RECORD_PREFIX, CERTLOG_PREFIX, "leader.json")
 
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_ENV_BARE = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
-_ENV_ESCAPE = re.compile(r'([\\"$`])')
 _CERTLOG_ATTEMPTS = 16
 
 
@@ -192,11 +193,10 @@ def template_data(merged: MergedGroupConfig, instance: InstanceFacts) -> Templat
 
 
 def env_line(key: str, value: str) -> str:
-    """One ``KEY=value`` line (no newline) readable by ``sh``/``bash`` ``.`` and systemd EnvironmentFile.
+    """One ``KEY=value`` line (no newline) as Go writes it: the value is not quoted or escaped.
 
-    Values made only of ``A-Z a-z 0-9 _ @ % + = : , . / -`` (or empty) are written bare; anything else
-    is double-quoted with ``\\``, ``"``, ``$`` and backquote escaped by a backslash. Keys must be shell
-    identifiers; values must not contain line breaks or NUL (both raise InvalidArgument).
+    Keys must be variable names; values must not contain line breaks or NUL, which would break the
+    file for the agent (Go writes them anyway; here the file fails with InvalidArgument).
     """
     if not _ENV_KEY.fullmatch(key):
         raise InvalidArgument(
@@ -207,23 +207,19 @@ def env_line(key: str, value: str) -> str:
             f"env value of {key} contains a line break or NUL, which env files cannot hold; "
             'use a "string" or "json" file for multi-line values'
         )
-    if value == "" or _ENV_BARE.fullmatch(value):
-        return f"{key}={value}"
-    escaped = _ENV_ESCAPE.sub(r"\\\1", value)
-    return f'{key}="{escaped}"'
+    return f"{key}={value}"
 
 
 def _render_env(path: str, template: Mapping[str, Any], data: TemplateData) -> bytes:
     lines = []
-    for key in sorted(template):
+    for key in sorted(template, key=lambda k: k.encode("utf-8")):
         value = render_template(join_path(path, key), str(template[key]), data)
-        lines.append(env_line(key, value) + "\n")
-    return "".join(lines).encode("utf-8")
+        lines.append(env_line(key, value))
+    return "\n".join(lines).encode("utf-8")
 
 
 def _render_json(path: str, template: Any, data: TemplateData) -> bytes:
-    rendered = render_value(path, template, data)
-    return (json.dumps(rendered, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8")
+    return go_marshal_indent(render_value(path, template, data))
 
 
 def _secret_name(path: str, source: str, data: TemplateData) -> str:

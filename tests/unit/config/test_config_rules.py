@@ -119,15 +119,12 @@ def test_template_and_group_subnet_pools_must_exist() -> None:
     )
 
 
-def test_a_group_needs_a_subnet_pool_from_itself_or_its_template() -> None:
+def test_a_group_without_a_subnet_pool_is_valid_as_in_upstream() -> None:
     doc = base_config()
     del doc["templates"]["web"]["subnet_pool"]
-    assert (
-        only(doc)
-        == 'groups.default.web.subnet_pool: is required because template "web" does not set subnet_pool'
-    )
-    doc["groups"]["default"]["web"]["subnet_pool"] = "other"
     assert problems(doc) == []
+    doc["groups"]["default"]["web"]["subnet_pool"] = "nope"
+    assert only(doc).startswith("groups.default.web.subnet_pool: ")
 
 
 # ---- references ------------------------------------------------------------------------------
