@@ -52,11 +52,14 @@ class LeaderElectionConfig(StrictModel):
         return self
 
 
+NOT_SUPPORTED_YET = "is not supported by this server yet (it could not start with it)"
+
+
 class StorageConfig(StrictModel):
     """Where cluster-scope objects live when they are not in the shard's bucket."""
 
     provider: Literal["s3", "gcs", "file"]
-    """`s3` or `file`. `gcs` is accepted by the schema, but the server refuses to start with it."""
+    """`s3` or `file`. `gcs` is accepted by the schema and refused by validation (not supported yet)."""
     bucket: NonEmptyStr
     """Bucket name (`s3`) or directory (`file`)."""
     region: str = ""
@@ -65,6 +68,14 @@ class StorageConfig(StrictModel):
     """Endpoint URL of an S3-compatible store; empty: AWS S3, or `AWS_ENDPOINT_URL` when set."""
     prefix: str = "cluster/"
     """Key prefix of the cluster scope inside that bucket."""
+
+    @model_validator(mode="after")
+    def _rules(self) -> Self:
+        rules = Rules()
+        if self.provider == "gcs":
+            rules.add("provider", f'"gcs" {NOT_SUPPORTED_YET}; use "s3" or "file"')
+        rules.check()
+        return self
 
 
 EncryptionKeyProvider = Literal[
@@ -76,19 +87,21 @@ class EncryptionKeyConfig(StrictModel):
     """Where the 32-byte AES key for ``object-storage`` secrets comes from."""
 
     provider: EncryptionKeyProvider
-    """`env` (an environment variable) or `file`. The other values are accepted by the schema for upstream
-    compatibility, but the server refuses to start with them."""
+    """`env` (an environment variable), `file`, `aws-secrets-manager` (a secret's name or ARN; the default
+    of upstream's Terraform module) or `aws-parameter-store` (a `SecureString` parameter).
+    `google-secret-manager` is accepted by the schema and refused by validation (not supported yet)."""
     source: NonEmptyStr
-    """The variable name (`env`) or file path (`file`) holding the key: 32 raw bytes, 64 hex characters, or
-    base64 of 32 bytes (`nstance-admin secrets generate-key`)."""
+    """The variable name, file path, secret name or ARN, or parameter name holding the key: 32 raw bytes
+    (what upstream reads; `nstance-admin secrets generate-key` prints such a key), 64 hex characters, or
+    base64 of 32 bytes."""
     project_id: str = ""
-    """Google project of `google-secret-manager` (not supported yet); required with that provider."""
+    """Google project of `google-secret-manager`; required with that provider."""
 
     @model_validator(mode="after")
     def _rules(self) -> Self:
         rules = Rules()
-        if self.provider == "google-secret-manager" and not self.project_id:
-            rules.add("project_id", 'is required when provider is "google-secret-manager"')
+        if self.provider == "google-secret-manager":
+            rules.add("provider", f'"google-secret-manager" {NOT_SUPPORTED_YET}')
         rules.check()
         return self
 
@@ -109,14 +122,18 @@ class SecretsConfig(StrictModel):
     """The cluster's secret store (CA key, nonce signing key, template secrets)."""
 
     provider: SecretsProvider
-    """`object-storage` (AES-256-GCM encrypted objects in the cluster scope), `aws-secrets-manager`, or
-    `memory` (a process-local store, for tests). `aws-parameter-store` and `google-secret-manager` (alias
-    `gcp-secret-manager`) are accepted by the schema, but the server refuses to start with them."""
+    """`object-storage` (AES-256-GCM encrypted objects in the cluster scope), `aws-parameter-store`
+    (`SecureString` parameters), `aws-secrets-manager`, or `memory` (a process-local store, for tests).
+    `google-secret-manager` (alias `gcp-secret-manager`) is accepted by the schema and refused by
+    validation (not supported yet). Without a `cluster.secrets` block, `aws` shards use
+    `aws-parameter-store` and `google` shards `google-secret-manager`, as upstream."""
     prefix: str = ""
-    """Name prefix of every secret. Empty: `secret/` for `object-storage` (so `cluster/secret/ca.key`),
-    none for `aws-secrets-manager`. Pass the same value to `nstance-admin --secrets-prefix`."""
+    """Name prefix of every secret. Empty: upstream's default of the provider: `secret/` for
+    `object-storage` (so `cluster/secret/ca.key`), `/nstance/` for `aws-parameter-store`, `nstance/` for
+    `aws-secrets-manager`, `nstance-` for `google-secret-manager`. Pass the same value to
+    `nstance-admin --secrets-prefix`."""
     project_id: str = ""
-    """Google project of `google-secret-manager` (not supported yet); required with that provider."""
+    """Google project of `google-secret-manager`; required with that provider."""
     encryption_key: EncryptionKeyConfig | None = None
     """The current key of `object-storage` secrets: it encrypts every write and is tried first on reads.
     Required with `object-storage`, refused with any other provider."""
@@ -135,8 +152,8 @@ class SecretsConfig(StrictModel):
             rules.add("encryption_key", 'is only used with provider "object-storage"; remove it')
         if self.provider != "object-storage" and self.old_encryption_keys:
             rules.add("old_encryption_keys", 'is only used with provider "object-storage"; remove it')
-        if self.provider == "google-secret-manager" and not self.project_id:
-            rules.add("project_id", 'is required when provider is "google-secret-manager"')
+        if self.provider == "google-secret-manager":
+            rules.add("provider", f'"google-secret-manager" {NOT_SUPPORTED_YET}')
         rules.check()
         return self
 

@@ -77,10 +77,32 @@ def _validate_section(name: str, raw: object) -> tuple[Any, list[Problem]]:
     return value, problems
 
 
+#: The secret store of a shard provider when ``cluster.secrets`` is absent (upstream v2's defaults).
+DEFAULT_SECRETS_PROVIDERS: dict[str, str] = {
+    "aws": "aws-parameter-store",
+    "google": "google-secret-manager",
+    "gcp": "google-secret-manager",
+}
+
+
+def _default_secrets(raw: dict[str, Any]) -> dict[str, Any]:
+    """Fill in ``cluster.secrets`` from the shard's provider when it is absent, as upstream v2 does."""
+    cluster, shard = raw.get("cluster"), raw.get("shard")
+    if not isinstance(cluster, dict) or cluster.get("secrets") is not None or not isinstance(shard, dict):
+        return raw
+    infra = shard.get("infra")
+    provider = infra.get("provider") if isinstance(infra, dict) else None
+    default = DEFAULT_SECRETS_PROVIDERS.get(provider) if isinstance(provider, str) else None
+    if default is None:
+        return raw
+    return {**raw, "cluster": {**cluster, "secrets": {"provider": default}}}
+
+
 def _validate(raw: object) -> tuple[ServerConfig | None, list[Problem]]:
     if not isinstance(raw, dict):
         return None, [Problem("", "the document must be a JSON object")]
     raw = {key: value for key, value in raw.items() if value is not None}  # null is absent, as in Go
+    raw = _default_secrets(raw)
     if isinstance(raw.get("groups"), dict):
         raw["groups"] = {tenant: {} if groups is None else groups for tenant, groups in raw["groups"].items()}
     problems: list[Problem] = []

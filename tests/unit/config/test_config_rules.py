@@ -276,10 +276,39 @@ def test_secrets_provider_and_key_provider_choices() -> None:
     )
 
 
-def test_old_gcp_secret_manager_name_is_accepted() -> None:
+def test_google_secret_manager_is_refused_by_validation_under_either_name() -> None:
     doc = base_config()
-    doc["cluster"]["secrets"] = {"provider": "gcp-secret-manager", "project_id": "p"}
-    assert load(doc).cluster.secrets.provider == "google-secret-manager"
+    for name in ("gcp-secret-manager", "google-secret-manager"):
+        doc["cluster"]["secrets"] = {"provider": name, "project_id": "p"}
+        assert only(doc) == (
+            'cluster.secrets.provider: "google-secret-manager" is not supported by this server yet '
+            "(it could not start with it)"
+        )
+
+
+@pytest.mark.parametrize(
+    ("provider", "expected"), [("aws", "aws-parameter-store"), ("google", "google-secret-manager")]
+)
+def test_without_a_secrets_block_the_provider_default_applies(provider: str, expected: str) -> None:
+    doc = base_config()
+    doc["shard"]["infra"]["provider"] = provider
+    del doc["cluster"]["secrets"]
+    if provider == "aws":
+        assert load(doc).cluster.secrets.provider == expected
+    else:
+        assert only(doc).startswith(f'cluster.secrets.provider: "{expected}" is not supported')
+    doc["shard"]["infra"]["provider"] = "proxmox"
+    doc["defaults"] = {"args": {"StoragePool": "local-lvm", "TemplateName": "debian"}}
+    assert only(doc) == "cluster.secrets: is required"
+
+
+def test_gcs_cluster_storage_is_refused_by_validation() -> None:
+    doc = base_config()
+    doc["cluster"]["storage"] = {"provider": "gcs", "bucket": "b"}
+    assert only(doc) == (
+        'cluster.storage.provider: "gcs" is not supported by this server yet (it could not start with it); '
+        'use "s3" or "file"'
+    )
 
 
 # ---- userdata --------------------------------------------------------------------------------
