@@ -140,6 +140,11 @@ class SecretsConfig(StrictModel):
     old_encryption_keys: list[EncryptionKeyConfig] = Field(default_factory=list)
     """Earlier keys, tried in order after `encryption_key` when a secret does not decrypt, never used to
     write. Only with `object-storage`."""
+    bind_names: bool = False
+    """`object-storage`: also bind each secret's name to its ciphertext (AES-GCM additional data), so an
+    object copied to another secret name fails to decrypt. Upstream's Go server cannot read secrets
+    written this way; leave it `false` while a move back to it must stay possible. Both forms are
+    always read. Not an upstream field (upstream ignores it)."""
     cache_ttl: Duration = timedelta(0)
     """Accepted for upstream compatibility. This server does not cache secrets, so the value has no effect."""
 
@@ -150,6 +155,8 @@ class SecretsConfig(StrictModel):
             rules.add("encryption_key", 'is required when provider is "object-storage"')
         if self.provider != "object-storage" and self.encryption_key is not None:
             rules.add("encryption_key", 'is only used with provider "object-storage"; remove it')
+        if self.provider != "object-storage" and self.bind_names:
+            rules.add("bind_names", 'is only used with provider "object-storage"; remove it')
         if self.provider != "object-storage" and self.old_encryption_keys:
             rules.add("old_encryption_keys", 'is only used with provider "object-storage"; remove it')
         if self.provider == "google-secret-manager":

@@ -47,6 +47,7 @@ def open_secret_store(
     aws_endpoint_url: str | None = None,
     aws_client: Any = None,
     accept_legacy_unbound: bool = True,
+    bind_names: bool = False,
 ) -> SecretStore:
     """Return the store ``provider`` names, configured with the options that apply to it."""
     if provider == "memory":
@@ -59,6 +60,7 @@ def open_secret_store(
             default_prefix(provider, prefix),
             keys=keys,
             accept_legacy_unbound=accept_legacy_unbound,
+            bind_names=bind_names,
         )
     if provider == "aws-secrets-manager":
         from nstance.secrets.aws import AwsSecretsManagerStore  # boto3 only when asked for

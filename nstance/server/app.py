@@ -273,6 +273,7 @@ class ServerApp:
             object_store=cluster_store,
             prefix=secrets_cfg.prefix or None,
             keys=keys,
+            bind_names=secrets_cfg.bind_names,
         )
         self._secrets = secrets
         backoff = Backoff(base=1.0, cap=15.0)

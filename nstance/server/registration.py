@@ -603,7 +603,11 @@ class Registrar:
         if not isinstance(doc, dict):
             log.warning("skipped operator record %s: not a JSON object", key)
             return None
-        cluster_id, tenant, public_key = doc.get("cluster_id"), doc.get("tenant"), doc.get("public_key")
+        # Upstream writes two shapes here: its renewal's (cluster_id, public_key, renewed_at) and its
+        # registration's (client_id, public_key_pem, registered_at).
+        cluster_id = doc.get("cluster_id") or doc.get("client_id")
+        tenant = doc.get("tenant")
+        public_key = doc.get("public_key") or doc.get("public_key_pem")
         if not (
             isinstance(cluster_id, str)
             and isinstance(tenant, str)
@@ -623,7 +627,7 @@ class Registrar:
             # by what names them uniquely: tenant and cluster.
             operator_id = f"{tenant}.{cluster_id}"
         serial = doc.get("cert_serial")
-        renewed_at = _parse_time(doc.get("renewed_at"))
+        renewed_at = _parse_time(doc.get("renewed_at")) or _parse_time(doc.get("registered_at"))
         return {
             "operator_id": operator_id,
             "cluster_id": cluster_id,

@@ -281,10 +281,12 @@ def test_register_operator_writes_identity_and_record(cluster: Cluster) -> None:
     assert 8759 * 3600 < lifetime.total_seconds() <= 8760 * 3600 + 600
 
     record = json.loads((cluster.bucket / "cluster" / "operator" / "default.demo.json").read_text())
+    # the union of upstream's registration and renewal record shapes (docs/files.md)
     assert set(record) == {
-        "cluster_id", "tenant", "operator_id", "public_key",
-        "cert_serial", "expires_at", "renewed_at", "type",
+        "cluster_id", "client_id", "tenant", "operator_id", "public_key", "public_key_pem",
+        "cert_serial", "expires_at", "registered_at", "renewed_at", "type",
     }  # fmt: skip
+    assert (record["client_id"], record["public_key_pem"]) == (record["cluster_id"], record["public_key"])
     assert record["type"] == "operator"
     assert record["operator_id"] == "opr-admin-test"
     assert (record["cluster_id"], record["tenant"]) == ("demo", "default")

@@ -518,6 +518,28 @@ async def test_backfill_restores_operators_from_storage_into_an_empty_cache(h: H
         fresh.close()
 
 
+async def test_backfill_reads_an_operator_record_in_upstreams_registration_shape(h: Harness) -> None:
+    # What upstream's RegisterOperator writes (json.Marshal of its map: sorted keys, RFC 3339 nanos).
+    pem = p256_pem()[1].decode()
+    record = {
+        "cert_serial": "1764104400123456789",
+        "client_id": CLUSTER,
+        "expires_at": "2027-11-25T21:00:00.123456789Z",
+        "public_key_pem": pem,
+        "registered_at": "2026-11-25T21:00:00.123456789Z",
+        "tenant": "acme",
+    }
+    h.cluster_store.put(f"operator/acme.{CLUSTER}.json", json.dumps(record, separators=(",", ":")).encode())
+    assert await h.registrar.backfill_operators() == 1
+    (restored,) = h.operators()
+    assert (restored.tenant, restored.public_key, restored.cert_serial) == (
+        "acme",
+        pem,
+        "1764104400123456789",
+    )
+    assert restored.cert_expires_at == datetime(2027, 11, 25, 21, 0, 0, 123456, tzinfo=UTC)
+
+
 # --- renewal -----------------------------------------------------------------------------------------
 
 
