@@ -296,7 +296,8 @@ def cluster_nonce(
 
 @secrets_app.command("generate-key")
 def secrets_generate_key() -> None:
-    """Print a new random 32-byte encryption key (base64) for the object-storage secrets provider."""
+    """Print a new random encryption key for the object-storage secrets provider: 32 letters and digits,
+    used byte for byte (what upstream's Go server reads too)."""
     typer.echo(generate_encryption_key())
 
 

@@ -106,8 +106,9 @@ def open_scopes(
 ) -> StorageScopes:
     """Build the scopes from ``--storage file|s3|memory --bucket X --prefix Y`` style inputs.
 
-    ``prefix`` defaults to ``shard/{shard}/`` (a ``{shard}`` placeholder is filled in); for ``file`` the
-    bucket is a directory.
+    ``prefix`` is the shard scope's prefix as upstream's ``--prefix`` means it: default ``shard/{shard}/``,
+    a ``{shard}`` placeholder is filled in; the cluster scope is ``cluster_prefix`` of the same bucket.
+    For ``file`` the bucket is a directory.
     """
     kind = storage.lower()
     if kind == "s3":

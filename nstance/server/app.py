@@ -205,15 +205,11 @@ class ServerApp:
     # --- lifecycle --------------------------------------------------------------------------
 
     def _scopes(self) -> StorageScopes:
-        prefix = self.opts.prefix
-        if prefix and not prefix.endswith("/"):
-            prefix += "/"
         return open_scopes(
             self.opts.storage,
             self.opts.bucket,
             shard=self.opts.shard,
-            prefix=f"{prefix}shard/{self.opts.shard}/",
-            cluster_prefix=f"{prefix}cluster/",
+            prefix=self.opts.prefix or None,  # as upstream: the shard scope, default shard/{shard}/
         )
 
     def _cluster_store(self, config: ServerConfig, scopes: StorageScopes) -> ObjectStore:
