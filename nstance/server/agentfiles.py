@@ -31,7 +31,6 @@ Blocking store calls and certificate signing run in worker threads.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 from collections.abc import Collection, Mapping, Sequence
@@ -56,7 +55,7 @@ from nstance.config.errors import join_path
 from nstance.config.render import render_value
 from nstance.core.clock import Clock
 from nstance.core.errors import InvalidArgument, NotFound, NstanceError
-from nstance.core.gojson import go_marshal_indent
+from nstance.core.gojson import go_marshal, go_marshal_indent
 from nstance.objectstore.base import ObjectStore, PreconditionFailed
 from nstance.objectstore.file import validate_key
 from nstance.pki.ca import CertificateAuthority
@@ -412,21 +411,33 @@ def _certificate_name(cert: IssuedCertificate) -> str:
 def certlog_document(
     *, tenant: str, instance_id: str, certificates: Sequence[IssuedCertificate], now: datetime
 ) -> dict[str, Any]:
-    """The JSON object ``write_certlog`` stores (see docs/files.md for the format)."""
+    """The JSON object ``write_certlog`` stores: upstream's fields (see docs/files.md), plus
+    ``not_before`` in each entry."""
     return {
         "tenant": tenant,
         "instance_id": instance_id,
-        "issued_at": _iso(now),
+        "issued_at": now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "batch_size": len(certificates),
         "certificates": [
             {
-                "name": _certificate_name(cert),
-                "serial": cert.serial_hex,
+                "certificate_name": _certificate_name(cert),
+                "serial_number": cert.serial_hex,
+                "expires_at": _iso(cert.not_after),
                 "not_before": _iso(cert.not_before),
-                "not_after": _iso(cert.not_after),
             }
             for cert in certificates
         ],
     }
+
+
+def certlog_stamp(moment: datetime) -> int:
+    """The time part of a certificate log key: ``yyyyMMddHHmmss`` and milliseconds, as one number.
+
+    Upstream's keys have the same 17 digits (its last three are always ``000``), so both sort in time
+    order together.
+    """
+    utc = moment.astimezone(UTC)
+    return int(utc.strftime("%Y%m%d%H%M%S")) * 1000 + utc.microsecond // 1000
 
 
 def write_certlog(
@@ -437,22 +448,21 @@ def write_certlog(
     certificates: Sequence[IssuedCertificate],
     now: datetime,
 ) -> str:
-    """Write one certificate log batch to ``certlog/{tenant}.{ms}.{instance_id}.json``; return the key.
+    """Write one certificate log batch to ``certlog/{tenant}.{stamp}.{instance_id}.json``; return the key.
 
-    ``store`` is the shard-scoped store. The object is created, never overwritten: if a batch for the
-    same instance already holds that millisecond, the next free millisecond is used. Serials are the
-    certificates' own (``IssuedCertificate.serial_hex``).
+    ``store`` is the shard-scoped store; ``stamp`` is ``certlog_stamp(now)``. The object is created,
+    never overwritten: if a batch for the same instance already holds that stamp, the next free
+    millisecond is used. Serials are the certificates' own (``IssuedCertificate.serial_hex``). The
+    body is compact JSON as upstream's ``json.Marshal`` writes it.
     """
     if not certificates:
         raise InvalidArgument("a certificate log batch needs at least one certificate")
     if not tenant or not instance_id:
         raise InvalidArgument("a certificate log batch needs a tenant and an instance id")
-    body = json.dumps(
-        certlog_document(tenant=tenant, instance_id=instance_id, certificates=certificates, now=now),
-        indent=2,
-        sort_keys=True,
-    ).encode("utf-8")
-    ms = int(now.timestamp() * 1000)
+    body = go_marshal(
+        certlog_document(tenant=tenant, instance_id=instance_id, certificates=certificates, now=now)
+    )
+    ms = certlog_stamp(now)
     for attempt in range(_CERTLOG_ATTEMPTS):
         key = f"{CERTLOG_PREFIX}{tenant}.{ms + attempt}.{instance_id}.json"
         try:

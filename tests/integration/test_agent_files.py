@@ -329,19 +329,22 @@ async def test_certificate_file_chains_to_the_ca_and_matches_the_certlog(env: En
     assert issued.name == "kubelet.crt"
     assert issued.serial == cert.serial_number
 
-    ms = int(env.clock.now().timestamp() * 1000)
-    key = f"certlog/acme.{ms}.{INSTANCE_ID}.json"
+    now = env.clock.now()
+    stamp = now.strftime("%Y%m%d%H%M%S") + f"{now.microsecond // 1000:03d}"  # upstream's 17 digits
+    key = f"certlog/acme.{stamp}.{INSTANCE_ID}.json"
     assert result.certlog_key == key
     assert (env.root / "shard/zone-a" / key).is_file()
     doc = json.loads(env.store.get(key)[0])
     assert doc["tenant"] == "acme"
     assert doc["instance_id"] == INSTANCE_ID
+    assert doc["batch_size"] == 1
+    assert doc["issued_at"] == now.strftime("%Y-%m-%dT%H:%M:%SZ")
     assert doc["certificates"] == [
         {
-            "name": "kubelet.crt",
-            "serial": format(cert.serial_number, "x"),
+            "certificate_name": "kubelet.crt",
+            "serial_number": format(cert.serial_number, "x"),
+            "expires_at": cert.not_valid_after_utc.isoformat().replace("+00:00", "Z"),
             "not_before": cert.not_valid_before_utc.isoformat().replace("+00:00", "Z"),
-            "not_after": cert.not_valid_after_utc.isoformat().replace("+00:00", "Z"),
         }
     ]
 
@@ -422,7 +425,7 @@ async def test_certlog_batches_in_the_same_millisecond_do_not_overwrite_each_oth
     assert first.certlog_key != second.certlog_key
     serials: set[str] = set()
     for key in env.store.list("certlog/"):
-        serials.update(c["serial"] for c in json.loads(env.store.get(key)[0])["certificates"])
+        serials.update(c["serial_number"] for c in json.loads(env.store.get(key)[0])["certificates"])
     issued: list[IssuedCertificate] = [*first.certificates, *second.certificates]
     assert serials == {c.serial_hex for c in issued}
     assert len(serials) == 2
@@ -432,4 +435,4 @@ async def test_certlog_batches_in_the_same_millisecond_do_not_overwrite_each_oth
     )
     assert direct.startswith("certlog/acme.")
     assert direct.endswith(".x.json")
-    assert [c["name"] for c in json.loads(env.store.get(direct)[0])["certificates"]] == ["kubelet.crt"] * 2
+    assert [c["certificate_name"] for c in json.loads(env.store.get(direct)[0])["certificates"]] == ["kubelet.crt"] * 2
