@@ -603,9 +603,13 @@ class Registrar:
         if not isinstance(doc, dict):
             log.warning("skipped operator record %s: not a JSON object", key)
             return None
-        # Upstream writes two shapes here: its renewal's (cluster_id, public_key, renewed_at) and its
-        # registration's (client_id, public_key_pem, registered_at).
-        cluster_id = doc.get("cluster_id") or doc.get("client_id")
+        # Upstream writes three shapes here: its renewal's (cluster_id, public_key, renewed_at), its
+        # server registration's (client_id = cluster id, public_key_pem, registered_at) and its admin's
+        # register-operator (client_id = operator id, registered_by, at {tenant}.{last 8 of the id}).
+        by_admin = "cluster_id" not in doc and doc.get("registered_by") == "nstance-admin"
+        cluster_id = (
+            self.ctx.identity.cluster_id if by_admin else doc.get("cluster_id") or doc.get("client_id")
+        )
         tenant = doc.get("tenant")
         public_key = doc.get("public_key") or doc.get("public_key_pem")
         if not (
@@ -621,7 +625,7 @@ class Registrar:
         if cluster_id != self.ctx.identity.cluster_id:
             log.warning("skipped operator record %s: it belongs to cluster %r", key, cluster_id)
             return None
-        operator_id = doc.get("operator_id")
+        operator_id = doc.get("client_id") if by_admin else doc.get("operator_id")
         if not isinstance(operator_id, str) or not operator_id or operator_id == cluster_id:
             # Records written before operator ids existed (or by a renewal that used the CN) are keyed
             # by what names them uniquely: tenant and cluster.

@@ -319,6 +319,38 @@ def test_register_operator_default_id_and_given_public_key(cluster: Cluster, tmp
     assert (cluster.bucket / "cluster" / "operator" / "team-b.demo.json").is_file()
 
 
+def test_register_operator_reads_the_cluster_id_from_storage(cluster: Cluster, tmp_path: Path) -> None:
+    # from the CA's organization, which `cluster init` wrote
+    result = run(
+        "cluster", "register-operator", "--tenant", "team-c", "--output-dir", str(tmp_path / "c"),
+        *store_flags(cluster.bucket),
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    assert "in cluster demo" in result.out
+    assert (cluster.bucket / "cluster" / "operator" / "team-c.demo.json").is_file()
+
+
+def test_register_operator_reads_the_cluster_id_from_the_shard_configs_when_the_ca_has_none(
+    tmp_path: Path,
+) -> None:
+    # An upstream CA says "Nstance Cluster Unknown"; the shard configs in the bucket name the cluster.
+    bucket = tmp_path / "store"
+    assert run("cluster", "init", "--cluster-id", "demo", *store_flags(bucket)).code == 0
+    cluster_store = ScopedObjectStore(FileObjectStore(bucket), "cluster/")
+    secrets = ObjectStorageSecretStore(cluster_store, keys=[KEY])
+    upstream_ca = create_ca(key_type="ed25519", private_key=load_private_key_pem(secrets.get("ca.key")))
+    cluster_store.put("ca.crt", upstream_ca.cert_pem)
+    flags = ("--output-dir", str(tmp_path / "id"), *store_flags(bucket))
+    result = run("cluster", "register-operator", *flags)
+    assert result.code == 1
+    assert "cannot tell the cluster id from storage" in result.err
+    (bucket / "shard" / "zone-a").mkdir(parents=True)
+    (bucket / "shard" / "zone-a" / "config.jsonc").write_text('// upstream\n{"cluster": {"id": "prod"}}')
+    result = run("cluster", "register-operator", *flags)
+    assert result.code == 0, result.err
+    assert (bucket / "cluster" / "operator" / "default.prod.json").is_file()
+
+
 def test_register_operator_refuses_ed25519(cluster: Cluster, tmp_path: Path) -> None:
     pub_file = tmp_path / "ed.pub"
     pub_file.write_bytes(public_key_to_pem(Ed25519PrivateKey.generate().public_key()))

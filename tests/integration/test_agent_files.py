@@ -435,4 +435,6 @@ async def test_certlog_batches_in_the_same_millisecond_do_not_overwrite_each_oth
     )
     assert direct.startswith("certlog/acme.")
     assert direct.endswith(".x.json")
-    assert [c["certificate_name"] for c in json.loads(env.store.get(direct)[0])["certificates"]] == ["kubelet.crt"] * 2
+    assert [c["certificate_name"] for c in json.loads(env.store.get(direct)[0])["certificates"]] == [
+        "kubelet.crt"
+    ] * 2

@@ -540,6 +540,23 @@ async def test_backfill_reads_an_operator_record_in_upstreams_registration_shape
     assert restored.cert_expires_at == datetime(2027, 11, 25, 21, 0, 0, 123456, tzinfo=UTC)
 
 
+async def test_backfill_reads_a_record_of_upstreams_admin_register_operator(h: Harness) -> None:
+    pem = p256_pem()[1].decode()
+    record = {
+        "cert_serial": "42",
+        "client_id": "opr01jq6z8c8w9x2m4r5t7v9y1b3d",
+        "expires_at": "2027-11-25T21:00:00Z",
+        "public_key_pem": pem,
+        "registered_at": "2026-11-25T21:00:00Z",
+        "registered_by": "nstance-admin",
+        "tenant": "acme",
+    }
+    h.cluster_store.put("operator/acme.y1b3d.json", json.dumps(record, indent=2).encode())
+    assert await h.registrar.backfill_operators() == 1
+    (restored,) = h.operators()
+    assert (restored.tenant, restored.public_key, restored.cert_serial) == ("acme", pem, "42")
+
+
 # --- renewal -----------------------------------------------------------------------------------------
 
 
