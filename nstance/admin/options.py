@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 StorageProviderOpt = Annotated[
-    str, typer.Option("--storage-provider", envvar="NSTANCE_STORAGE", help="Object storage: file or s3.")
+    str, typer.Option("--storage-provider", envvar="NSTANCE_STORAGE", help="Object storage: file, s3 or gcs.")
 ]
 StorageBucketOpt = Annotated[
     str,

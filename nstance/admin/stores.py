@@ -25,7 +25,7 @@ from nstance.secrets.base import SecretStore
 from nstance.secrets.factory import open_secret_store
 from nstance.secrets.keys import load_encryption_key
 
-STORAGE_PROVIDERS = ("file", "s3")
+STORAGE_PROVIDERS = ("file", "s3", "gcs")
 
 
 @dataclass(frozen=True, slots=True)

@@ -59,23 +59,16 @@ class StorageConfig(StrictModel):
     """Where cluster-scope objects live when they are not in the shard's bucket."""
 
     provider: Literal["s3", "gcs", "file"]
-    """`s3` or `file`. `gcs` is accepted by the schema and refused by validation (not supported yet)."""
+    """`s3`, `gcs` (Google Cloud Storage) or `file`."""
     bucket: NonEmptyStr
-    """Bucket name (`s3`) or directory (`file`)."""
+    """Bucket name (`s3`, `gcs`) or directory (`file`)."""
     region: str = ""
     """Region of the bucket (`s3`); empty: boto3's default (`AWS_REGION`)."""
     endpoint: str = ""
-    """Endpoint URL of an S3-compatible store; empty: AWS S3, or `AWS_ENDPOINT_URL` when set."""
+    """Endpoint URL of an S3-compatible store (or of a GCS emulator); empty: AWS S3 (or `AWS_ENDPOINT_URL`
+    when set), Google Cloud Storage (or `STORAGE_EMULATOR_HOST`)."""
     prefix: str = "cluster/"
     """Key prefix of the cluster scope inside that bucket."""
-
-    @model_validator(mode="after")
-    def _rules(self) -> Self:
-        rules = Rules()
-        if self.provider == "gcs":
-            rules.add("provider", f'"gcs" {NOT_SUPPORTED_YET}; use "s3" or "file"')
-        rules.check()
-        return self
 
 
 EncryptionKeyProvider = Literal[

@@ -217,9 +217,12 @@ class ServerApp:
         storage = config.cluster.storage
         if storage is None:
             return scopes.cluster
-        if storage.provider == "gcs":
-            raise InvalidArgument('cluster.storage.provider: "gcs" is not supported yet; use "s3" or "file"')
         prefix = storage.prefix
+        if storage.provider == "gcs":
+            return open_store(
+                f"gcs://{storage.bucket}/{prefix}",
+                **({"endpoint": storage.endpoint} if storage.endpoint else {}),
+            )
         if storage.provider == "file":
             return ScopedObjectStore(FileObjectStore(Path(storage.bucket).expanduser()), prefix)
         opts: dict[str, str] = {}

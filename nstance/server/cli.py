@@ -28,9 +28,11 @@ EXIT_USAGE = 2
 
 IdOpt = Annotated[str | None, typer.Option("--id", envvar="NSTANCE_SERVER_ID", help="This server's id.")]
 ShardOpt = Annotated[str | None, typer.Option(envvar="NSTANCE_SHARD", help="Shard (zone) this server runs.")]
-StorageOpt = Annotated[str, typer.Option(envvar="NSTANCE_STORAGE", help="Object storage kind: file or s3.")]
+StorageOpt = Annotated[
+    str, typer.Option(envvar="NSTANCE_STORAGE", help="Object storage kind: file, s3 or gcs.")
+]
 BucketOpt = Annotated[
-    str | None, typer.Option(envvar="NSTANCE_BUCKET", help="Bucket name (s3) or directory (file).")
+    str | None, typer.Option(envvar="NSTANCE_BUCKET", help="Bucket name (s3, gcs) or directory (file).")
 ]
 PrefixOpt = Annotated[
     str | None,

@@ -302,13 +302,10 @@ def test_without_a_secrets_block_the_provider_default_applies(provider: str, exp
     assert only(doc) == "cluster.secrets: is required"
 
 
-def test_gcs_cluster_storage_is_refused_by_validation() -> None:
+def test_gcs_cluster_storage_is_valid() -> None:
     doc = base_config()
     doc["cluster"]["storage"] = {"provider": "gcs", "bucket": "b"}
-    assert only(doc) == (
-        'cluster.storage.provider: "gcs" is not supported by this server yet (it could not start with it); '
-        'use "s3" or "file"'
-    )
+    assert problems(doc) == []
 
 
 # ---- userdata --------------------------------------------------------------------------------
