@@ -31,7 +31,6 @@ QUOTED_MESSAGES: list[tuple[str, str]] = [
     ("config not loaded: ", "nstance/server/http.py"),
     ("standby; leader: ", "nstance/server/http.py"),
     ("cannot listen on shard.bind.", "nstance/server/app.py"),
-    ('"gcs" is not supported yet; use "s3" or "file"', "nstance/server/app.py"),
     ("recovery failed: ", "nstance/server/shard.py"),
     ("gc cycle failed: ", "nstance/server/shard.py"),
     # config validation
