@@ -47,6 +47,20 @@ class UnknownField(ExecError):
     """A field that the data's struct does not have (``.Instance.Foo``)."""
 
 
+class RequiredKeys(dict[str, Any]):
+    """A map whose missing keys are errors, not zero values (``.Image``: an image that could not be
+    resolved must stop a create with the reason, not launch a VM without an image)."""
+
+    def __init__(self, path: str, items: Mapping[str, Any]) -> None:
+        super().__init__(items)
+        self.path = path
+
+    def lookup(self, key: str) -> Any:
+        if key not in self:
+            raise ExecError(f'undefined variable "{self.path}.{key}"')
+        return self[key]
+
+
 @dataclass(frozen=True, slots=True)
 class GoStruct:
     """A Go struct value: named fields in order; ``name`` is used in error messages."""
@@ -161,7 +175,7 @@ def _index_one(item: Any, key: Any) -> Any:
     if isinstance(item, dict):
         if not isinstance(key, str):
             raise ExecError(f"value has type {go_type(key)}; should be string")
-        return item.get(key, "")
+        return item.lookup(key) if isinstance(item, RequiredKeys) else item.get(key, "")
     if isinstance(item, (list, tuple, str)):
         if isinstance(key, bool) or not isinstance(key, int):
             raise ExecError(f"cannot index slice/array with type {go_type(key)}")
@@ -288,6 +302,8 @@ def _field(value: Any, name: str, where: str) -> Any:
         if name not in value.fields:
             raise UnknownField(f"can't evaluate field {name} in type {value.name}")
         return value.fields[name]
+    if isinstance(value, RequiredKeys):
+        return value.lookup(name)
     if isinstance(value, dict):
         return value.get(name, "")
     if value is None:

@@ -3,7 +3,9 @@
 Field names are Python style here; ``TemplateData.go_data()`` exposes them under upstream's Go
 names (``.Instance.ID``, ``.Cluster.CACert``, ``.Server.RegistrationAddr``, ``.Provider.Zone``,
 ``.Vars.<name>``, ``.Image.<name>``, ``.Nonce``): structs whose unknown fields are errors, and maps
-(``Vars``, ``Image``) whose missing keys are empty strings. Pure data.
+(``Vars``, whose missing keys are empty strings as Go's ``missingkey=zero`` makes them, and ``Image``,
+whose missing keys are errors naming the image: an unresolved image must stop a create with its
+reason rather than launch a VM without one). Pure data.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from nstance.config.goexec import GoStruct
+from nstance.config.goexec import GoStruct, RequiredKeys
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +84,7 @@ class TemplateData:
                 "Server": GoStruct("ServerData", server),
                 "Provider": GoStruct("ProviderData", {"Kind": p.kind, "Region": p.region, "Zone": p.zone}),
                 "Vars": dict(self.vars),
-                "Image": dict(self.image),
+                "Image": RequiredKeys("Image", self.image),
                 "Nonce": self.nonce,
             },
         )

@@ -333,8 +333,9 @@ async def test_an_image_that_cannot_be_resolved_fails_creates_with_the_reason(tm
         assert h.vms.requests == []
         messages = [e.error for e in h.errors]
         assert any(
-            'templates.app.args.ImageId: undefined variable "Image.debian"; the image could not be resolved: '
-            "DescribeImages was denied" in m
+            "templates.app.args.ImageId: line 1: executing at <.Image.debian>: "
+            'undefined variable "Image.debian"; the image could not be resolved: DescribeImages was denied'
+            in m
             for m in messages
         ), messages
     finally:

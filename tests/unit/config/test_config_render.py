@@ -75,7 +75,6 @@ def failure(source: str) -> str:
         ("{{ .Vars.items }}", "shadowed-method-name"),
         # missingkey=zero: a missing map key is the empty string, in output and in conditions
         ("[{{ .Vars.missing }}]", "[]"),
-        ("[{{ .Image.nope }}]", "[]"),
         ("{{ if .Vars.missing }}set{{ else }}unset{{ end }}", "unset"),
         ('[{{ index .Vars "missing" }}]', "[]"),
         ('{{ index .Vars "role" }}', "worker"),
@@ -169,6 +168,17 @@ def test_unknown_struct_fields_are_errors_found_at_validation() -> None:
     assert template_problem("{{ .Foo }}") == (
         "line 1: executing at <.Foo>: can't evaluate field Foo in type TemplateData"
     )
+
+
+def test_an_image_that_is_not_resolved_is_an_error_not_an_empty_id() -> None:
+    # Go would render "" and let the provider fail; here the create stops with the image named
+    # (nstance.server.images adds why the lookup failed).
+    assert (
+        failure("{{ .Image.nope }}")
+        == f'{NAME}: line 1: executing at <.Image.nope>: undefined variable "Image.nope"'
+    )
+    assert failure('{{ index .Image "nope" }}').endswith('undefined variable "Image.nope"')
+    assert template_problem("{{ .Image.nope }}") is None  # resolved at run time, not a config error
 
 
 def test_data_dependent_errors_are_found_when_rendering() -> None:
