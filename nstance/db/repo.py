@@ -429,6 +429,11 @@ def restore_instance(session: Session, **values: Any) -> None:
     session.execute(statement.on_conflict_do_update(index_elements=[Instance.id], set_=updates))
 
 
+def forget_instance(session: Session, instance_id: str) -> bool:
+    """Remove an instance's row outright (no tombstone): its record is gone, which is not a deletion."""
+    return _rowcount(session, delete(Instance).where(Instance.id == instance_id)) == 1
+
+
 class PurgedInstance(NamedTuple):
     """An instance row removed by ``purge_deleted_before`` (enough to find its object-storage record)."""
 

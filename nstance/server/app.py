@@ -19,10 +19,11 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
 
@@ -32,6 +33,7 @@ from nstance.core.backoff import Backoff
 from nstance.core.clock import Clock, SystemClock
 from nstance.core.errors import FailedPrecondition, InvalidArgument, NstanceError
 from nstance.core.logformat import JsonFormatter
+from nstance.core.logthrottle import LogThrottle
 from nstance.core.ratelimit import TokenBucket
 from nstance.db import repo
 from nstance.db.engine import Database, open_database
@@ -39,6 +41,8 @@ from nstance.objectstore.base import ObjectStore
 from nstance.objectstore.factory import StorageScopes, open_scopes, open_store
 from nstance.objectstore.file import FileObjectStore
 from nstance.objectstore.scoped import ScopedObjectStore
+from nstance.pki.certs import issue_server_certificate
+from nstance.pki.tlspipe import private_directory, remove_private_directory
 from nstance.providers.factory import create_provider
 from nstance.rpc import agent_pb2_grpc, operator_pb2_grpc, registration_pb2_grpc
 from nstance.secrets.base import SecretStore
@@ -50,45 +54,36 @@ from nstance.secrets.cluster_identity import (
 )
 from nstance.secrets.factory import open_secret_store
 from nstance.secrets.keys import load_encryption_keys
+from nstance.server.confighealth import report_config
 from nstance.server.configstate import ConfigState
 from nstance.server.context import ShardContext
+from nstance.server.degraded import Degradations
 from nstance.server.election import Elector, ElectorLeadership
+from nstance.server.fdbudget import HEALTH_CONNECTIONS, plan_connection_caps, raise_open_file_limit
+from nstance.server.frontproc import FrontProcess, Listener
+from nstance.server.grpcopts import server_options
 from nstance.server.http import HealthServer
 from nstance.server.interceptors import ServerInterceptor
 from nstance.server.limits import CreateLimiter
 from nstance.server.metrics import InstrumentedProvider, Metrics
 from nstance.server.provisioning import ShardIdentity
 from nstance.server.registration import Registrar
-from nstance.server.revocations import revocation_loop
+from nstance.server.revocations import revocation_loop, sync_revocations
 from nstance.server.servicers.agent import AgentServicer
 from nstance.server.servicers.operator import OperatorServicer
 from nstance.server.servicers.registration import RegistrationServicer
 from nstance.server.shard import Shard
 from nstance.server.tls import advertised_hosts, server_credentials
+from nstance.server.tlsfront import PeerTable, listening_socket
 
 log = logging.getLogger("nstance.server")
+T = TypeVar("T")
 
 DEFAULT_HEALTH_ADDR = ":8990"
 #: Worker threads for blocking I/O (object storage, userdata fetches).
 IO_THREADS = 64
 #: Seconds between reads of the revocation list in cluster storage (``revoked/``).
 REVOCATION_SYNC_INTERVAL = 30.0
-#: Largest message any API accepts or sends (upstream's limit).
-MAX_MESSAGE_BYTES = 4 * 1024 * 1024
-GRPC_OPTIONS: list[tuple[str, int]] = [
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-]
-#: Agent and operator watch streams live for days: ping after 20 s idle, give up after 10 s without an
-#: answer, and let clients ping every 10 s even without an active call (upstream's agent settings).
-AGENT_GRPC_OPTIONS: list[tuple[str, int]] = [
-    *GRPC_OPTIONS,
-    ("grpc.keepalive_time_ms", 20_000),
-    ("grpc.keepalive_timeout_ms", 10_000),
-    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-]
 
 
 @dataclass(frozen=True)
@@ -110,12 +105,16 @@ class ServerOptions:
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     #: Optional extra bucket on create calls (requests/s) - used by benchmarks to mirror cloud limits.
     create_bucket: tuple[float, float] | None = None
+    #: Key type of the server certificates: ``ecdsa-p256`` (what grpcio clients can verify) or
+    #: ``ed25519`` (what upstream's servers present; tests use it to stand in for a Go server).
+    server_key_type: str = "ecdsa-p256"
 
 
 def setup_logging(verbose: bool = False) -> None:
-    """JSON logs on stderr."""
+    """JSON logs on stderr; a warning or error repeated more than 10 times a minute is dropped and counted."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
+    handler.addFilter(LogThrottle())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
@@ -170,6 +169,31 @@ def _host_port(addr: str, what: str) -> tuple[str, int]:
     return (host.strip("[]") or "0.0.0.0"), port
 
 
+async def retry_until_stopped(
+    step: Callable[[], Awaitable[T]],
+    stop: asyncio.Event,
+    *,
+    cap: float,
+    failed: Callable[[Exception, float], None],
+) -> T | None:
+    """``step()``'s result, retried with backoff (1 s up to ``cap``) on errors; None once ``stop`` is set.
+
+    ``failed(error, delay)`` reports each failure before the wait.
+    """
+    backoff = Backoff(base=1.0, cap=cap)
+    attempt = 0
+    while not stop.is_set():
+        try:
+            return await step()
+        except (NstanceError, OSError) as exc:
+            delay = backoff.delay(attempt)
+            attempt += 1
+            failed(exc, delay)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay)
+    return None
+
+
 class ServerApp:
     """One running server; ``run`` returns when ``stop`` is set (or on a fatal error)."""
 
@@ -182,10 +206,16 @@ class ServerApp:
         self._elector: Elector | None = None
         self._cluster_elector: Elector | None = None
         self.shard: Shard | None = None
+        #: The OpenSSL front of the mTLS ports, once they listen.
+        self.tls_front: FrontProcess | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._secrets: SecretStore | None = None
+        self.degradations = Degradations()
 
     # --- HealthSource -----------------------------------------------------------------------
+
+    def degraded(self) -> str | None:
+        return self.degradations.summary()
 
     def config_error(self) -> str | None:
         return self._config_error
@@ -234,29 +264,24 @@ class ServerApp:
         return open_store(f"s3://{storage.bucket}/{prefix}" + (f"?{query}" if query else ""))
 
     async def _load_config(self, state: ConfigState, stop: asyncio.Event) -> ServerConfig | None:
-        backoff = Backoff(base=1.0, cap=30.0)
-        attempt = 0
-        while not stop.is_set():
-            try:
-                await asyncio.to_thread(state.load, True)
-                snapshot = state.snapshot()
-                assert snapshot is not None
-                if snapshot.config.shard.id != self.opts.shard:
-                    raise FailedPrecondition(
-                        f'shard.id in config.jsonc is "{snapshot.config.shard.id}" but this server runs '
-                        f'--shard "{self.opts.shard}"'
-                    )
-                self._config_error = None
-                self.metrics.set_config_loaded(True)
-                return snapshot.config
-            except (NstanceError, OSError) as exc:
-                self._config_error = str(exc)
-                delay = backoff.delay(attempt)
-                attempt += 1
-                log.error("cannot load the shard config: %s (retrying in %.1fs)", exc, delay)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), delay)
-        return None
+        async def load() -> ServerConfig:
+            await asyncio.to_thread(state.load, True)
+            snapshot = state.snapshot()
+            assert snapshot is not None
+            if snapshot.config.shard.id != self.opts.shard:
+                raise FailedPrecondition(
+                    f'shard.id in config.jsonc is "{snapshot.config.shard.id}" but this server runs '
+                    f'--shard "{self.opts.shard}"'
+                )
+            self._config_error = None
+            self.metrics.set_config_loaded(True)
+            return snapshot.config
+
+        def failed(exc: Exception, delay: float) -> None:
+            self._config_error = str(exc)
+            log.error("cannot load the shard config: %s (retrying in %.1fs)", exc, delay)
+
+        return await retry_until_stopped(load, stop, cap=30.0, failed=failed)
 
     async def _cluster_identity(
         self, config: ServerConfig, cluster_store: ObjectStore, stop: asyncio.Event
@@ -311,15 +336,18 @@ class ServerApp:
         asyncio.get_running_loop().set_default_executor(
             ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix="nstance-io")
         )
+        open_files = raise_open_file_limit()
         scopes = self._scopes()
         opts.cachedir.mkdir(parents=True, exist_ok=True)
         db: Database = await asyncio.to_thread(open_database, opts.cachedir / "db" / "nstance.db")
-        health = HealthServer(self, self.metrics)
+        health = HealthServer(self, self.metrics, max_connections=HEALTH_CONNECTIONS)
         health_addr = opts.health_addr or DEFAULT_HEALTH_ADDR
         host, port = _host_port(health_addr, "--health-addr")
         self.health_port = await health.start(host, port)
         log.info("health endpoint on %s:%d", host, self.health_port)
         grpc_servers: list[grpc.aio.Server] = []
+        fronts: list[FrontProcess] = []
+        cleanup: list[Callable[[], None]] = []
         background: list[asyncio.Task[None]] = []
         electors: list[asyncio.Task[None]] = []
         provider = None
@@ -406,8 +434,10 @@ class ServerApp:
                 cluster_leadership=ElectorLeadership(self._cluster_elector),
                 secrets=self._secrets,
                 own_provider_id=opts.provider_instance_id,
+                degraded=self.degradations,
             )
             self.shard = Shard(ctx)
+            report_config(ctx, state.fault)  # e.g. started from the disk copy while storage is down
             registrar = Registrar(ctx)
             shard = self.shard
             # A registered agent is judged by its health reports from now on: its group is reconciled
@@ -421,44 +451,112 @@ class ServerApp:
                 with db.read_session() as session:
                     return repo.is_serial_revoked(session, serial)
 
+            # Fail closed: the deny-list is in SQLite before any port accepts a certificate.
+            if not await self._first_revocation_sync(cluster_store, db, stop):
+                return 0
+            # The mTLS ports terminate TLS in OpenSSL in a child process (frontproc, tlsfront) so Ed25519
+            # identities connect too; each connection's verified certificate reaches the interceptor
+            # through ``peers``.
+            peers = PeerTable()
             interceptor = ServerInterceptor(
-                ca=identity.ca, clock=self.clock, is_revoked=is_revoked, metrics=self.metrics
+                ca=identity.ca,
+                clock=self.clock,
+                is_revoked=is_revoked,
+                metrics=self.metrics,
+                peer_certificates=peers.certificate,
             )
             hosts = advertised_hosts([*advertise.values(), *bind.values()])
-            mtls, _ = server_credentials(identity.ca, hosts=hosts, clock=self.clock)
-            server_auth, _ = server_credentials(
-                identity.ca, hosts=hosts, clock=self.clock, require_client_cert=False
+            front_dir = private_directory()
+            cleanup.append(lambda: remove_private_directory(front_dir))
+            mtls = issue_server_certificate(
+                identity.ca, hosts=hosts, clock=self.clock, key_type=opts.server_key_type
             )
-            operator_server = grpc.aio.server(interceptors=[interceptor], options=AGENT_GRPC_OPTIONS)
+            assert mtls.key_pem is not None  # issue_server_certificate generates the key
+            front = FrontProcess(
+                peers,
+                directory=front_dir,
+                key_pem=mtls.key_pem,
+                cert_pem=mtls.cert_pem,
+                ca_pem=identity.ca.cert_pem,
+                handshake_timeout=shard_cfg.limits.handshake_timeout.total_seconds(),
+            )
+            fronts.append(front)
+            server_auth, _ = server_credentials(
+                identity.ca,
+                hosts=hosts,
+                clock=self.clock,
+                require_client_cert=False,
+                key_type=opts.server_key_type,
+            )
+            limits = shard_cfg.limits
+            caps = plan_connection_caps(limits, open_files)
+            log.log(
+                logging.WARNING if caps.scaled else logging.INFO,
+                "connections: at most %d registration, %d operator, %d agent (%d open files; %d reserved)%s",
+                caps.registration,
+                caps.operator,
+                caps.agent,
+                open_files,
+                limits.reserved_file_descriptors,
+                "; scaled down to fit the open-file limit (raise LimitNOFILE)" if caps.scaled else "",
+            )
+            operator_server = grpc.aio.server(
+                interceptors=[interceptor],
+                options=server_options(limits, streams=True, max_connections=caps.operator),
+            )
             operator_pb2_grpc.add_OperatorServiceServicer_to_server(
                 OperatorServicer(self.shard), operator_server
             )
-            registration_server = grpc.aio.server(interceptors=[interceptor], options=GRPC_OPTIONS)
+            registration_server = grpc.aio.server(
+                interceptors=[interceptor],
+                options=server_options(limits, streams=False, max_connections=caps.registration),
+            )
             registration_pb2_grpc.add_RegistrationServiceServicer_to_server(
                 RegistrationServicer(registrar), registration_server
             )
-            agent_server = grpc.aio.server(interceptors=[interceptor], options=AGENT_GRPC_OPTIONS)
+            agent_server = grpc.aio.server(
+                interceptors=[interceptor],
+                options=server_options(limits, streams=True, max_connections=caps.agent),
+            )
             agent_pb2_grpc.add_AgentServiceServicer_to_server(
                 AgentServicer(self.shard.agents, registrar), agent_server
             )
             for server, field, creds, what in (
-                (operator_server, "operator_addr", mtls, "operator API (mTLS)"),
+                (operator_server, "operator_addr", None, "operator API (mTLS)"),
                 (registration_server, "registration_addr", server_auth, "registration (TLS)"),
-                (agent_server, "agent_addr", mtls, "agent API (mTLS)"),
+                (agent_server, "agent_addr", None, "agent API (mTLS)"),
             ):
                 host, port = _host_port(bind[field], f"shard.bind.{field}")
-                bound = server.add_secure_port(f"{host}:{port}", creds)
-                if bound == 0:
-                    raise FailedPrecondition(f"cannot listen on shard.bind.{field} {bind[field]}")
-                await server.start()
-                grpc_servers.append(server)
+                if creds is None:
+                    backend = front_dir / f"{field}.sock"
+                    if server.add_insecure_port(f"unix:{backend}") == 0:
+                        raise FailedPrecondition(f"cannot listen on {backend} for shard.bind.{field}")
+                    await server.start()
+                    grpc_servers.append(server)
+                    try:
+                        sock = listening_socket(host, port)
+                    except OSError as exc:
+                        raise FailedPrecondition(
+                            f"cannot listen on shard.bind.{field} {bind[field]}: {exc}"
+                        ) from exc
+                    front.add(Listener(sock, backend, what))
+                    bound = sock.getsockname()[1]
+                else:
+                    bound = server.add_secure_port(f"{host}:{port}", creds)
+                    if bound == 0:
+                        raise FailedPrecondition(f"cannot listen on shard.bind.{field} {bind[field]}")
+                    await server.start()
+                    grpc_servers.append(server)
                 log.info("%s on %s:%d", what, host, bound)
+            await front.start()
+            self.tls_front = front
             background.append(
                 asyncio.create_task(
                     revocation_loop(cluster_store, db, clock=self.clock, interval=REVOCATION_SYNC_INTERVAL),
                     name="revocations",
                 )
             )
+            background.append(asyncio.create_task(self.shard.standby_config_loop(), name="standby-config"))
 
             electors.append(asyncio.create_task(elector.run(), name="shard-election"))
             self._starting = None
@@ -468,7 +566,24 @@ class ServerApp:
         finally:
             for task in background:
                 task.cancel()
-            await self._shutdown(grpc_servers, electors, provider, health, db)
+            await self._shutdown(grpc_servers, electors, provider, health, db, fronts)
+            for step in cleanup:
+                step()
+
+    async def _first_revocation_sync(
+        self, cluster_store: ObjectStore, db: Database, stop: asyncio.Event
+    ) -> bool:
+        """Copy the deny-list into SQLite, retrying with backoff; False if ``stop`` was set first."""
+
+        async def sync() -> bool:
+            await sync_revocations(cluster_store, db, clock=self.clock)
+            return True
+
+        def failed(exc: Exception, delay: float) -> None:
+            self._starting = f"reading the certificate deny-list (revoked/): {exc}"
+            log.error("cannot read the certificate deny-list: %s (retrying in %.1fs)", exc, delay)
+
+        return await retry_until_stopped(sync, stop, cap=15.0, failed=failed) is not None
 
     def _on_shard_leadership(self, leading: bool) -> None:
         shard = self.shard
@@ -487,12 +602,15 @@ class ServerApp:
         provider: InstrumentedProvider | None,
         health: HealthServer,
         db: Database,
+        fronts: Sequence[FrontProcess] = (),
     ) -> None:
         if self.shard is not None:
             await self.shard.stop_leading()
             self.shard.events.close_all()
             await self.shard.agents.close()
         await asyncio.gather(*(server.stop(grace=2.0) for server in grpc_servers))
+        for front in fronts:
+            await front.close()
         for task in electors:
             task.cancel()
         for task in electors:

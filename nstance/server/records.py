@@ -23,7 +23,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Self
 
 from nstance.config.merge import MergedGroupConfig
 from nstance.core.errors import AlreadyExists, InvalidArgument, NotFound, Unavailable
@@ -285,34 +285,72 @@ def delete_record(store: ObjectStore, tenant: str, instance_id: str) -> None:
     store.delete(record_key(tenant, instance_id))
 
 
-def _load_one(store: ObjectStore, key: str) -> InstanceRecord | str | None:
-    """The record at ``key``, a problem sentence, or None if it vanished since the listing."""
+class RecordProblem(str):
+    """One unreadable object under ``instance/``: the sentence to report (it *is* that str), plus what
+    can still be recovered from it so it keeps claiming its VM (see ``claims``).
+
+    ``tenant``/``instance_id`` are those its key names ("" when the key names no instance); ``raw`` is
+    the stored bytes (empty when there were none), searched for the ids of a VM it might describe.
+    """
+
+    key: str
+    tenant: str
+    instance_id: str
+    raw: bytes
+
+    def __new__(
+        cls, message: str, *, key: str, tenant: str = "", instance_id: str = "", raw: bytes = b""
+    ) -> Self:
+        problem = super().__new__(cls, message)
+        problem.key = key
+        problem.tenant = tenant
+        problem.instance_id = instance_id
+        problem.raw = raw
+        return problem
+
+
+def _load_one(store: ObjectStore, key: str) -> InstanceRecord | RecordProblem | None:
+    """The record at ``key``, the problem with it, or None if it vanished since the listing."""
     try:
         tenant, instance_id = parse_record_key(key)
     except InvalidArgument as exc:
-        return f"skipped {key}: {exc}"
+        tenant = instance_id = ""
+        key_problem: str | None = str(exc)
+    else:
+        key_problem = None
     try:
         data, _ = store.get(key)
     except ObjectNotFound:
         return None
+    if key_problem is not None:
+        return RecordProblem(f"skipped {key}: {key_problem}", key=key, raw=data)
     try:
         record = decode_record(data, key)
     except InvalidArgument as exc:
-        return f"skipped {key}: {exc}"
+        return RecordProblem(
+            f"skipped {key}: {exc}", key=key, tenant=tenant, instance_id=instance_id, raw=data
+        )
     if (record.tenant, record.instance_id) != (tenant, instance_id):
-        return (
+        return RecordProblem(
             f'skipped {key}: it holds instance {record.instance_id} of tenant "{record.tenant}" '
-            f'but its key names instance {instance_id} of tenant "{tenant}"'
+            f'but its key names instance {instance_id} of tenant "{tenant}"',
+            key=key,
+            tenant=tenant,
+            instance_id=instance_id,
+            raw=data,
         )
     return record
 
 
-def list_records(store: ObjectStore, *, workers: int | None = None) -> tuple[list[InstanceRecord], list[str]]:
+def list_records(
+    store: ObjectStore, *, workers: int | None = None
+) -> tuple[list[InstanceRecord], list[RecordProblem]]:
     """Every readable record (in key order, i.e. creation order per tenant) and one problem per bad object.
 
-    A corrupt or misnamed object is reported in the problem list and skipped; a record deleted while
-    listing is silently left out. Storage errors (Unavailable) propagate: a partial list must not be
-    mistaken for the whole fleet.
+    A corrupt or misnamed object is reported in the problem list (which keeps what identity it still
+    gives: an unreadable record must go on claiming its VM); a record deleted while listing is
+    silently left out. Storage errors (Unavailable) propagate: a partial list must not be mistaken for
+    the whole fleet.
     """
     workers = LIST_WORKERS if workers is None else workers
     keys = [key for key in store.list(RECORD_PREFIX) if key.endswith(_SUFFIX)]
@@ -323,11 +361,11 @@ def list_records(store: ObjectStore, *, workers: int | None = None) -> tuple[lis
     else:
         results = [load(key) for key in keys]
     records: list[InstanceRecord] = []
-    problems: list[str] = []
+    problems: list[RecordProblem] = []
     for result in results:
         if isinstance(result, InstanceRecord):
             records.append(result)
-        elif isinstance(result, str):
+        elif isinstance(result, RecordProblem):
             problems.append(result)
     return records, problems
 

@@ -169,7 +169,7 @@ async def test_stopped_vm_is_replaced_after_the_next_sync(h: Harness) -> None:
     assert h.record(victim_id)["status"] == "deleted"  # type: ignore[index]
 
 
-async def test_vm_created_out_of_band_is_deleted_by_the_periodic_relist(h: Harness) -> None:
+async def test_vm_with_our_tags_but_no_record_is_adopted_then_scaled_down(h: Harness) -> None:
     await h.reconcile()
     stray = await h.sim.create_instance(
         sample_create_request(
@@ -184,9 +184,24 @@ async def test_vm_created_out_of_band_is_deleted_by_the_periodic_relist(h: Harne
         )
     )
     report = await gc_cycle(h.ctx, h.shard.ops)
-    assert stray.instance_id not in h.live()
-    assert len(h.live()) == 2
-    assert report.groups == set()
+    assert stray.instance_id in h.live()  # adopted from its tags, not deleted
+    assert report.groups == {KEY}
+    rec = h.record(stray.instance_id)
+    assert rec is not None
+    assert rec["group"] == "web"
+    assert rec["provider_instance_id"] == stray.provider_id
+    await h.reconcile()
+    assert len(h.live()) == 2  # the group is one over its size: scaled down like any other member
+
+
+async def test_vm_of_a_failed_create_is_deleted_as_an_orphan(h: Harness) -> None:
+    await h.reconcile()
+    victim_id, _victim_pid = next(iter(h.live().items()))
+    with h.db.session() as session:
+        repo.mark_create_failed(session, victim_id, now=h.clock.now())
+    report = await gc_cycle(h.ctx, h.shard.ops)
+    assert victim_id not in h.live()
+    assert report.groups == {KEY}
 
 
 async def test_vm_gone_at_the_provider_is_replaced_after_the_grace(h: Harness) -> None:
