@@ -36,4 +36,5 @@ def test_every_row_names_a_test_that_exists() -> None:
         assert refs, f"row without a test that keeps it true: {row[:80]}"
         for path, name in refs:
             source = (ROOT / path).read_text(encoding="utf-8")
-            assert re.search(rf"^(async )?def {name}\(", source, re.MULTILINE), f"{path}::{name} does not exist"
+            found = re.search(rf"^(async )?def {name}\(", source, re.MULTILINE)
+            assert found, f"{path}::{name} does not exist"
