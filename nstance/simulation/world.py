@@ -684,7 +684,7 @@ class World:
                     "arch": "amd64",
                     "subnet_pool": "default",
                     "instance_type": "m7i.large",
-                    "userdata": {"content": "#!/bin/sh\n# {{ Instance.ID }} {{ Nonce }}\n"},
+                    "userdata": {"content": "#!/bin/sh\n# {{ .Instance.ID }} {{ .Nonce }}\n"},
                 }
             },
             "groups": {TENANT: groups},
