@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 run: $(STAMP)
-	@PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/run_local.sh
+	@PATH="$(CURDIR)/$(VENV)/bin:$$PATH" exec bash scripts/run_local.sh
 
 run-k8s: $(STAMP)
 	@PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) scripts/run_k8s.py

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from nstance.config import MergedGroupConfig, infra_hash
 from nstance.core.backoff import Backoff
@@ -131,6 +131,16 @@ class Reconciler:
             return None
         return MISSED_REPORTS * snapshot.config.shard.health_check_interval
 
+    def _silence_counted_from(self) -> datetime:
+        """When silence starts to count in this leadership: one missed-report window after it began.
+
+        Agents whose streams hung on the previous leader (stopped, partitioned, its VM gone) find this
+        one only when their keepalive gives up (20 s + 10 s), so for one window after a takeover no
+        agent can be blamed for not reporting here; after that, a blip shorter than the window never
+        makes an agent look silent. (The window should not be shorter than the agents' keepalive.)
+        """
+        return self.leading_since + (self._silence_limit() or timedelta(0))
+
     def check_health_after(self, key: GroupKey) -> None:
         """Reconcile ``key`` once the silence limit has passed (an earlier schedule is kept)."""
         limit = self._silence_limit()
@@ -155,9 +165,13 @@ class Reconciler:
         rows = [row for row in all_rows if not row.on_demand]
         by_id = {row.id: row for row in all_rows}
         now = ctx.clock.now()  # the leader clock: monotonic within this leadership (``leadertime``)
-        members = [member_of(row, seen_since=self.leading_since, now=now) for row in rows]
+        seen_since = self._silence_counted_from()
+        term = self.leading_since
+        members = [member_of(row, seen_since=seen_since, now=now, term_start=term) for row in rows]
         on_demand = [
-            member_of(row, seen_since=self.leading_since, now=now) for row in all_rows if row.on_demand
+            member_of(row, seen_since=seen_since, now=now, term_start=term)
+            for row in all_rows
+            if row.on_demand
         ]
         spec = self._spec(merged)
         members = self._ops.brake_silent(key, members, spec.silence_limit, now, self.leading_since)

@@ -219,8 +219,13 @@ async def test_a_drain_takes_the_instance_out_of_its_load_balancer_at_once(tmp_p
 
         await h.reconcile()  # a registered victim is drained (5 m for the operator to empty the node)
 
-        states = h.vms.lb_members("web-lb")
-        assert sorted(states.values()) == [TargetState.DRAINING, TargetState.HEALTHY]
+        # Deregistration starts in the background the moment the drain starts (nothing waits for it).
+        def states() -> list[TargetState]:
+            return sorted(h.vms.lb_members("web-lb").values())
+
+        await eventually(
+            lambda: states() == [TargetState.DRAINING, TargetState.HEALTHY], within=10, what="deregistration"
+        )
         assert len(h.live()) == 2  # deleted only on ack or after the drain timeout
     finally:
         h.db.close()
@@ -265,7 +270,7 @@ async def test_a_new_leader_registers_again_and_a_gone_vm_is_not_waited_for(h: H
 def _image_harness(tmp_path: Path, image: dict[str, Any], **kwargs: Any) -> Harness:
     return Harness(
         tmp_path,
-        template_extra={"args": {"ImageId": "{{ Image.debian }}"}},
+        template_extra={"args": {"ImageId": "{{ .Image.debian }}"}},
         config_extra={"images": {"debian": image}},
         **kwargs,
     )
@@ -333,8 +338,9 @@ async def test_an_image_that_cannot_be_resolved_fails_creates_with_the_reason(tm
         assert h.vms.requests == []
         messages = [e.error for e in h.errors]
         assert any(
-            'templates.app.args.ImageId: undefined variable "Image.debian"; the image could not be resolved: '
-            "DescribeImages was denied" in m
+            "templates.app.args.ImageId: line 1: executing at <.Image.debian>: "
+            'undefined variable "Image.debian"; the image could not be resolved: DescribeImages was denied'
+            in m
             for m in messages
         ), messages
     finally:
