@@ -184,8 +184,12 @@ def cluster_init(
     key_provider: KeyProviderOpt = "env",
     key_source: KeySourceOpt = "NSTANCE_ENCRYPTION_KEY",
     ca_key_type: Annotated[
-        str, typer.Option("--ca-key-type", help="Key type of a new CA: ecdsa-p256 or ed25519.")
-    ] = "ecdsa-p256",
+        str,
+        typer.Option(
+            "--ca-key-type",
+            help="Key type of a new CA: ed25519 (what upstream's Go server loads) or ecdsa-p256.",
+        ),
+    ] = "ed25519",
     exist_ok: Annotated[
         bool, typer.Option("--exist-ok", help="Succeed without changes when the cluster is already set up.")
     ] = False,
@@ -302,7 +306,8 @@ def cluster_nonce(
 
 @secrets_app.command("generate-key")
 def secrets_generate_key() -> None:
-    """Print a new random 32-byte encryption key (base64) for the object-storage secrets provider."""
+    """Print a new random encryption key for the object-storage secrets provider: 32 letters and digits,
+    used byte for byte (what upstream's Go server reads too)."""
     typer.echo(generate_encryption_key())
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from cryptography.x509.oid import NameOID
 from google.protobuf.message import Message
 
 from nstance.core.durations import parse_duration
@@ -74,7 +75,7 @@ from .options import (
     StoragePrefixOpt,
     StorageProviderOpt,
 )
-from .stores import StorageOptions, open_cluster_stores
+from .stores import StorageOptions, cluster_id_from_storage, open_cluster_stores
 
 Row = dict[str, Any]
 INT32_MAX = 2**31 - 1
@@ -737,7 +738,13 @@ def _check_output_dir(directory: Path, public_key: PublicKey | None, force: bool
 
 def cluster_register_operator(
     ctx: typer.Context,
-    cluster_id: Annotated[str, typer.Option("--cluster-id", help="Cluster identifier. Required.")],
+    cluster_id: Annotated[
+        str,
+        typer.Option(
+            "--cluster-id",
+            help="Cluster identifier. Default: read from storage (the CA, else the shard configs).",
+        ),
+    ] = "",
     tenant: Annotated[str, typer.Option("--tenant", help="Tenant the operator acts for.")] = "default",
     operator_id: Annotated[
         str | None,
@@ -776,7 +783,8 @@ def cluster_register_operator(
     key_source: KeySourceOpt = "NSTANCE_ENCRYPTION_KEY",
 ) -> None:
     """Issue an operator certificate with the cluster CA key (no server needed) and write the identity."""
-    _checked_identifier(cluster_id, "--cluster-id")
+    if cluster_id:
+        _checked_identifier(cluster_id, "--cluster-id")
     _checked_identifier(tenant, "--tenant")
     op_id = operator_id if operator_id is not None else str(new_puid("opr"))
     _checked_identifier(op_id, "--operator-id")
@@ -802,6 +810,9 @@ def cluster_register_operator(
     with _expected_errors():
         stores = open_cluster_stores(opts)
         identity = load_cluster_identity(stores.cluster, stores.secrets)
+        if not cluster_id:
+            orgs = identity.ca.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)
+            cluster_id = cluster_id_from_storage(stores, str(orgs[0].value) if orgs else "")
         issued = issue_client_certificate(
             identity.ca,
             public_key,

@@ -17,7 +17,7 @@ StorageProviderOpt = Annotated[
         "--storage-provider",
         "--storage",
         envvar="NSTANCE_STORAGE",
-        help="Object storage: file or s3 (the same flag and variable as nstance-server's).",
+        help="Object storage: file, s3 or gcs (the same flag and variable as nstance-server's).",
     ),
 ]
 StorageBucketOpt = Annotated[

@@ -240,15 +240,11 @@ class ServerApp:
     # --- lifecycle --------------------------------------------------------------------------
 
     def _scopes(self) -> StorageScopes:
-        prefix = self.opts.prefix
-        if prefix and not prefix.endswith("/"):
-            prefix += "/"
         return open_scopes(
             self.opts.storage,
             self.opts.bucket,
             shard=self.opts.shard,
-            prefix=f"{prefix}shard/{self.opts.shard}/",
-            cluster_prefix=f"{prefix}cluster/",
+            prefix=self.opts.prefix or None,  # as upstream: the shard scope, default shard/{shard}/
         )
 
     def _cluster_store(self, config: ServerConfig, scopes: StorageScopes) -> ObjectStore:
@@ -256,9 +252,12 @@ class ServerApp:
         storage = config.cluster.storage
         if storage is None:
             return scopes.cluster
-        if storage.provider == "gcs":
-            raise InvalidArgument('cluster.storage.provider: "gcs" is not supported yet; use "s3" or "file"')
         prefix = storage.prefix
+        if storage.provider == "gcs":
+            return open_store(
+                f"gcs://{storage.bucket}/{prefix}",
+                **({"endpoint": storage.endpoint} if storage.endpoint else {}),
+            )
         if storage.provider == "file":
             return ScopedObjectStore(FileObjectStore(Path(storage.bucket).expanduser()), prefix)
         opts: dict[str, str] = {}
@@ -303,6 +302,7 @@ class ServerApp:
             object_store=cluster_store,
             prefix=secrets_cfg.prefix or None,
             keys=keys,
+            bind_names=secrets_cfg.bind_names,
         )
         self._secrets = secrets
         backoff = Backoff(base=1.0, cap=15.0)

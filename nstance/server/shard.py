@@ -31,7 +31,7 @@ from nstance.config import (
     merged_group,
 )
 from nstance.config.limits import check_vars
-from nstance.config.workloads import GroupConfig
+from nstance.config.workloads import DynamicGroupConfig
 from nstance.core.backoff import Backoff
 from nstance.core.errors import FailedPrecondition, InvalidArgument, NotFound, NstanceError, Unavailable
 from nstance.db import repo
@@ -498,7 +498,7 @@ class Shard:
         if request.template and request.template != merged.template:
             if request.template not in snapshot.config.templates:
                 raise InvalidArgument(f'template "{request.template}" is not defined in the server config')
-            entry = GroupConfig(
+            entry = DynamicGroupConfig(
                 template=request.template,
                 size=0,
                 instance_type=request.instance_type or None,

@@ -84,7 +84,7 @@ def test_init_without_key_writes_nothing(runner: CliRunner, tmp_path: Path) -> N
     [
         (["--cluster-id", "Demo"], "--cluster-id 'Demo'"),
         (["--cluster-id", "demo", "--ca-key-type", "rsa"], "--ca-key-type 'rsa'"),
-        (["--cluster-id", "demo", "--storage-provider", "gcs"], "--storage-provider 'gcs'"),
+        (["--cluster-id", "demo", "--storage-provider", "azure"], "--storage-provider 'azure'"),
         (["--cluster-id", "demo", "--secrets-provider", "vault"], "unknown secrets provider 'vault'"),
     ],
 )

@@ -287,10 +287,12 @@ def test_register_operator_writes_identity_and_record(cluster: Cluster) -> None:
     assert 8759 * 3600 < lifetime.total_seconds() <= 8760 * 3600 + 600
 
     record = json.loads((cluster.bucket / "cluster" / "operator" / "default.demo.json").read_text())
+    # the union of upstream's registration and renewal record shapes (docs/files.md)
     assert set(record) == {
-        "cluster_id", "tenant", "operator_id", "public_key",
-        "cert_serial", "expires_at", "renewed_at", "type",
+        "cluster_id", "client_id", "tenant", "operator_id", "public_key", "public_key_pem",
+        "cert_serial", "expires_at", "registered_at", "renewed_at", "type",
     }  # fmt: skip
+    assert (record["client_id"], record["public_key_pem"]) == (record["cluster_id"], record["public_key"])
     assert record["type"] == "operator"
     assert record["operator_id"] == "opr-admin-test"
     assert (record["cluster_id"], record["tenant"]) == ("demo", "default")
@@ -321,6 +323,38 @@ def test_register_operator_default_id_and_given_public_key(cluster: Cluster, tmp
     assert public_keys_equal(peer.certificate.public_key(), private)  # type: ignore[arg-type]
     assert (peer.not_after - peer.certificate.not_valid_before_utc).total_seconds() <= 24 * 3600 + 600
     assert (cluster.bucket / "cluster" / "operator" / "team-b.demo.json").is_file()
+
+
+def test_register_operator_reads_the_cluster_id_from_storage(cluster: Cluster, tmp_path: Path) -> None:
+    # from the CA's organization, which `cluster init` wrote
+    result = run(
+        "cluster", "register-operator", "--tenant", "team-c", "--output-dir", str(tmp_path / "c"),
+        *store_flags(cluster.bucket),
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    assert "in cluster demo" in result.out
+    assert (cluster.bucket / "cluster" / "operator" / "team-c.demo.json").is_file()
+
+
+def test_register_operator_reads_the_cluster_id_from_the_shard_configs_when_the_ca_has_none(
+    tmp_path: Path,
+) -> None:
+    # An upstream CA says "Nstance Cluster Unknown"; the shard configs in the bucket name the cluster.
+    bucket = tmp_path / "store"
+    assert run("cluster", "init", "--cluster-id", "demo", *store_flags(bucket)).code == 0
+    cluster_store = ScopedObjectStore(FileObjectStore(bucket), "cluster/")
+    secrets = ObjectStorageSecretStore(cluster_store, keys=[KEY])
+    upstream_ca = create_ca(key_type="ed25519", private_key=load_private_key_pem(secrets.get("ca.key")))
+    cluster_store.put("ca.crt", upstream_ca.cert_pem)
+    flags = ("--output-dir", str(tmp_path / "id"), *store_flags(bucket))
+    result = run("cluster", "register-operator", *flags)
+    assert result.code == 1
+    assert "cannot tell the cluster id from storage" in result.err
+    (bucket / "shard" / "zone-a").mkdir(parents=True)
+    (bucket / "shard" / "zone-a" / "config.jsonc").write_text('// upstream\n{"cluster": {"id": "prod"}}')
+    result = run("cluster", "register-operator", *flags)
+    assert result.code == 0, result.err
+    assert (bucket / "cluster" / "operator" / "default.prod.json").is_file()
 
 
 def test_register_operator_certifies_an_ed25519_key_as_upstream_admins_hold(

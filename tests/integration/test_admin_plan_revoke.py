@@ -62,7 +62,7 @@ BASE_CONFIG: dict[str, Any] = {
             "subnet_pool": "default",
             "instance_type": "small",
             "vars": {"role": "demo"},
-            "userdata": {"content": "#!/bin/sh\necho {{ Vars.role }}\n"},
+            "userdata": {"content": "#!/bin/sh\necho {{ .Vars.role }}\n"},
         },
     },
     "groups": {"default": {"web": {"template": "app", "size": 2}, "db": {"template": "app", "size": 1}}},
