@@ -127,13 +127,14 @@ class FrontProcess:
             )
         finally:
             child_end.close()
+        # Owned at once, so ``close`` stops it even if it is cancelled while this finishes.
+        await self._stop_control()
+        self._proc = proc
+        self._control = parent_end
         assert proc.stdin is not None
         proc.stdin.write(json.dumps(config).encode("utf-8"))
         await proc.stdin.drain()
         proc.stdin.close()
-        await self._stop_control()
-        self._proc = proc
-        self._control = parent_end
         self._control_task = asyncio.get_running_loop().create_task(
             self._serve_control(parent_end), name="tls-front-control"
         )
