@@ -14,7 +14,9 @@ several servers can run in one process (tests, benchmarks) without their series 
 * ``nstance_config_loaded`` gauge (1 once the shard config is loaded);
 * ``nstance_image_errors``, ``nstance_leader_network_ready`` and ``nstance_lb_deregistrations_waiting``
   gauges (images without an id, the leader address held, deletes waiting for load balancers);
-* ``nstance_reconcile_total{result}`` counter and ``nstance_provider_creates_total`` counter.
+* ``nstance_reconcile_total{result}`` counter and ``nstance_provider_creates_total`` counter;
+* ``nstance_event_loop_lag_seconds`` histogram: how late the event loop ran a timer (fed by the lag
+  probe in ``nstance.server.looplag``; a stall shows as samples in the upper buckets).
 
 ``render()`` returns the text exposition format served on ``/metrics``.
 
@@ -63,6 +65,10 @@ PROVIDER_CALL_BUCKETS: Final = (
     60.0,
     120.0,
 )
+
+
+#: Event-loop lag: a healthy loop is below a millisecond; anything near the lease validity is fatal.
+LOOP_LAG_BUCKETS: Final = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
 class Metrics:
@@ -138,6 +144,12 @@ class Metrics:
             "Instances created through a provider.",
             registry=reg,
         )
+        self.event_loop_lag = Histogram(
+            "nstance_event_loop_lag_seconds",
+            "How much later than scheduled the event loop ran the lag probe's timer, in seconds.",
+            buckets=LOOP_LAG_BUCKETS,
+            registry=reg,
+        )
         for scope in LEADER_SCOPES:
             self.leader.labels(scope=scope).set(0)
         self._lock = threading.Lock()
@@ -185,6 +197,10 @@ class Metrics:
 
     def record_reconcile(self, result: str) -> None:
         self.reconcile.labels(result=result).inc()
+
+    def observe_loop_lag(self, seconds: float) -> None:
+        """Record one lag-probe measurement."""
+        self.event_loop_lag.observe(seconds)
 
     def record_provider_create(self) -> None:
         self.provider_creates.inc()

@@ -240,7 +240,7 @@ class Shard:
 
     async def _metrics_loop(self) -> None:
         while True:
-            self._update_instance_metrics()
+            await asyncio.to_thread(self._update_instance_metrics)  # an aggregate over every row
             await asyncio.sleep(METRICS_INTERVAL)
 
     def _update_instance_metrics(self) -> None:

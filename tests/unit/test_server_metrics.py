@@ -56,6 +56,7 @@ def test_render_exposes_every_metric_family() -> None:
     metrics = Metrics()
     metrics.set_reconcile_queue_depth(4)
     metrics.record_reconcile("ok")
+    metrics.observe_loop_lag(0.2)
     text = metrics.render().decode()
     for name in (
         "nstance_instances",
@@ -67,6 +68,8 @@ def test_render_exposes_every_metric_family() -> None:
         "nstance_config_loaded 0.0",
         'nstance_reconcile_total{result="ok"} 1.0',
         "nstance_provider_creates_total 0.0",
+        'nstance_event_loop_lag_seconds_bucket{le="0.25"} 1.0',
+        'nstance_event_loop_lag_seconds_bucket{le="0.1"} 0.0',
     ):
         assert name in text
 
