@@ -282,8 +282,8 @@ async def takeover(tmp: Path, n: int) -> dict[str, Any]:
                 instance_type="sim.small",
                 subnet_id="net-1",
             )
-            if i % 5000 == 0:
-                await asyncio.sleep(0)
+            if i % 500 == 0:
+                await asyncio.sleep(0)  # the server's electors keep running meanwhile
         if app.transitions:
             raise RuntimeError("the server led before the old leader stopped renewing")
         # The simulated cloud's table lives in this process but is not the server's heap: keep it out
@@ -315,6 +315,7 @@ async def takeover(tmp: Path, n: int) -> dict[str, Any]:
         frequent = LeaderElectionConfig().frequent_interval.total_seconds()
         await asyncio.sleep(frequent)  # one renewal period more: the lease must survive it
         max_lag, lag_samples = app.lag_probe.max_lag, app.lag_probe.samples
+        max_lag_at = app.lag_probe.max_at - led
         gc.collect()
         rss_after = rss_bytes()
         losses = sum(1 for _, leading in app.transitions[1:])
@@ -326,6 +327,7 @@ async def takeover(tmp: Path, n: int) -> dict[str, Any]:
             "all_reconciled_s": settled - led,
             "max_loop_lag_s": max_lag,
             "lag_samples": lag_samples,
+            "max_lag_after_takeover_s": max_lag_at,
             "idle_max_loop_lag_s": idle_lag,
             "idle_lag_samples": idle_samples,
             "transitions_after_takeover": losses,
@@ -387,6 +389,7 @@ def figures(n: int, run: dict[str, Any], baselines: Sequence[float]) -> list[dic
             "target_text": "≤ 100 ms (issue 15)",
             "met": run["max_loop_lag_s"] <= TARGET_LAG_S,
             "lag_samples": run["lag_samples"],
+            "max_lag_at_s_after_takeover": round(run["max_lag_after_takeover_s"], 3),
             **common,
         },
         {

@@ -1,9 +1,11 @@
 """Repository functions over the SQLite cache: the only queries the rest of the server runs.
 
 Each function takes an open ``Session`` (from ``Database.session()`` for writes, ``read_session()`` for
-reads) and neither commits nor rolls back: the caller owns the transaction, so several calls can form
-one atomic step. Times are passed in (``now``) from the injected clock, never read here. Functions
-return ORM rows, which stay readable after the session ends (``expire_on_commit=False``).
+reads; the registration hot path's plain-SQL functions take a ``Connection`` from
+``Database.write_connection()``) and neither commits nor rolls back: the caller owns the transaction,
+so several calls can form one atomic step. Times are passed in (``now``) from the injected clock, never
+read here. Functions return ORM rows, which stay readable after the session ends
+(``expire_on_commit=False``).
 
 Single-use guarantees rest on one conditional statement whose affected-row count is checked, never on
 read-then-write: ``mark_registered_atomically`` and ``claim_operator_nonce`` are safe when any number
@@ -18,7 +20,7 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import Executable, Table, bindparam, case, delete, func, or_, select, update
 from sqlalchemy.dialects.sqlite import insert
-from sqlalchemy.engine import CursorResult
+from sqlalchemy.engine import Connection, CursorResult
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -826,6 +828,69 @@ def set_reported_addresses(
         update(Instance).where(Instance.id == instance_id, Instance.deleted_at.is_(None)).values(**values)
     )
     return _rowcount(session, statement) == 1
+
+
+class AgentClaim(NamedTuple):
+    """What ``claim_agent_registration`` learned: whether this call claimed the nonce, and the group."""
+
+    claimed: bool
+    group_key: str
+
+
+_CLAIM_AGENT_SQL = (
+    "UPDATE instances SET registered_at = ?, instance_pub = ?, cert_serial = ?, cert_expires_at = ?, "
+    "updated_at = ? WHERE nonce = ? AND id = ? AND tenant = ? AND registered_at IS NULL "
+    "AND deleted_at IS NULL RETURNING group_key"
+)
+
+
+def claim_agent_registration(
+    conn: Connection,
+    *,
+    nonce: str,
+    instance_id: str,
+    tenant: str,
+    public_key_pem: str,
+    cert_serial: int | str,
+    cert_expires_at: datetime,
+    now: datetime,
+) -> AgentClaim:
+    """``mark_registered_atomically`` for the registration hot path: one plain-SQL statement.
+
+    Takes a Connection (``Database.write_connection``), not a Session. The row must also belong to
+    ``tenant``. Claimed for exactly one caller; every other caller gets ``claimed=False`` (then read the
+    row to learn why: unknown, another instance or tenant, deleted, or already registered).
+    """
+    stamp = sqlite_time(now)
+    row = conn.exec_driver_sql(
+        _CLAIM_AGENT_SQL,
+        (
+            stamp,
+            public_key_pem,
+            normalize_serial(cert_serial),
+            sqlite_time(cert_expires_at),
+            stamp,
+            nonce,
+            instance_id,
+            tenant,
+        ),
+    ).first()
+    return AgentClaim(claimed=row is not None, group_key=str(row[0]) if row is not None else "")
+
+
+def store_reported_addresses(
+    conn: Connection, instance_id: str, *, now: datetime, ip4: str = "", ip6: str = "", hostname: str = ""
+) -> bool:
+    """``set_reported_addresses`` in plain SQL on a Connection (the registration hot path)."""
+    sets = ["updated_at = ?"]
+    params: list[Any] = [sqlite_time(now)]
+    for column, value in (("ip4", ip4), ("ip6", ip6), ("hostname", hostname)):
+        if value:
+            sets.append(f"{column} = ?")
+            params.append(value)
+    sql = f"UPDATE instances SET {', '.join(sets)} WHERE id = ? AND deleted_at IS NULL"
+    result = conn.exec_driver_sql(sql, (*params, instance_id))
+    return result.rowcount == 1
 
 
 def unmark_registered(session: Session, *, instance_id: str, cert_serial: int | str, now: datetime) -> bool:

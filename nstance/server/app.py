@@ -420,7 +420,7 @@ class ServerApp:
                 own_provider_id=opts.provider_instance_id,
             )
             self.shard = Shard(ctx)
-            registrar = Registrar(ctx)
+            registrar = Registrar(ctx, db_writer=self.shard.ops.db_writer)
             shard = self.shard
             # A registered agent is judged by its health reports from now on: its group is reconciled
             # once its missed-reports deadline could pass (one timer per group, however many register).

@@ -35,18 +35,21 @@ class LagProbe:
         self._record = record
         self._now = now
         self.max_lag = 0.0
+        self.max_at = 0.0  # when (``now()``) the largest lag ended
         self.samples = 0
 
     def reset(self) -> None:
         """Forget the largest lag seen so far (a benchmark phase starts)."""
         self.max_lag = 0.0
+        self.max_at = 0.0
         self.samples = 0
 
     def observe(self, lag: float) -> None:
         """Account for one measured lag (negative values, from clock granularity, count as 0)."""
         lag = max(lag, 0.0)
         self.samples += 1
-        self.max_lag = max(self.max_lag, lag)
+        if lag > self.max_lag:
+            self.max_lag, self.max_at = lag, self._now()
         if self._record is not None:
             self._record(lag)
 

@@ -152,7 +152,7 @@ class Shard:
                 asyncio.create_task(self._config_loop(), name="config"),
                 asyncio.create_task(self.images.run(), name="images"),
             ]
-            reconciler.enqueue_all()
+            await reconciler.enqueue_all()
             for key in groups:
                 reconciler.enqueue(key)
 

@@ -650,3 +650,59 @@ def test_soft_delete_many_and_live_ids(db: Database) -> None:
         first = repo.get_instance(session, "knc-1")
     assert first is not None
     assert first.deleted_at == T0
+
+
+def _claim_agent(
+    db: Database, nonce: str, instance_id: str, *, tenant: str = "acme", serial: int = 0xABC
+) -> repo.AgentClaim:
+    with db.write_connection() as conn:
+        return repo.claim_agent_registration(
+            conn,
+            nonce=nonce,
+            instance_id=instance_id,
+            tenant=tenant,
+            public_key_pem="PEM",
+            cert_serial=serial,
+            cert_expires_at=CERT_EXPIRY,
+            now=T0 + timedelta(seconds=40),
+        )
+
+
+def test_plain_sql_agent_claim_is_single_use_and_checks_instance_and_tenant(db: Database) -> None:
+    _add(db, "i1", nonce="jwt-1")
+    _add(db, "i2", nonce="jwt-2")
+    with db.session() as session:
+        assert repo.soft_delete(session, "i2", now=T0)
+
+    assert not _claim_agent(db, "jwt-unknown", "i1").claimed
+    assert not _claim_agent(db, "jwt-2", "i2").claimed  # deleted
+    assert not _claim_agent(db, "jwt-1", "i2").claimed  # another instance's nonce
+    assert not _claim_agent(db, "jwt-1", "i1", tenant="other").claimed
+    assert _claim_agent(db, "jwt-1", "i1", serial=0x00FF10) == repo.AgentClaim(
+        claimed=True, group_key="workers"
+    )
+    assert not _claim_agent(db, "jwt-1", "i1").claimed  # used
+
+    with db.read_session() as session:
+        row = repo.get_instance(session, "i1")
+    assert row is not None
+    assert row.registered_at == T0 + timedelta(seconds=40)
+    assert (row.instance_pub, row.cert_serial, row.cert_expires_at) == ("PEM", "ff10", CERT_EXPIRY)
+
+
+def test_concurrent_plain_sql_claims_have_exactly_one_winner(db: Database) -> None:
+    _add(db, "i1", nonce="jwt-1")
+    results = _race(8, lambda i: _claim_agent(db, "jwt-1", "i1", serial=i + 1).claimed)
+    assert sorted(results) == [False] * 7 + [True]
+
+
+def test_stored_addresses_leave_empty_fields_alone(db: Database) -> None:
+    _add(db, "i1")
+    with db.write_connection() as conn:
+        assert repo.store_reported_addresses(conn, "i1", now=T0, ip4="10.0.0.9", hostname="h1")
+        assert repo.store_reported_addresses(conn, "i1", now=T0, ip6="fd00::9")
+        assert not repo.store_reported_addresses(conn, "unknown", now=T0, ip4="10.0.0.1")
+    with db.read_session() as session:
+        row = repo.get_instance(session, "i1")
+    assert row is not None
+    assert (row.ip4, row.ip6, row.hostname) == ("10.0.0.9", "fd00::9", "h1")
