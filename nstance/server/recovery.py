@@ -35,6 +35,7 @@ from nstance.server.instances import InstanceOps
 log = logging.getLogger(__name__)
 
 GroupKey = tuple[str, str]
+_PROVIDER_STATUSES = frozenset(s.value for s in InstanceStatus)
 
 
 @dataclass
@@ -79,7 +80,7 @@ def _row_values(rec: records.InstanceRecord) -> dict[str, Any]:
         "updated_at": rec.last_updated or rec.created_at,
         "deleted_at": None,
     }
-    if rec.provider_instance_id and status in {s.value for s in InstanceStatus}:
+    if rec.provider_instance_id and status in _PROVIDER_STATUSES:
         values["provider_status"] = status
     return values
 
