@@ -15,7 +15,7 @@ help:
 	@echo "make proto  - regenerate nstance/rpc/ from protos/"
 	@echo "make manifests - regenerate CRDs, RBAC, webhook manifests (config/) and the chart's copies"
 	@echo "make bench  - run every benchmark in bench/; writes bench/results.json and docs/performance.md"
-	@echo "make sim    - deterministic simulation: SEEDS=N seeds (default 100), JOBS=N processes (default 2)"
+	@echo "make sim    - deterministic simulation: SEEDS=N seeds (default 100) from START=N (default 0), JOBS=N processes (default 2)"
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
@@ -63,10 +63,11 @@ bench: $(STAMP)
 	@$(PY) bench/run_all.py
 
 SEEDS ?= 100
+START ?= 0
 JOBS  ?= 2
 
 sim: $(STAMP)
-	$(PY) -m nstance.simulation --seeds $(SEEDS) --jobs $(JOBS)
+	$(PY) -m nstance.simulation --start $(START) --seeds $(SEEDS) --jobs $(JOBS)
 
 clean:
 	rm -rf $(VENV) .local .pytest_cache .mypy_cache .ruff_cache

@@ -6,8 +6,9 @@ are taken from the raw document so references can be checked even when an entry 
 
 Checked here: group references (template, load balancers, subnet pool), template subnet pools and
 certificate files, image and load balancer providers vs the shard's provider, a leader network only
-where the provider can move one, certificate kinds, Proxmox args per group, and that every template
-(userdata, args, files, certificate fields) compiles. Pure; returns Problems.
+where the provider can move one, certificate kinds, Proxmox args per group, ``shard.limits`` (group
+sizes, groups per tenant, vars), and that every template (userdata, args, files, certificate fields)
+compiles. Pure; returns Problems.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nstance.config.errors import Problem, join_path
+from nstance.config.limits import config_limit_problems
 from nstance.config.merge import deep_merge
 from nstance.config.render import template_problem
 from nstance.config.resources import SPECIAL_CERTIFICATES, CertConfig, ImageConfig, LoadBalancerConfig
@@ -254,6 +256,13 @@ def _proxmox_checks(s: Sections) -> list[Problem]:
     return out
 
 
+def _limit_checks(s: Sections) -> list[Problem]:
+    if s.shard is None:
+        return []
+    default_vars = s.defaults.vars if s.defaults is not None else None
+    return config_limit_problems(s.shard.limits, default_vars, s.templates, s.groups)
+
+
 def cross_section_problems(sections: Sections) -> list[Problem]:
     """Every cross-section problem found in ``sections``."""
     return [
@@ -264,4 +273,5 @@ def cross_section_problems(sections: Sections) -> list[Problem]:
         *_leader_network_checks(sections),
         *_certificate_checks(sections),
         *_proxmox_checks(sections),
+        *_limit_checks(sections),
     ]

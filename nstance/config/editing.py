@@ -24,6 +24,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from nstance.config.checks import proxmox_args_problem
+from nstance.config.limits import check_upsert
 from nstance.config.merge import deep_merge
 from nstance.config.schema import DynamicGroups, ServerConfig
 from nstance.config.translate import problems_from_validation
@@ -137,7 +138,8 @@ def apply_upsert(
 ) -> DynamicGroups:
     """Return ``dynamic`` with ``tenant/group`` created or updated by ``update``, or raise why not.
 
-    Raises InvalidArgument for bad input (names, unknown template/pool/load balancer) and
+    Raises InvalidArgument for bad input (names, unknown template/pool/load balancer, a size or vars
+    beyond ``shard.limits``), ResourceExhausted for a group or vars beyond a tenant's share, and
     FailedPrecondition when a restricted field of a static group would change.
     """
     validate_identifier(tenant, "tenant")
@@ -166,6 +168,7 @@ def apply_upsert(
             raise InvalidArgument(f'group "{group}": {problem}')
     updated = {t: dict(groups) for t, groups in dynamic.items()}
     updated.setdefault(tenant, {})[group] = entry
+    check_upsert(config.shard.limits, config.groups, dynamic, updated, tenant)
     return updated
 
 

@@ -27,6 +27,7 @@ from nstance.config.fields import (
     StrictModel,
     seconds,
 )
+from nstance.config.limits import LimitsConfig
 
 ADDR_FIELDS: tuple[str, ...] = (
     "health_addr",
@@ -289,6 +290,8 @@ class ShardConfig(StrictModel):
     """Accepted for upstream compatibility; not used."""
     max_concurrent_creates: int = Field(default=16, ge=1)
     """At most this many provider creates in flight at once, across all groups of the shard."""
+    limits: LimitsConfig = LimitsConfig()
+    """Upper bounds on what the shard accepts through the API and in its documents."""
 
     @field_validator("dynamic_subnet_pools")
     @classmethod

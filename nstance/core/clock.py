@@ -50,6 +50,11 @@ class ManualClock:
         with self._lock:
             return self._mono
 
+    def step_wall(self, delta: timedelta) -> None:
+        """Move only the wall clock, forwards or back (an NTP step); the monotonic clock stays put."""
+        with self._lock:
+            self._now += delta
+
     def advance(self, delta: timedelta | float) -> None:
         """Move both clocks forward by ``delta`` (a timedelta or seconds)."""
         seconds = delta.total_seconds() if isinstance(delta, timedelta) else float(delta)

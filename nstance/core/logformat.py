@@ -2,7 +2,8 @@
 
 ``JsonFormatter`` is what the server writes (always) and the operator writes with ``--log-format json``:
 ``time`` (UTC, milliseconds), ``level`` (lower case), ``logger``, ``msg`` and, when the record carries an
-exception, ``error`` with its traceback. ``TEXT_FORMAT`` is the ``logging.Formatter`` layout of the
+exception, ``error`` with its traceback; ``suppressed`` when ``logthrottle`` dropped that many repeats
+of the same line before it. ``TEXT_FORMAT`` is the ``logging.Formatter`` layout of the
 plain-text logs (operator and agent). This module only turns records into text: it must not install
 handlers, choose streams or levels, or do any other I/O (each program's command line does that).
 """
@@ -22,7 +23,7 @@ class JsonFormatter(logging.Formatter):
     """One JSON object per log line: time, level, logger, message (and the exception, if any)."""
 
     def format(self, record: logging.LogRecord) -> str:
-        entry = {
+        entry: dict[str, str | int] = {
             "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname.lower(),
             "logger": record.name,
@@ -30,4 +31,7 @@ class JsonFormatter(logging.Formatter):
         }
         if record.exc_info:
             entry["error"] = self.formatException(record.exc_info)
+        suppressed = getattr(record, "suppressed", None)
+        if isinstance(suppressed, int):
+            entry["suppressed"] = suppressed
         return json.dumps(entry)

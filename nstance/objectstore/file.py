@@ -7,11 +7,14 @@ Readers therefore see the old or the new content, never a mix, and a crash leave
 temporary file, which no read or listing ever shows.
 
 Conditional writes and deletes (``put_if_match``, ``delete(if_match=...)``) and plain puts run their
-read-compare-write under an exclusive ``fcntl.flock`` on a per-key lock file in ``ROOT/.nstance-locks/``
-(named by a hash of the key). flock locks belong to an open file description, so they exclude other
-threads of this process as well as other processes on the same host: two servers sharing one
-directory still get exactly one winner. Lock files are never deleted (deleting a lock file that
-someone else is waiting on would break mutual exclusion); there is one small file per key ever written.
+read-compare-write under an exclusive ``fcntl.flock`` on one of ``LOCK_STRIPES`` lock files in
+``ROOT/.nstance-locks/`` (``stripe-NN.lock``, chosen by a hash of the key). flock locks belong to an
+open file description, so they exclude other threads of this process as well as other processes on
+the same host: two servers sharing one directory still get exactly one winner. Lock files are never
+deleted while in use (deleting a lock file that someone else is waiting on would break mutual
+exclusion), and there are never more than ``LOCK_STRIPES`` of them: two keys may share a stripe, which
+costs at most a short wait. Per-key lock files left by older versions (40 hex digits + ``.lock``) are
+removed when a store is opened.
 
 ETags are ``content_etag`` (quoted MD5 of the content), the same as the memory backend and as S3 for
 plain puts.
@@ -48,8 +51,12 @@ RESERVED_PREFIX = ".nstance-"
 MAX_KEY_BYTES = 1024
 """S3's limit on key length (UTF-8 bytes); applied everywhere so keys stay portable."""
 
+LOCK_STRIPES = 64
+"""How many lock files guard all keys (keys share them by hash)."""
+
 _LOCK_DIR = RESERVED_PREFIX + "locks"
 _TMP_PREFIX = RESERVED_PREFIX + "tmp-"
+_HEX = frozenset("0123456789abcdef")
 
 
 def validate_key(key: str) -> str:
@@ -90,6 +97,7 @@ class FileObjectStore:
         self._root.mkdir(parents=True, exist_ok=True)
         self._locks = self._root / _LOCK_DIR
         self._locks.mkdir(exist_ok=True)
+        self._remove_legacy_locks()
 
     @property
     def root(self) -> Path:
@@ -202,9 +210,19 @@ class FileObjectStore:
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             return None
 
+    def _remove_legacy_locks(self) -> None:
+        """Delete the one-per-key lock files of older versions (``<40 hex digits>.lock``)."""
+        with contextlib.suppress(OSError), os.scandir(self._locks) as entries:
+            for entry in entries:
+                stem = entry.name.removesuffix(".lock")
+                if len(stem) == 40 and entry.name.endswith(".lock") and all(c in _HEX for c in stem):
+                    with contextlib.suppress(OSError):
+                        os.unlink(entry.path)
+
     @contextlib.contextmanager
     def _locked(self, key: str) -> Iterator[None]:
-        name = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:40] + ".lock"
+        digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
+        name = f"stripe-{int.from_bytes(digest[:4], 'big') % LOCK_STRIPES:02d}.lock"
         lock_path = self._locks / name
         try:
             fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)

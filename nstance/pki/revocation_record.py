@@ -8,6 +8,7 @@ stores nothing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -68,6 +69,24 @@ def parse_revocation(key: str, data: bytes) -> Revocation:
         raise InvalidArgument(f'{key}: field "serial" is {body_serial} but the object name says {serial}')
     reason = doc.get("reason")
     return Revocation(serial, _timestamp(doc.get("revoked_at")), reason if isinstance(reason, str) else "")
+
+
+def serials_claimed(key: str, data: bytes) -> set[str]:
+    """Every serial an entry that ``parse_revocation`` refused still names (fail closed).
+
+    The object's name is what ``cert revoke`` chose, so a name that is a serial counts whatever the
+    body holds; so does a readable ``serial`` field that differs from it. Empty if neither is a serial.
+    """
+    found: set[str] = set()
+    with contextlib.suppress(InvalidArgument):
+        found.add(serial_of_key(key))
+    try:
+        doc = json.loads(data.decode("utf-8"))
+        if isinstance(doc, dict) and isinstance(doc.get("serial"), str):
+            found.add(serial_hex(parse_serial_hex(doc["serial"])))
+    except (UnicodeDecodeError, json.JSONDecodeError, InvalidArgument):
+        pass
+    return found
 
 
 def revoked_key(serial: str) -> str:

@@ -3,9 +3,9 @@ machine-image lookup, instance-type checks and the provider id of the VM this pr
 
 A provider implements the capabilities its cloud has (``aws``: all; ``google``: all but images;
 ``sim``: all, in memory; ``proxmox`` and ``local``: none). The server asks ``load_balancing(provider)``
-(and likewise for the others) and gets the provider typed as that protocol, or None; a wrapper such
-as the server's metrics proxy is looked through (its ``inner``) so that it never claims a capability
-the wrapped provider lacks.
+(and likewise for the others) and gets the provider typed as that protocol, or None; wrappers such
+as the server's metrics proxy and its fenced handle are looked through (their ``inner``, down to the
+innermost) so that they never claim a capability the wrapped provider lacks.
 
 Load balancers are handled per target, in batches: ``register_targets`` attaches VMs to every
 target group (AWS) or network endpoint group (Google) of one ``load_balancers`` entry;
@@ -137,11 +137,16 @@ class InstanceTypeCheck(Protocol):
 def _has(provider: object, protocol: type) -> bool:
     """Whether ``provider`` has ``protocol``'s methods and so does the provider it wraps, if any.
 
-    A wrapper (anything with an ``inner`` provider, like the server's metrics proxy) defines every
-    capability's methods; only the wrapped provider says which it really has.
+    A wrapper (anything with an ``inner`` provider, like the server's metrics proxy or its fenced
+    handle, possibly one around the other) defines every capability's methods; only the innermost
+    provider says which it really has.
     """
-    inner = getattr(provider, "inner", None)
-    return isinstance(provider, protocol) and isinstance(provider if inner is None else inner, protocol)
+    if not isinstance(provider, protocol):
+        return False
+    innermost = provider
+    while (inner := getattr(innermost, "inner", None)) is not None:
+        innermost = inner
+    return isinstance(innermost, protocol)
 
 
 def load_balancing(provider: object) -> LoadBalancing | None:

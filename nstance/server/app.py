@@ -19,10 +19,11 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
 
@@ -32,6 +33,7 @@ from nstance.core.backoff import Backoff
 from nstance.core.clock import Clock, SystemClock
 from nstance.core.errors import FailedPrecondition, InvalidArgument, NstanceError
 from nstance.core.logformat import JsonFormatter
+from nstance.core.logthrottle import LogThrottle
 from nstance.core.ratelimit import TokenBucket
 from nstance.db import repo
 from nstance.db.engine import Database, open_database
@@ -50,9 +52,13 @@ from nstance.secrets.cluster_identity import (
 )
 from nstance.secrets.factory import open_secret_store
 from nstance.secrets.keys import load_encryption_keys
+from nstance.server.confighealth import report_config
 from nstance.server.configstate import ConfigState
 from nstance.server.context import ShardContext
+from nstance.server.degraded import Degradations
 from nstance.server.election import Elector, ElectorLeadership
+from nstance.server.fdbudget import HEALTH_CONNECTIONS, plan_connection_caps, raise_open_file_limit
+from nstance.server.grpcopts import server_options
 from nstance.server.http import HealthServer
 from nstance.server.interceptors import ServerInterceptor
 from nstance.server.limits import CreateLimiter
@@ -60,7 +66,7 @@ from nstance.server.looplag import LagProbe
 from nstance.server.metrics import InstrumentedProvider, Metrics
 from nstance.server.provisioning import ShardIdentity
 from nstance.server.registration import Registrar
-from nstance.server.revocations import revocation_loop
+from nstance.server.revocations import revocation_loop, sync_revocations
 from nstance.server.servicers.agent import AgentServicer
 from nstance.server.servicers.operator import OperatorServicer
 from nstance.server.servicers.registration import RegistrationServicer
@@ -68,28 +74,13 @@ from nstance.server.shard import Shard
 from nstance.server.tls import advertised_hosts, server_credentials
 
 log = logging.getLogger("nstance.server")
+T = TypeVar("T")
 
 DEFAULT_HEALTH_ADDR = ":8990"
 #: Worker threads for blocking I/O (object storage, userdata fetches).
 IO_THREADS = 64
 #: Seconds between reads of the revocation list in cluster storage (``revoked/``).
 REVOCATION_SYNC_INTERVAL = 30.0
-#: Largest message any API accepts or sends (upstream's limit).
-MAX_MESSAGE_BYTES = 4 * 1024 * 1024
-GRPC_OPTIONS: list[tuple[str, int]] = [
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-]
-#: Agent and operator watch streams live for days: ping after 20 s idle, give up after 10 s without an
-#: answer, and let clients ping every 10 s even without an active call (upstream's agent settings).
-AGENT_GRPC_OPTIONS: list[tuple[str, int]] = [
-    *GRPC_OPTIONS,
-    ("grpc.keepalive_time_ms", 20_000),
-    ("grpc.keepalive_timeout_ms", 10_000),
-    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-]
 
 
 @dataclass(frozen=True)
@@ -114,9 +105,10 @@ class ServerOptions:
 
 
 def setup_logging(verbose: bool = False) -> None:
-    """JSON logs on stderr."""
+    """JSON logs on stderr; a warning or error repeated more than 10 times a minute is dropped and counted."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
+    handler.addFilter(LogThrottle())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
@@ -171,6 +163,31 @@ def _host_port(addr: str, what: str) -> tuple[str, int]:
     return (host.strip("[]") or "0.0.0.0"), port
 
 
+async def retry_until_stopped(
+    step: Callable[[], Awaitable[T]],
+    stop: asyncio.Event,
+    *,
+    cap: float,
+    failed: Callable[[Exception, float], None],
+) -> T | None:
+    """``step()``'s result, retried with backoff (1 s up to ``cap``) on errors; None once ``stop`` is set.
+
+    ``failed(error, delay)`` reports each failure before the wait.
+    """
+    backoff = Backoff(base=1.0, cap=cap)
+    attempt = 0
+    while not stop.is_set():
+        try:
+            return await step()
+        except (NstanceError, OSError) as exc:
+            delay = backoff.delay(attempt)
+            attempt += 1
+            failed(exc, delay)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay)
+    return None
+
+
 class ServerApp:
     """One running server; ``run`` returns when ``stop`` is set (or on a fatal error)."""
 
@@ -187,8 +204,12 @@ class ServerApp:
         self.shard: Shard | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._secrets: SecretStore | None = None
+        self.degradations = Degradations()
 
     # --- HealthSource -----------------------------------------------------------------------
+
+    def degraded(self) -> str | None:
+        return self.degradations.summary()
 
     def config_error(self) -> str | None:
         return self._config_error
@@ -238,29 +259,24 @@ class ServerApp:
         return open_store(f"s3://{storage.bucket}/{prefix}" + (f"?{query}" if query else ""))
 
     async def _load_config(self, state: ConfigState, stop: asyncio.Event) -> ServerConfig | None:
-        backoff = Backoff(base=1.0, cap=30.0)
-        attempt = 0
-        while not stop.is_set():
-            try:
-                await asyncio.to_thread(state.load, True)
-                snapshot = state.snapshot()
-                assert snapshot is not None
-                if snapshot.config.shard.id != self.opts.shard:
-                    raise FailedPrecondition(
-                        f'shard.id in config.jsonc is "{snapshot.config.shard.id}" but this server runs '
-                        f'--shard "{self.opts.shard}"'
-                    )
-                self._config_error = None
-                self.metrics.set_config_loaded(True)
-                return snapshot.config
-            except (NstanceError, OSError) as exc:
-                self._config_error = str(exc)
-                delay = backoff.delay(attempt)
-                attempt += 1
-                log.error("cannot load the shard config: %s (retrying in %.1fs)", exc, delay)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), delay)
-        return None
+        async def load() -> ServerConfig:
+            await asyncio.to_thread(state.load, True)
+            snapshot = state.snapshot()
+            assert snapshot is not None
+            if snapshot.config.shard.id != self.opts.shard:
+                raise FailedPrecondition(
+                    f'shard.id in config.jsonc is "{snapshot.config.shard.id}" but this server runs '
+                    f'--shard "{self.opts.shard}"'
+                )
+            self._config_error = None
+            self.metrics.set_config_loaded(True)
+            return snapshot.config
+
+        def failed(exc: Exception, delay: float) -> None:
+            self._config_error = str(exc)
+            log.error("cannot load the shard config: %s (retrying in %.1fs)", exc, delay)
+
+        return await retry_until_stopped(load, stop, cap=30.0, failed=failed)
 
     async def _cluster_identity(
         self, config: ServerConfig, cluster_store: ObjectStore, stop: asyncio.Event
@@ -323,10 +339,11 @@ class ServerApp:
 
     async def _run(self, stop: asyncio.Event) -> int:
         opts = self.opts
+        open_files = raise_open_file_limit()
         scopes = self._scopes()
         opts.cachedir.mkdir(parents=True, exist_ok=True)
         db: Database = await asyncio.to_thread(open_database, opts.cachedir / "db" / "nstance.db")
-        health = HealthServer(self, self.metrics)
+        health = HealthServer(self, self.metrics, max_connections=HEALTH_CONNECTIONS)
         health_addr = opts.health_addr or DEFAULT_HEALTH_ADDR
         host, port = _host_port(health_addr, "--health-addr")
         self.health_port = await health.start(host, port)
@@ -418,8 +435,10 @@ class ServerApp:
                 cluster_leadership=ElectorLeadership(self._cluster_elector),
                 secrets=self._secrets,
                 own_provider_id=opts.provider_instance_id,
+                degraded=self.degradations,
             )
             self.shard = Shard(ctx)
+            report_config(ctx, state.fault)  # e.g. started from the disk copy while storage is down
             registrar = Registrar(ctx, db_writer=self.shard.ops.db_writer)
             shard = self.shard
             # A registered agent is judged by its health reports from now on: its group is reconciled
@@ -433,6 +452,9 @@ class ServerApp:
                 with db.read_session() as session:
                     return repo.is_serial_revoked(session, serial)
 
+            # Fail closed: the deny-list is in SQLite before any port accepts a certificate.
+            if not await self._first_revocation_sync(cluster_store, db, stop):
+                return 0
             interceptor = ServerInterceptor(
                 ca=identity.ca, clock=self.clock, is_revoked=is_revoked, metrics=self.metrics
             )
@@ -441,15 +463,36 @@ class ServerApp:
             server_auth, _ = server_credentials(
                 identity.ca, hosts=hosts, clock=self.clock, require_client_cert=False
             )
-            operator_server = grpc.aio.server(interceptors=[interceptor], options=AGENT_GRPC_OPTIONS)
+            limits = shard_cfg.limits
+            caps = plan_connection_caps(limits, open_files)
+            log.log(
+                logging.WARNING if caps.scaled else logging.INFO,
+                "connections: at most %d registration, %d operator, %d agent (%d open files; %d reserved)%s",
+                caps.registration,
+                caps.operator,
+                caps.agent,
+                open_files,
+                limits.reserved_file_descriptors,
+                "; scaled down to fit the open-file limit (raise LimitNOFILE)" if caps.scaled else "",
+            )
+            operator_server = grpc.aio.server(
+                interceptors=[interceptor],
+                options=server_options(limits, streams=True, max_connections=caps.operator),
+            )
             operator_pb2_grpc.add_OperatorServiceServicer_to_server(
                 OperatorServicer(self.shard), operator_server
             )
-            registration_server = grpc.aio.server(interceptors=[interceptor], options=GRPC_OPTIONS)
+            registration_server = grpc.aio.server(
+                interceptors=[interceptor],
+                options=server_options(limits, streams=False, max_connections=caps.registration),
+            )
             registration_pb2_grpc.add_RegistrationServiceServicer_to_server(
                 RegistrationServicer(registrar), registration_server
             )
-            agent_server = grpc.aio.server(interceptors=[interceptor], options=AGENT_GRPC_OPTIONS)
+            agent_server = grpc.aio.server(
+                interceptors=[interceptor],
+                options=server_options(limits, streams=True, max_connections=caps.agent),
+            )
             agent_pb2_grpc.add_AgentServiceServicer_to_server(
                 AgentServicer(self.shard.agents, registrar), agent_server
             )
@@ -471,6 +514,7 @@ class ServerApp:
                     name="revocations",
                 )
             )
+            background.append(asyncio.create_task(self.shard.standby_config_loop(), name="standby-config"))
 
             electors.append(asyncio.create_task(elector.run(), name="shard-election"))
             self._starting = None
@@ -481,6 +525,21 @@ class ServerApp:
             for task in background:
                 task.cancel()
             await self._shutdown(grpc_servers, electors, provider, health, db)
+
+    async def _first_revocation_sync(
+        self, cluster_store: ObjectStore, db: Database, stop: asyncio.Event
+    ) -> bool:
+        """Copy the deny-list into SQLite, retrying with backoff; False if ``stop`` was set first."""
+
+        async def sync() -> bool:
+            await sync_revocations(cluster_store, db, clock=self.clock)
+            return True
+
+        def failed(exc: Exception, delay: float) -> None:
+            self._starting = f"reading the certificate deny-list (revoked/): {exc}"
+            log.error("cannot read the certificate deny-list: %s (retrying in %.1fs)", exc, delay)
+
+        return await retry_until_stopped(sync, stop, cap=15.0, failed=failed) is not None
 
     def _on_shard_leadership(self, leading: bool) -> None:
         shard = self.shard

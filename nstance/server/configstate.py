@@ -12,7 +12,15 @@ Guarantees:
 * when the ETags are unchanged, nothing is downloaded or parsed again (two HEAD requests per poll);
 * every snapshot taken from storage is also written to ``{cache_dir}/shard-config.json`` (atomically,
   config and groups together), and when object storage is unreachable at start-up the server runs
-  from that copy (``ConfigChange.source == "cache"``) until storage answers again.
+  from that copy (``ConfigChange.source == "cache"``) until storage answers again;
+* a ``groups.jsonc`` that is missing or blank after this server (or its disk cache) has seen a
+  non-blank one is refused like an invalid document (``GroupsVanished``): an emptied or deleted file
+  is far more often an accident than an intent, and taking it as "no dynamic groups" would delete
+  every dynamic group's VMs. Writing ``{}`` removes every dynamic group on purpose;
+* ``fault`` says why the last load failed (or that storage is unreachable and the snapshot is kept),
+  as a bounded ``kind`` plus the message, for ``/health``, metrics and ``WatchErrors``;
+* ``refresh`` (RefreshConfig) reports ``updated`` when the documents differ from those in force at
+  the previous refresh, even if the periodic ETag check applied the change first.
 
 Calls are synchronous and serialised by a lock (the server runs them with ``asyncio.to_thread``).
 This module must not write to object storage (``dynamic_groups`` does that), touch SQLite or decide
@@ -34,11 +42,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from nstance.config.errors import ConfigError, Problem, join_path
+from nstance.config.limits import groups_limit_problems
 from nstance.config.loader import dump_groups_text, load_config_text, load_groups_text
 from nstance.config.merge import MergedGroupConfig, all_group_keys, merged_group
 from nstance.config.schema import DynamicGroups, ServerConfig
 from nstance.core.clock import Clock
-from nstance.core.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from nstance.core.errors import FailedPrecondition, InvalidArgument, NotFound, NstanceError, Unavailable
 from nstance.objectstore.base import ObjectInfo, ObjectNotFound, ObjectStore
 
 log = logging.getLogger(__name__)
@@ -97,6 +106,42 @@ class ConfigChange:
     source: Source
     prev_groups_etag: str | None = None
     groups_etag: str = ""
+
+
+#: Bounded reasons a load failed (the ``kind`` label of ``nstance_degraded``).
+FaultKind = Literal["missing", "empty", "invalid", "unavailable", "other"]
+
+
+class GroupsVanished(FailedPrecondition):
+    """``groups.jsonc`` is missing or blank although a non-blank one was seen before."""
+
+    def __init__(self, message: str, kind: FaultKind) -> None:
+        super().__init__(message)
+        self.kind: FaultKind = kind
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigFault:
+    """Why the shard is not running on the documents now in object storage."""
+
+    kind: FaultKind
+    message: str
+
+
+def fault_of(exc: BaseException) -> ConfigFault:
+    """Classify a load error into a bounded kind, keeping its full message."""
+    kind: FaultKind
+    if isinstance(exc, GroupsVanished):
+        kind = exc.kind
+    elif isinstance(exc, NotFound):
+        kind = "missing"
+    elif isinstance(exc, InvalidArgument):
+        kind = "invalid"
+    elif isinstance(exc, Unavailable | OSError):
+        kind = "unavailable"
+    else:
+        kind = "other"
+    return ConfigFault(kind, str(exc))
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,8 +246,13 @@ class ConfigState:
         self._lock = threading.Lock()
         self._snapshot: ConfigSnapshot | None = None
         self._config_text = ""
-        self._failed: tuple[str, str, InvalidArgument] | None = None
+        self._failed: tuple[str, str, NstanceError] | None = None
         self._last_error: str | None = None
+        self._fault: ConfigFault | None = None
+        #: Whether a non-blank groups.jsonc was seen (None: not decided yet; the cache decides).
+        self._groups_seen: bool | None = None
+        #: (config, groups) ETags in force at the last refresh (or first load, or own groups write).
+        self._confirmed: tuple[str, str] | None = None
         prefix = getattr(store, "prefix", "")
         self._where = prefix if isinstance(prefix, str) else ""
 
@@ -215,6 +265,11 @@ class ConfigState:
     def last_error(self) -> str | None:
         """Why the last ``load`` failed (the error's full message), or None if it succeeded."""
         return self._last_error
+
+    @property
+    def fault(self) -> ConfigFault | None:
+        """Why the last load did not confirm the documents in storage; None when it did."""
+        return self._fault
 
     def snapshot(self) -> ConfigSnapshot | None:
         """The current snapshot, or None before the first successful load."""
@@ -243,13 +298,44 @@ class ConfigState:
         a failure the previous snapshot stays current.
         """
         with self._lock:
-            try:
-                change = self._load(force, require_storage)
-            except Exception as exc:
-                self._last_error = str(exc)
-                raise
-            self._last_error = None
-            return change
+            return self._load_locked(force, require_storage)
+
+    def refresh(self) -> ConfigChange:
+        """``load(force=True)`` for RefreshConfig, compared with the documents of the previous refresh.
+
+        ``updated`` (and the ``prev_*`` ETags) describe the change since the last refresh - or since
+        this server's own last groups write - so a change the periodic ETag check applied first is
+        still reported as a change, not as "unchanged".
+        """
+        with self._lock:
+            confirmed = self._confirmed
+            change = self._load_locked(True, False)
+            current = (change.config_etag, change.groups_etag)
+            self._confirmed = current
+            if confirmed is None:
+                return change
+            return replace(
+                change,
+                updated=change.updated or confirmed != current,
+                prev_config_etag=confirmed[0],
+                prev_groups_etag=confirmed[1],
+            )
+
+    def _load_locked(self, force: bool, require_storage: bool) -> ConfigChange:
+        try:
+            change = self._load(force, require_storage)
+        except Exception as exc:
+            self._last_error = str(exc)
+            self._fault = fault_of(exc)
+            raise
+        self._last_error = None
+        if change.source == "cache" and self._fault is None:
+            self._fault = ConfigFault(
+                "unavailable", "object storage is unavailable; running on the cached config"
+            )
+        elif change.source == "storage":
+            self._fault = None
+        return change
 
     def _load(self, force: bool, require_storage: bool = False) -> ConfigChange:
         snap = self._snapshot
@@ -316,15 +402,21 @@ class ConfigState:
             config_source = f"{self._cache_path} (cached {self._where}{CONFIG_KEY})"
             groups_source = f"{self._cache_path} (cached {self._where}{GROUPS_KEY})"
         try:
+            self._check_groups_present(docs, groups_source)
             config_text = _text(docs.config, config_source)
             config = load_config_text(config_text, config_source)
             dynamic = load_groups_text(_text(docs.groups, groups_source), groups_source)
+            problems = groups_limit_problems(config.shard.limits, config.groups, dynamic)
+            if problems:
+                raise ConfigError(groups_source, problems)
             merged = _merge_all(config, dynamic, groups_source)
-        except InvalidArgument as exc:
+        except (InvalidArgument, GroupsVanished) as exc:
             if source == "storage":
                 self._failed = (docs.config_etag, docs.groups_etag, exc)
             raise
         self._failed = None
+        if docs.groups.strip():
+            self._groups_seen = True
         new = ConfigSnapshot(
             config=config,
             dynamic=dynamic,
@@ -341,8 +433,35 @@ class ConfigState:
             self._write_cache(docs)
         return change
 
+    def _check_groups_present(self, docs: _Documents, groups_source: str) -> None:
+        """GroupsVanished if groups.jsonc is missing or blank after a non-blank one was seen."""
+        if docs.groups.strip():
+            return
+        if self._groups_seen is None:
+            self._groups_seen = self._cache_had_groups()
+        if not self._groups_seen:
+            return
+        kind: FaultKind = "missing" if docs.groups_etag == "" else "empty"
+        what = "does not exist" if kind == "missing" else f"is empty ({len(docs.groups)} bytes)"
+        raise GroupsVanished(
+            f"{groups_source} {what}, but it was non-empty before; keeping the last good dynamic groups "
+            "and not acting on the change. Restore the document (the last good copy is in "
+            f"{self._cache_path}), or write {{}} to it to remove every dynamic group on purpose",
+            kind,
+        )
+
+    def _cache_had_groups(self) -> bool:
+        """Whether the disk cache holds a non-blank groups.jsonc (an unreadable cache counts as no)."""
+        try:
+            document = json.loads(self._cache_path.read_bytes())
+            return bool(str(document["groups"]["text"]).strip())
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+
     def _swap(self, new: ConfigSnapshot, config_text: str) -> ConfigChange:
         old = self._snapshot
+        if old is None:
+            self._confirmed = (new.config_etag, new.groups_etag)
         changed, removed = _diff(old.merged_groups if old is not None else {}, new.merged_groups)
         self._snapshot = new
         self._config_text = config_text
@@ -393,6 +512,9 @@ class ConfigState:
                 merged_groups=merged,
             )
             change = self._swap(new, self._config_text)
+            self._groups_seen = True
+            if self._confirmed is not None:  # our own write is not news to the next RefreshConfig
+                self._confirmed = (self._confirmed[0], groups_etag)
             self._write_cache(
                 _Documents(
                     config=self._config_text.encode("utf-8"),

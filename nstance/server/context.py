@@ -1,7 +1,12 @@
 """What every part of a running shard shares: stores, cache, provider, identity, clock, limits, events.
 
 ``ShardContext`` is plain wiring (built once by ``app.py``); ``fence`` is the single leadership check
-that guards every state-changing step. Test-only fault points (``NSTANCE_FAULT``) let crash tests kill
+that guards every state-changing step. The context holds its object store and provider only through
+the fenced handles of ``fencing`` (a non-leader's writes and provider mutations raise ``NotLeader``
+right before they would happen), and its clock is a ``leadertime.LeaderClock`` (time that moves with
+the monotonic clock within a leadership, so a wall-clock step decides nothing).
+
+Test-only fault points (``NSTANCE_FAULT``) let crash tests kill
 the process at a precise step; they are inert unless that variable is set, or unless the
 deterministic simulator installed a ``fault_hook`` (it crashes one simulated server there instead).
 """
@@ -17,14 +22,16 @@ from typing import Protocol
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from nstance.core.clock import Clock
-from nstance.core.errors import Unavailable
 from nstance.db.engine import Database
 from nstance.objectstore.base import ObjectStore
 from nstance.pki.ca import CertificateAuthority
 from nstance.providers.base import Provider
 from nstance.secrets.base import SecretStore
 from nstance.server.configstate import ConfigState
+from nstance.server.degraded import Degradations
 from nstance.server.events import Events
+from nstance.server.fencing import FencedProvider, FencedStore, NotLeader
+from nstance.server.leadertime import LeaderClock
 from nstance.server.limits import CreateLimiter
 from nstance.server.metrics import Metrics
 from nstance.server.provisioning import ShardIdentity
@@ -84,13 +91,29 @@ class ShardContext:
     image_errors: dict[str, str] = field(default_factory=dict)
     #: The provider id of the VM this server runs on ("" = ask the provider's metadata service).
     own_provider_id: str = ""
+    #: Why this server runs degraded (shown on ``/health``); see ``nstance.server.degraded``.
+    degraded: Degradations = field(default_factory=Degradations)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.store, FencedStore):
+            self.store = FencedStore(self.store, self.fence)
+        if not isinstance(self.provider, FencedProvider):
+            self.provider = FencedProvider(self.provider, self.fence)
+        if not isinstance(self.clock, LeaderClock):
+            self.clock = LeaderClock(self.clock)
+
+    @property
+    def leader_clock(self) -> LeaderClock:
+        """The shard's clock as a LeaderClock (``restart`` it when leadership is acquired)."""
+        assert isinstance(self.clock, LeaderClock), "__post_init__ wraps the clock"
+        return self.clock
 
     def is_leader(self) -> bool:
         return self.leadership.is_leader()
 
     def fence(self) -> None:
-        """Raise Unavailable unless this server is (still) the shard leader."""
+        """Raise NotLeader (an Unavailable) unless this server holds fenced shard leadership now."""
         if not self.leadership.is_leader():
             addr = self.leadership.leader_address()
             where = f"; the shard leader is at {addr}" if addr else ""
-            raise Unavailable(f"this server is no longer the shard leader{where}; retry there")
+            raise NotLeader(f"this server is no longer the shard leader{where}; retry there")

@@ -5,6 +5,9 @@ result only if nobody else wrote in between (If-Match; If-None-Match when the do
 yet). When it loses that race it re-reads and runs the edit again on the fresh document, so
 concurrent editors (two servers of a shard during a handover, or concurrent API calls) never lose
 each other's updates. Unlike upstream, which gives up on the first conflict, it retries a few times.
+When the caller knew an existing document and the re-read finds it deleted or blank, the edit is
+refused (``GroupsVanished``) instead of writing a document holding only this edit: that would turn an
+accidental deletion into the loss of every other dynamic group.
 
 This module must not decide what an edit means (``nstance.config.editing`` does) nor update the
 in-memory snapshot (the caller hands the result to ``ConfigState.replace_dynamic``). Synchronous:
@@ -19,21 +22,35 @@ from nstance.config.loader import dump_groups_text, load_groups_text
 from nstance.config.schema import DynamicGroups
 from nstance.core.errors import InvalidArgument, Unavailable
 from nstance.objectstore.base import ObjectNotFound, ObjectStore, PreconditionFailed
+from nstance.server.configstate import GroupsVanished
 
 GROUPS_KEY = "groups.jsonc"
 EDIT_ATTEMPTS = 5
 
 
-def read_dynamic_groups(store: ObjectStore) -> tuple[DynamicGroups, str | None]:
+def read_dynamic_groups(store: ObjectStore, *, must_exist: bool = False) -> tuple[DynamicGroups, str | None]:
     """``(groups, etag)`` from the shard-scoped ``store``; ``({}, None)`` if the document does not exist.
 
-    Raises the loader's ConfigError (InvalidArgument) if the stored document is invalid.
+    Raises the loader's ConfigError (InvalidArgument) if the stored document is invalid, and with
+    ``must_exist`` GroupsVanished if it is missing or blank.
     """
+    source = f"{getattr(store, 'prefix', '')}{GROUPS_KEY}"
     try:
         data, etag = store.get(GROUPS_KEY)
     except ObjectNotFound:
+        if must_exist:
+            raise GroupsVanished(
+                f"{source} was deleted; refusing to write a new one holding only this change "
+                "(restore it, or write {} to it to start from no dynamic groups)",
+                "missing",
+            ) from None
         return {}, None
-    source = f"{getattr(store, 'prefix', '')}{GROUPS_KEY}"
+    if must_exist and not data.strip():
+        raise GroupsVanished(
+            f"{source} is empty ({len(data)} bytes); refusing to overwrite it with only this change "
+            "(restore it, or write {} to it to start from no dynamic groups)",
+            "empty",
+        )
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -62,7 +79,7 @@ def edit_dynamic_groups(
         if attempt == 0 and known is not None and known[1] is not None:
             current, etag = known
         else:
-            current, etag = read_dynamic_groups(store)
+            current, etag = read_dynamic_groups(store, must_exist=known is not None and known[1] is not None)
         updated = edit(current)
         if etag is not None and updated == current:
             return current, etag  # nothing to change: no write, the ETag stays valid

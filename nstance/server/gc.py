@@ -5,6 +5,8 @@ nonce has expired, so they never can); retire pre-inserted rows whose provider c
 re-list the provider (``recovery.sync_provider``) so VMs stopped, terminated or created out of band are
 noticed without a leadership change; purge deleted instances' rows and records once they are older
 than ``deleted_record_retention``. It returns the groups it touched so the reconciler can backfill.
+Ages that decide a deletion are counted on the leader's clock from the start of this leadership at the
+earliest (``leadertime``), so a wall-clock step never makes a booting VM look abandoned.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from nstance.db.models import RECORD_PENDING
 from nstance.server import records
 from nstance.server.context import ShardContext
 from nstance.server.instances import InstanceOps
+from nstance.server.leadertime import since_term
 from nstance.server.recovery import sync_provider
 
 log = logging.getLogger(__name__)
@@ -52,7 +55,7 @@ async def gc_cycle(ctx: ShardContext, ops: InstanceOps) -> GcReport:
     for row in rows:
         if row.id in ops.in_flight:
             continue
-        age = now - row.created_at
+        age = since_term(ctx.clock, row.created_at)  # monotonic within this leadership
         if row.provider_id is None and row.record_state == RECORD_PENDING and age > stale_after:
             await ops.retire_unlaunched(row, REASON_STALE_PRE_INSERT)
             report.stale.append(row.id)

@@ -5,17 +5,23 @@ A deliberately tiny HTTP/1.1 server on ``asyncio.start_server``: one request per
 
 * ``/health`` and ``/`` — readiness: 200 ``ok: leader`` / ``ok: standby (leader: ADDR)`` once the
   shard config is loaded and every API listens, else 503 ``config not loaded: <the exact load error>``
-  or ``starting: <what start-up waits for>``;
+  or ``starting: <what start-up waits for>``. A server that runs on a last good view (the config in
+  storage became unreadable, empty or vanished) answers 200 ``degraded: leader; config: <reason>``
+  (or ``degraded: standby (leader: ADDR); ...``): still alive and serving, so a load balancer or
+  supervisor keeps it, while the first word tells monitoring and operators that something needs
+  fixing (the header ``X-Nstance-Health: degraded`` says the same for probes that only see headers);
 * ``/leader/health`` — 200 ``leader`` only on the shard leader, else 503 ``standby; leader: ADDR``
   (for load balancers that must reach the leader only); with ``shard.leader_network`` a second line
-  says where the leader address stands (``leader network: 10.0.0.10 ready``);
+  says where the leader address stands (``leader network: 10.0.0.10 ready``), and a degraded leader
+  adds a ``degraded: <reason>`` line (it still leads: it is the only server that may act);
 * ``/metrics`` — the Prometheus text exposition of ``Metrics``;
 * anything else 404; other methods 405.
 
 It is hardened against garbage and slow clients: the request line and headers must arrive within
 ``READ_TIMEOUT`` seconds (else 408) and fit in ``MAX_HEADER_BYTES`` (else 431); a malformed request
-line gets 400. State comes from a ``HealthSource``; this module never changes it and serves nothing
-but these routes.
+line gets 400; beyond ``max_connections`` connections at once, new ones are closed unanswered.
+State comes from a ``HealthSource``; this module never changes it and serves nothing but these
+routes.
 """
 
 from __future__ import annotations
@@ -59,6 +65,10 @@ class HealthSource(Protocol):
 
     def leader_network_status(self) -> str:
         """Where the leader address stands on this server ('' when none is configured)."""
+        ...
+
+    def degraded(self) -> str | None:
+        """None when healthy; else why this server runs on a last good view (one line)."""
         ...
 
 
@@ -108,9 +118,10 @@ def _parse_request_line(line: bytes) -> tuple[str, str]:
 class HealthServer:
     """Serves health and metrics over plain HTTP for one shard server."""
 
-    def __init__(self, source: HealthSource, metrics: Metrics) -> None:
+    def __init__(self, source: HealthSource, metrics: Metrics, *, max_connections: int = 32) -> None:
         self._source = source
         self._metrics = metrics
+        self._max_connections = max_connections
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -140,6 +151,9 @@ class HealthServer:
     # --- connections --------------------------------------------------------------------------
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if len(self._tasks) >= self._max_connections:
+            writer.transport.abort()  # a flood: free the descriptor at once, answer nothing
+            return
         task = asyncio.current_task()
         if task is not None:
             self._tasks.add(task)
@@ -163,6 +177,8 @@ class HealthServer:
             head_only = method == "HEAD"
             status, content_type, body = self._route(method, path)
             extra = [("Allow", "GET, HEAD")] if status is HTTPStatus.METHOD_NOT_ALLOWED else []
+            if path in ("/health", "/", "/leader/health") and body.startswith(b"degraded"):
+                extra.append(("X-Nstance-Health", "degraded"))
         except _BadRequest as exc:
             status, content_type, body, extra = exc.status, TEXT, f"{exc.message}\n".encode(), []
         except ConnectionError:
@@ -198,14 +214,19 @@ class HealthServer:
         waiting = self._source.starting()
         if waiting is not None:
             return HTTPStatus.SERVICE_UNAVAILABLE, TEXT, f"starting: {waiting}\n".encode()
-        if self._source.is_leader():
-            return HTTPStatus.OK, TEXT, b"ok: leader\n"
-        return HTTPStatus.OK, TEXT, f"ok: standby (leader: {self._leader_text()})\n".encode()
+        role = "leader" if self._source.is_leader() else f"standby (leader: {self._leader_text()})"
+        degraded = self._source.degraded()
+        if degraded is not None:
+            return HTTPStatus.OK, TEXT, f"degraded: {role}; {degraded}\n".encode()
+        return HTTPStatus.OK, TEXT, f"ok: {role}\n".encode()
 
     def _leader_health(self) -> tuple[HTTPStatus, str, bytes]:
         if self._source.is_leader():
             network = self._source.leader_network_status()
             extra = f"leader network: {network}\n" if network else ""
+            degraded = self._source.degraded()
+            if degraded is not None:
+                extra += f"degraded: {degraded}\n"
             return HTTPStatus.OK, TEXT, f"leader\n{extra}".encode()
         return HTTPStatus.SERVICE_UNAVAILABLE, TEXT, f"standby; leader: {self._leader_text()}\n".encode()
 

@@ -10,6 +10,13 @@ still sends the VM traffic (``loadbalancers``; while one drains it, the instance
 and the delete raises ``DeregistrationPending`` for a later retry), then marks the record ``deleting``
 before the provider call and ``deleted`` after, so an interrupted delete is finished by the next leader.
 
+A burst of creates can be called off: ``create_many`` takes ``wanted``, asked before each batch of
+intents and again right before each provider call; once it answers False (the group was scaled down
+or deleted meanwhile) no further intent is written and every create not yet sent to the provider is
+retired as ``create-cancelled`` - within one batch's time, not after the whole burst. A create
+already sent completes and is then handled like any other instance. A batch whose intent cannot be
+written (for example because fencing failed) ends the burst at once; the loop yields between batches.
+
 Deciding *which* instance to create or delete is not done here (``nstance.core.plan``).
 """
 
@@ -18,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -43,6 +51,7 @@ from nstance.server.context import ShardContext, fault_point
 from nstance.server.events import ErrorEventData, InstanceEventData
 from nstance.server.followups import RecordFollowUps
 from nstance.server.images import explain_missing_image
+from nstance.server.leadertime import in_term
 from nstance.server.loadbalancers import DeregistrationPending, LoadBalancerSync
 from nstance.server.provisioning import PreparedInstance, prepare_instance
 
@@ -54,6 +63,20 @@ CREATE_ATTEMPTS = 4
 CAPACITY_TTL = 10.0
 
 
+class CreateCancelled(Unavailable):
+    """The group no longer wants this instance: the create was called off before the provider call."""
+
+
+def _always() -> bool:
+    return True
+
+
+#: Seconds between checks of ``wanted`` while creates wait for the limiter.
+CALL_OFF_POLL = 0.25
+#: The cancel message of a create called off by ``wanted`` (told apart from a shutdown's cancel).
+CALL_OFF_MESSAGE = "nstance: create called off"
+
+
 @dataclass(frozen=True, slots=True)
 class Created:
     """Outcome of a create: the instance id and its provider status."""
@@ -62,18 +85,24 @@ class Created:
     status: str
 
 
-def member_of(row: Instance, *, seen_since: datetime | None = None) -> Member:
+def member_of(row: Instance, *, seen_since: datetime | None = None, now: datetime | None = None) -> Member:
     """The planner's view of one SQLite row.
 
     ``seen_since`` is when this server started leading: an agent cannot have reported to it before
     then (its reports went to the previous leader, or nowhere while no server led), so its silence is
     counted from that moment at the earliest - a failover or an outage of the leader never makes
-    healthy instances look silent.
+    healthy instances look silent. A drain started outside this leadership's frame is timed from
+    its start too. ``now`` (the leader clock) bounds the frame: a timestamp after it was written on a
+    clock that was ahead and is read as ``seen_since`` as well (``leadertime.in_term``).
     """
     status = row.provider_status
     last_seen = row.health_at or row.registered_at
-    if last_seen is not None and seen_since is not None and last_seen < seen_since:
-        last_seen = seen_since
+    delete_at = row.delete_at
+    if seen_since is not None:
+        if last_seen is not None:
+            last_seen = in_term(last_seen, seen_since, now)
+        if delete_at is not None and row.drain_started_at is not None:
+            delete_at = in_term(row.drain_started_at, seen_since, now) + (delete_at - row.drain_started_at)
     return Member(
         instance_id=row.id,
         created_at=row.created_at,
@@ -82,7 +111,7 @@ def member_of(row: Instance, *, seen_since: datetime | None = None) -> Member:
         failed=row.record_state == RECORD_FAILED,
         draining=row.drain_started_at is not None,
         drain_acked=row.drain_acked_at is not None,
-        delete_at=row.delete_at,
+        delete_at=delete_at,
         infra_hash=row.infra_config_hash,
         last_seen=last_seen,
         spot_notice=bool((row.health or {}).get("termination_notice")),
@@ -121,6 +150,8 @@ class InstanceOps:
         # One thread for the batch cache writes: SQLite has one writer anyway, and the event loop keeps
         # serving provider completions while a batch is written.
         self.db_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nstance-db")
+        #: Instance ids whose provider create was sent (at least once): never called off after that.
+        self._sent: set[str] = set()
         #: ``create_many`` calls running; while any is, record follow-ups wait (see ``followups``).
         self._creating = 0
         self.followups = RecordFollowUps(ctx.store, busy=lambda: self._creating > 0, fence=ctx.fence)
@@ -168,50 +199,121 @@ class InstanceOps:
         return result
 
     async def create_many(
-        self, merged: MergedGroupConfig, count: int, *, on_demand: bool = False, instance_id: str = ""
+        self,
+        merged: MergedGroupConfig,
+        count: int,
+        *,
+        on_demand: bool = False,
+        instance_id: str = "",
+        wanted: Callable[[], bool] = _always,
     ) -> list[Created | BaseException]:
-        """Create ``count`` instances of ``merged``, pipelined in batches; one result per instance.
+        """Create up to ``count`` instances of ``merged``, pipelined in batches.
 
+        One result per instance attempted; when the burst ends early (``wanted`` turned False, or a
+        batch's intent could not be written) one more exception stands for the rest.
         Intent is written for a batch at a time (one SQLite transaction, records in parallel), and at
         most two batches are prepared ahead of the provider calls, so the first VM is asked for
         promptly and the cache work is spread over the run instead of blocking the loop up front.
         """
         self._creating += 1
         try:
-            return await self._create_pipelined(merged, count, on_demand=on_demand, instance_id=instance_id)
+            return await self._create_pipelined(
+                merged, count, on_demand=on_demand, instance_id=instance_id, wanted=wanted
+            )
         finally:
             self._creating -= 1
             if not self._creating:
                 self.followups.wake()
 
     async def _create_pipelined(
-        self, merged: MergedGroupConfig, count: int, *, on_demand: bool, instance_id: str
+        self,
+        merged: MergedGroupConfig,
+        count: int,
+        *,
+        on_demand: bool,
+        instance_id: str,
+        wanted: Callable[[], bool],
     ) -> list[Created | BaseException]:
         ctx = self._ctx
         batch = max(1, ctx.limiter.max_concurrent)
         window = asyncio.Semaphore(2 * batch)
         launches: list[asyncio.Task[Created]] = []
         failures: list[BaseException] = []
+        unsent: dict[asyncio.Task[Created], str] = {}
+        watcher = None
+        if wanted is not _always:
+            watcher = asyncio.create_task(
+                self._call_off_when_unwanted(wanted, unsent), name="create-call-off"
+            )
+        try:
+            return await self._create_batches(
+                merged, count, on_demand, instance_id, wanted, window, unsent, batch, launches, failures
+            )
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+
+    async def _call_off_when_unwanted(
+        self, wanted: Callable[[], bool], unsent: dict[asyncio.Task[Created], str]
+    ) -> None:
+        """Cancel every create not yet sent to the provider as soon as ``wanted`` answers False."""
+        # Polled: config, leadership and queue state have no single event to wait on.
+        while wanted():  # noqa: ASYNC110
+            await asyncio.sleep(CALL_OFF_POLL)
+        for task, iid in list(unsent.items()):
+            if iid not in self._sent and not task.done():
+                task.cancel(CALL_OFF_MESSAGE)
+
+    async def _create_batches(
+        self,
+        merged: MergedGroupConfig,
+        count: int,
+        on_demand: bool,
+        instance_id: str,
+        wanted: Callable[[], bool],
+        window: asyncio.Semaphore,
+        unsent: dict[asyncio.Task[Created], str],
+        batch: int,
+        launches: list[asyncio.Task[Created]],
+        failures: list[BaseException],
+    ) -> list[Created | BaseException]:
         remaining = count
         ramp = 4  # small first batches: the first provider call goes out after a few intents, not 64
         while remaining > 0:
             size = min(batch, remaining, ramp)
             ramp *= 2
-            remaining -= size
             for _ in range(size):
                 await window.acquire()
+            await asyncio.sleep(0)  # an uncontended acquire does not yield; the loop must get a turn
+            if not wanted():
+                for _ in range(size):
+                    window.release()
+                failures.append(CreateCancelled(f"{remaining} creates called off: the group wants fewer now"))
+                break
+            remaining -= size
             try:
                 ready = await self._write_intent(merged, size, on_demand=on_demand, instance_id=instance_id)
-            except Exception as exc:  # noqa: BLE001 - reported per instance to the caller
+            except Exception as exc:  # noqa: BLE001 - reported to the caller
                 for _ in range(size):
                     window.release()
                 failures.extend([exc] * size)
-                continue
+                if remaining:
+                    log.warning(
+                        "%d creates of %s/%s not started: %s", remaining, merged.tenant, merged.group, exc
+                    )
+                break
             for _ in range(size - len(ready)):
                 window.release()
             for prepared, etag, record in ready:
-                launches.append(asyncio.create_task(self._launch(merged, prepared, etag, record, window)))
-        results: list[Created | BaseException] = list(await asyncio.gather(*launches, return_exceptions=True))
+                task = asyncio.create_task(self._launch(merged, prepared, etag, record, window, wanted))
+                unsent[task] = prepared.request.instance_id
+                task.add_done_callback(unsent.pop)
+                launches.append(task)
+        results: list[Created | BaseException] = []
+        for result in await asyncio.gather(*launches, return_exceptions=True):
+            if isinstance(result, asyncio.CancelledError) and CALL_OFF_MESSAGE in result.args:
+                result = CreateCancelled("create called off before the provider call: the group wants fewer")
+            results.append(result)
         return results + failures
 
     async def _prepare(
@@ -330,6 +432,7 @@ class InstanceOps:
         etag: str,
         record: records.InstanceRecord,
         window: asyncio.Semaphore,
+        wanted: Callable[[], bool] = _always,
     ) -> Created:
         """Provider create for one recorded intent, then the provider id into record and cache."""
         ctx = self._ctx
@@ -337,24 +440,31 @@ class InstanceOps:
         try:
             try:
                 fault_point("before-provider-create")
-                vm = await self._provider_create(prepared.request)
+                vm = await self._provider_create(prepared.request, wanted)
             finally:
                 window.release()
         except BaseException:
             self.in_flight.discard(iid)
+            self._sent.discard(iid)
             await self._create_failed(merged.tenant, iid)
             raise
+        self._sent.discard(iid)
         fault_point("after-provider-create")
         await self._record_provider(record, etag, vm)
         ctx.metrics.record_provider_create()
         return Created(iid, vm.status.value)
 
-    async def _provider_create(self, request: Any) -> ProviderInstance:
+    async def _provider_create(self, request: Any, wanted: Callable[[], bool] = _always) -> ProviderInstance:
         ctx = self._ctx
         attempt = 0
         while True:
             async with ctx.limiter.slot():
                 ctx.fence()
+                if not wanted():
+                    raise CreateCancelled(
+                        f"create of {request.instance_id} called off: the group wants fewer now"
+                    )
+                self._sent.add(request.instance_id)
                 try:
                     return await ctx.provider.create_instance(request)
                 except (ProviderThrottled, ProviderUnavailable) as exc:

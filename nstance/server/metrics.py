@@ -11,7 +11,10 @@ several servers can run in one process (tests, benchmarks) without their series 
   class name, e.g. ``ProviderThrottled``);
 * ``nstance_rpc_total{method,code}`` counter (gRPC method and status code name);
 * ``nstance_leader{scope}`` gauge (scope ``shard`` or ``cluster``; 1 while this process leads);
-* ``nstance_config_loaded`` gauge (1 once the shard config is loaded);
+* ``nstance_config_loaded`` gauge (1 while the config in force is the one in object storage: 0 before
+  the first load and while the latest reload failed and the last good config is kept);
+* ``nstance_degraded{component,kind}`` gauge (1 per reason the server runs degraded, e.g.
+  ``component="config",kind="empty"``; both labels come from fixed sets, the text is on ``/health``);
 * ``nstance_image_errors``, ``nstance_leader_network_ready`` and ``nstance_lb_deregistrations_waiting``
   gauges (images without an id, the leader address held, deletes waiting for load balancers);
 * ``nstance_reconcile_total{result}`` counter and ``nstance_provider_creates_total`` counter;
@@ -115,7 +118,14 @@ class Metrics:
         )
         self.config_loaded = Gauge(
             "nstance_config_loaded",
-            "1 once the shard configuration has been loaded, else 0.",
+            "1 while the shard configuration in force is the one in object storage, else 0 "
+            "(not loaded yet, or the latest reload failed and the last good one is kept).",
+            registry=reg,
+        )
+        self.degraded = Gauge(
+            "nstance_degraded",
+            "1 per reason this server runs degraded (on a last good view), by component and kind.",
+            ["component", "kind"],
             registry=reg,
         )
         self.image_errors = Gauge(
@@ -154,6 +164,7 @@ class Metrics:
             self.leader.labels(scope=scope).set(0)
         self._lock = threading.Lock()
         self._instance_keys: set[tuple[str, str, str]] = set()
+        self._degraded_kinds: dict[str, str] = {}
 
     # --- setters ------------------------------------------------------------------------------
 
@@ -181,6 +192,16 @@ class Metrics:
 
     def set_config_loaded(self, loaded: bool) -> None:
         self.config_loaded.set(1 if loaded else 0)
+
+    def set_degraded(self, component: str, kind: str | None) -> None:
+        """Report ``component`` degraded for ``kind`` (one series per component), or healthy (None)."""
+        with self._lock:
+            previous = self._degraded_kinds.pop(component, None)
+            if previous is not None and previous != kind:
+                self.degraded.remove(component, previous)
+            if kind is not None:
+                self._degraded_kinds[component] = kind
+                self.degraded.labels(component=component, kind=kind).set(1)
 
     def set_image_errors(self, count: int) -> None:
         self.image_errors.set(count)

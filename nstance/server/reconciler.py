@@ -6,7 +6,9 @@ run concurrently (creates are admitted by the shard's ``CreateLimiter``; there i
 failed step re-queues the group with exponential backoff and jitter; a drain deadline or expiry age
 re-queues it at that time; ``resync`` marks every group dirty periodically, so a missed event costs at
 most one resync interval. Only the shard leader reconciles: the check runs at the start of every
-reconcile and before every provider call (``ShardContext.fence``).
+reconcile and before every provider call (``ShardContext.fence``). A burst of creates is called off as
+soon as the group wants fewer (scaled down or deleted) or this server stops leading (``wanted`` of
+``InstanceOps.create_many``); the group is then planned again from what exists.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from nstance.core.plan import (
 from nstance.db import repo
 from nstance.db.models import Instance
 from nstance.server.context import ShardContext
-from nstance.server.instances import Created, InstanceOps, member_of
+from nstance.server.instances import CreateCancelled, Created, InstanceOps, member_of
 from nstance.server.loadbalancers import RECHECK_AFTER, DeregistrationPending
 from nstance.server.workqueue import WorkQueue
 
@@ -165,8 +167,10 @@ class Reconciler:
         """Read the group's active rows and plan (a worker thread: 1,000s of rows and pure decisions)."""
         with self._ctx.db.read_session() as session:
             rows = repo.list_active_instances(session, tenant=tenant, group_key=group)
-        members = [member_of(row, seen_since=self.leading_since) for row in rows if not row.on_demand]
-        on_demand = [member_of(row, seen_since=self.leading_since) for row in rows if row.on_demand]
+        members = [
+            member_of(row, seen_since=self.leading_since, now=now) for row in rows if not row.on_demand
+        ]
+        on_demand = [member_of(row, seen_since=self.leading_since, now=now) for row in rows if row.on_demand]
         plan = plan_group(spec, members, now)
         wakes = [next_wakeup(spec, members, now)]
         if on_demand:
@@ -191,7 +195,7 @@ class Reconciler:
         snapshot = ctx.config.snapshot()
         merged = snapshot.merged(tenant, group) if snapshot is not None else None
         spec = self._spec(merged)
-        now = ctx.clock.now()
+        now = ctx.clock.now()  # the leader clock: monotonic within this leadership (``leadertime``)
         ondemand_age = self._ondemand_age()
         drain_timeout = merged.drain_timeout if merged is not None else timedelta(0)
         async with self._reads:  # 1,000s of rows: off the loop, and few at a time (the GIL is shared)
@@ -248,18 +252,33 @@ class Reconciler:
                 await ops.delete(row, action.reason)
 
         created: list[Created | BaseException] = []
+        planned_size = merged.size if merged is not None else 0
+
+        def wanted() -> bool:
+            """Still leading, and the group still wants at least the size this plan was made for."""
+            current = self._ctx.config.merged(tenant, group)
+            return (
+                not self.queue.closed
+                and self._ctx.is_leader()
+                and current is not None
+                and current.size >= planned_size
+            )
 
         async def create() -> None:
             if merged is not None and plan.create:
-                created.extend(await ops.create_many(merged, plan.create))
+                created.extend(await ops.create_many(merged, plan.create, wanted=wanted))
 
         # Replacements first: a drained instance leaves only once its successor has been asked for.
         results: list[object] = list(
             await asyncio.gather(create(), *(delete(a) for a in plan.delete), return_exceptions=True)
         )
+        called_off = any(isinstance(r, CreateCancelled) for r in created)
+        created = [r for r in created if not isinstance(r, CreateCancelled)]  # the group wants fewer now
         results.extend(created)
-        creates_failed = any(isinstance(r, BaseException) for r in created) or isinstance(
-            results[0], BaseException
+        creates_failed = (
+            called_off
+            or any(isinstance(r, BaseException) for r in created)
+            or isinstance(results[0], BaseException)
         )
         for action in plan.drain:
             if creates_failed and action.reason in ROTATION_REASONS:

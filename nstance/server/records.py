@@ -320,8 +320,12 @@ def reader_pool(keys: int, *, workers: int | None = None) -> Iterator[Executor |
     if workers <= 1 or keys <= 1:
         yield None
         return
-    with ThreadPoolExecutor(max_workers=min(workers, keys), thread_name_prefix="nstance-records") as pool:
+    pool = ThreadPoolExecutor(max_workers=min(workers, keys), thread_name_prefix="nstance-records")
+    try:
         yield pool
+    finally:
+        # Not waiting: a rebuild cancelled mid-batch (leadership lost) must not hold its caller.
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def read_records(

@@ -9,10 +9,10 @@ by cluster/shard tag and reconciles the three views:
   update) is **adopted**: provider id and status go into the record and the row;
 * a VM that no active record explains (created out of band, or by a create that was given up) is an
   **orphan** and is deleted, unless its create is still in flight;
-* a provisioned row whose VM is missing from the listing for longer than ``consistency_grace`` (clouds
-  list new VMs late) is marked deleted, so the reconciler replaces it; a pending row whose create is not
-  in flight in this process (it was cut off by a crash or a leadership change) is retired at once - if
-  its VM appears later after all, it is an orphan by then and is deleted;
+* a provisioned row whose VM is listed as gone, or missing from the listing for longer than
+  ``consistency_grace`` (clouds list new VMs late), is marked deleted, so the reconciler replaces it; a
+  pending row whose create is not in flight in this process (it was cut off by a crash or a leadership
+  change) is retired at once - if its VM appears later after all, it is an orphan by then and is deleted;
 * status changes (stopped, suspended, ...) are stored, and the affected groups are returned for reconcile.
 """
 
@@ -31,6 +31,7 @@ from nstance.providers.base import GONE_STATUSES, InstanceStatus, ProviderInstan
 from nstance.server import records
 from nstance.server.context import ShardContext
 from nstance.server.instances import InstanceOps
+from nstance.server.leadertime import since_term
 
 log = logging.getLogger(__name__)
 
@@ -244,7 +245,9 @@ async def sync_provider(
             continue
         if iid in ops.in_flight:
             continue
-        if row.provider_id is not None and now - row.created_at < consistency_grace:
+        listed_gone = iid in by_instance  # listed with a gone status: no grace, it is gone
+        young = since_term(ctx.clock, row.created_at) < consistency_grace
+        if row.provider_id is not None and not listed_gone and young:
             continue
         report.gone.append(iid)
         report.groups.add((row.tenant, row.group_key))

@@ -7,9 +7,12 @@ yet, and adds them with ``repo.add_revoked_serial``; the auth interceptor then r
 certificates (``repo.is_serial_revoked``). ``revocation_loop`` repeats this every interval for as long
 as the server runs, on leaders and standbys alike, and survives storage errors.
 
-An object whose name is not a serial, whose body is not JSON, or whose ``serial`` field differs from its
-name is skipped with a warning. A missing or unreadable ``revoked_at`` does not stop the revocation
-(the sync time is used instead). This module never writes to object storage and never removes an
+The deny-list fails closed: an entry whose body is not JSON, or whose ``serial`` field differs from its
+name, still revokes every serial it names (the object name and, when readable, the body's field), with
+a warning; only an object whose name and body name no serial at all is skipped. A missing or
+unreadable ``revoked_at`` does not stop the revocation (the sync time is used instead). The server
+runs one sync before it opens its gRPC ports (``app``), so a restart with an empty cache never
+accepts a revoked certificate in the meantime. This module never writes to object storage and never removes an
 entry from the deny-list.
 """
 
@@ -31,6 +34,7 @@ from nstance.pki.revocation_record import (
     Revocation,
     parse_revocation,
     serial_of_key,
+    serials_claimed,
 )
 
 log = logging.getLogger(__name__)
@@ -45,15 +49,28 @@ def _sync_blocking(cluster_store: ObjectStore, db: Database, now: datetime) -> t
     pending: dict[str, Revocation] = {}
     for key in keys:
         try:
-            serial = serial_of_key(key)
-            if serial in known or serial in pending:
-                continue
+            named: str | None = serial_of_key(key)
+        except InvalidArgument:
+            named = None  # the body may still name one
+        if named is not None and (named in known or named in pending):
+            continue
+        try:
             data, _ = cluster_store.get(key)
-            pending[serial] = parse_revocation(key, data)
         except ObjectNotFound:
             continue  # removed since the listing
+        try:
+            entry = parse_revocation(key, data)
+            pending[entry.serial] = entry
         except InvalidArgument as exc:
-            problems.append(f"skipped deny-list object {exc}")
+            claimed = serials_claimed(key, data) - known
+            if not claimed:
+                problems.append(f"skipped deny-list object {exc}: it names no certificate serial")
+                continue
+            for serial in claimed:
+                pending.setdefault(serial, Revocation(serial, None, f"unreadable deny-list entry {key}"))
+            problems.append(
+                f"deny-list object {exc}; revoking {', '.join(sorted(claimed))} anyway (fail closed)"
+            )
     added = 0
     if pending:
         with db.session() as session:
@@ -75,7 +92,8 @@ async def _sync(cluster_store: ObjectStore, db: Database, clock: Clock) -> tuple
 async def sync_revocations(cluster_store: ObjectStore, db: Database, *, clock: Clock) -> int:
     """Add every serial in ``revoked/`` that SQLite lacks; return how many were new.
 
-    Corrupt objects are skipped with a warning; storage errors (Unavailable) propagate.
+    Corrupt objects still revoke the serials they name, with a warning; storage errors (Unavailable)
+    propagate.
     """
     added, problems = await _sync(cluster_store, db, clock)
     for problem in problems:

@@ -4,9 +4,11 @@
 refused by the servicer on standbys) and owns the leader-only machinery: on acquiring leadership it
 starts moving the leader address here (``leadernet``), rebuilds the cache from the records, syncs
 with the provider, resolves the config's images (``images``), then starts the reconciler, the GC loop
-and the image refresh; on losing it (or at shutdown) it stops handing out work, lets in-flight
-provider calls finish - each of which records its own outcome - within ``shard.shutdown_timeout``,
-and releases the leader address.
+and the image refresh, all as tasks of one ``LeaderTerm``. On losing leadership every one of those
+tasks (recovery included) is cancelled at once; at an orderly shutdown while still leading, in-flight
+provider calls - each of which records its own outcome - get ``shard.shutdown_timeout`` to finish.
+Either way it then releases the leader address. Leadership starts a new frame of the shard's
+``LeaderClock`` (``leadertime``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from nstance.config import (
     group_etag,
     merged_group,
 )
+from nstance.config.limits import check_vars
 from nstance.config.workloads import GroupConfig
 from nstance.core.backoff import Backoff
 from nstance.core.errors import FailedPrecondition, InvalidArgument, NotFound, NstanceError, Unavailable
@@ -45,6 +48,7 @@ from nstance.server.api import (
     IssuedCert,
     RefreshResult,
 )
+from nstance.server.confighealth import report_config
 from nstance.server.configstate import ConfigChange, ConfigSnapshot
 from nstance.server.context import ShardContext
 from nstance.server.events import Events, GroupEventData
@@ -53,6 +57,7 @@ from nstance.server.groupwriter import GroupsWriter
 from nstance.server.images import ImageService
 from nstance.server.instances import InstanceOps, status_of
 from nstance.server.leadernet import LeaderAddress
+from nstance.server.leaderterm import LeaderTerm
 from nstance.server.reconciler import Reconciler
 from nstance.server.recovery import rebuild_cache, sync_provider
 
@@ -90,9 +95,13 @@ class Shard:
         self._groups = GroupsWriter(ctx.store, ctx.config, self._apply_change)
         self.reconciler: Reconciler | None = None
         self._leader_tasks: list[asyncio.Task[None]] = []
+        #: Every task of the current leadership (recovery included): cancelled together when it is lost.
+        self._term = LeaderTerm()
         self._address_task: asyncio.Task[None] | None = None
         self._lead_lock = asyncio.Lock()
         self.leading = False
+        #: On-demand creates under way by instance id: ((tenant, group), task).
+        self._on_demand_creates: dict[str, tuple[GroupKey, asyncio.Future[tuple[str, str]]]] = {}
 
     # --- leadership -------------------------------------------------------------------------
 
@@ -114,13 +123,15 @@ class Shard:
 
     async def start_leading(self) -> None:
         """Recover state and start the reconciler and GC (called when leadership is acquired)."""
+        self._term.enrol(asyncio.current_task())  # losing leadership cancels the recovery too
         async with self._lead_lock:
             if self.leading:
                 return
             ctx = self.ctx
+            ctx.leader_clock.restart()
             log.info("shard %s: leading; rebuilding the cache from object storage", ctx.identity.shard)
             if self._address_task is None or self._address_task.done():
-                self._address_task = asyncio.create_task(self.leader_net.hold(), name="leader-network")
+                self._address_task = self._term.start(self.leader_net.hold(), "leader-network")
             backoff = Backoff(base=1.0, cap=30.0)
             attempt = 0
             while True:
@@ -130,7 +141,12 @@ class Shard:
                     return
                 try:
                     # Fresh from storage or not at all: a stale copy may miss acknowledged group changes.
-                    await asyncio.to_thread(functools.partial(ctx.config.load, True, require_storage=True))
+                    try:
+                        await asyncio.to_thread(
+                            functools.partial(ctx.config.load, True, require_storage=True)
+                        )
+                    finally:
+                        report_config(ctx, ctx.config.fault)
                     groups = await rebuild_cache(ctx, self.ops)
                     report = await sync_provider(ctx, self.ops)
                     groups |= report.groups
@@ -148,20 +164,28 @@ class Shard:
             self.leading = True
             ctx.metrics.set_leader("shard", True)
             self._leader_tasks = [
-                asyncio.create_task(reconciler.run(), name="reconciler"),
-                asyncio.create_task(self._gc_loop(reconciler), name="gc"),
-                asyncio.create_task(self._metrics_loop(), name="metrics"),
-                asyncio.create_task(self._config_loop(), name="config"),
-                asyncio.create_task(self.images.run(), name="images"),
+                self._term.start(reconciler.run(), "reconciler"),
+                self._term.start(self._gc_loop(reconciler), "gc"),
+                self._term.start(self._metrics_loop(), "metrics"),
+                self._term.start(self._config_loop(), "config"),
+                self._term.start(self.images.run(), "images"),
             ]
             await reconciler.enqueue_all()
             for key in groups:
                 reconciler.enqueue(key)
 
     async def stop_leading(self, grace: float | None = None) -> None:
-        """Stop reconciling and GC; in-flight steps get ``grace`` seconds to finish, then are cancelled."""
+        """Stop reconciling and GC.
+
+        Leadership lost: every task of the term (recovery included) is cancelled at once. Still leading
+        (an orderly shutdown): in-flight steps get ``grace`` seconds to finish, then are cancelled.
+        """
+        lost = not self.ctx.is_leader()
+        if lost or not self.leading:
+            self._term.cancel()  # before taking the lock, which a running recovery holds
         async with self._lead_lock:
             if not self.leading:
+                await self._release_address()
                 return
             self.leading = False
             self.ctx.metrics.set_leader("shard", False)
@@ -169,11 +193,13 @@ class Shard:
             if timeout is None:
                 snapshot = self.ctx.config.snapshot()
                 timeout = snapshot.config.shard.shutdown_timeout.total_seconds() if snapshot else 10.0
+            if lost:
+                timeout = 0.0
             if self.reconciler is not None:
                 await self.reconciler.close()
             tasks, self._leader_tasks = self._leader_tasks, []
             for task in tasks:
-                if task.get_name() in ("gc", "metrics", "images", "config"):
+                if lost or task.get_name() in ("gc", "metrics", "images", "config"):
                     task.cancel()
             _done, pending = await asyncio.wait(tasks, timeout=max(timeout, 0.01))
             for task in pending:
@@ -236,9 +262,29 @@ class Shard:
             except NstanceError as exc:
                 log.warning("config check failed (keeping the current config): %s", exc)
                 continue
+            finally:
+                report_config(self.ctx, self.ctx.config.fault)
             if change.updated:
                 log.info("config changed in object storage; applying it")
                 self._apply_change(change)
+
+    async def standby_config_loop(self) -> None:
+        """On a standby, check the config documents as the leader does, to report a broken one.
+
+        The standby's view follows storage (its reads stay current), and ``/health``, the metrics and
+        ``WatchErrors`` say when the stored config is broken, empty or gone. While leading, the
+        leader's own check (``_config_loop``) does this instead.
+        """
+        while True:
+            await asyncio.sleep(CONFIG_CHECK_INTERVAL)
+            if self.leading:
+                continue
+            try:
+                await asyncio.to_thread(self.ctx.config.load)
+            except NstanceError as exc:
+                log.warning("config check failed (keeping the current config): %s", exc)
+            finally:
+                report_config(self.ctx, self.ctx.config.fault)
 
     async def _metrics_loop(self) -> None:
         while True:
@@ -409,6 +455,7 @@ class Shard:
 
     def _on_demand_config(self, tenant: str, request: InstanceRequest) -> MergedGroupConfig:
         snapshot = self._snapshot()
+        check_vars("CreateInstance", request.vars, snapshot.config.shard.limits)
         merged = snapshot.merged(tenant, request.group)
         if merged is None:
             raise NotFound(f'group "{request.group}" of tenant "{tenant}" does not exist')
@@ -435,15 +482,27 @@ class Shard:
         )
 
     async def create_instance(self, tenant: str, request: InstanceRequest) -> tuple[str, str]:
-        if request.instance_id:
+        iid = request.instance_id
+        if not iid:
+            return await self._create_on_demand(tenant, request)
+        owner = (tenant, request.group)
+        running = self._on_demand_creates.get(iid)
+        if running is None:
             with self.ctx.db.read_session() as session:
-                existing = repo.get_instance(session, request.instance_id)
+                existing = repo.get_instance(session, iid)
             if existing is not None:
-                if existing.tenant != tenant or existing.group_key != request.group:
-                    raise FailedPrecondition(
-                        f"instance_id {request.instance_id!r} is already used by another instance"
-                    )
+                if (existing.tenant, existing.group_key) != owner:
+                    raise FailedPrecondition(f"instance_id {iid!r} is already used by another instance")
                 return existing.id, status_of(existing)
+            # Concurrent calls with this id share one create and all get its answer (docs/operator-api.md).
+            task = asyncio.ensure_future(self._create_on_demand(tenant, request))
+            running = self._on_demand_creates[iid] = (owner, task)
+            task.add_done_callback(lambda _: self._on_demand_creates.pop(iid, None))
+        if running[0] != owner:
+            raise FailedPrecondition(f"instance_id {iid!r} is already used by another instance")
+        return await asyncio.shield(running[1])
+
+    async def _create_on_demand(self, tenant: str, request: InstanceRequest) -> tuple[str, str]:
         merged = self._on_demand_config(tenant, request)
         if request.instance_type:
             await self._check_instance_type(merged.instance_type, merged.template, "instance_type")
@@ -479,7 +538,10 @@ class Shard:
         self.on_instance_changed(row.tenant, row.group_key)
 
     async def refresh_config(self) -> RefreshResult:
-        change = await asyncio.to_thread(self.ctx.config.load, True)
+        try:
+            change = await asyncio.to_thread(self.ctx.config.refresh)
+        finally:
+            report_config(self.ctx, self.ctx.config.fault)
         self._apply_change(change)
         return RefreshResult(
             updated=change.updated, prev_etag=change.prev_config_etag or "", etag=change.config_etag

@@ -9,7 +9,8 @@
 * **No dynamic group update lost**: each group's size is the last size an acknowledged UpsertGroup set,
   or one of the sizes of later attempts whose outcome the client could not know.
 * **Blips replace nothing**: an instance replaced for missed health reports had an agent that really
-  died (or could never register); a blip shorter than the missed-report window never causes it.
+  died (or could never register), or a VM that was already gone; a blip shorter than the missed-report
+  window never causes it.
 
 Pure reads of the world's shared state; nothing here changes it.
 """
@@ -81,7 +82,8 @@ def check_end_state(world: World, cache: Path) -> list[str]:
         if reason != REASON_SILENT:
             continue
         agent = world.agents.get(iid)
-        if agent is None or not (agent.crashed or agent.stuck):
+        vm_gone = agent is not None and agent.vm_gone_at is not None and agent.vm_gone_at <= at
+        if agent is None or not (agent.crashed or agent.stuck or vm_gone):
             problems.append(
                 f"t={at:.2f}: instance {iid} was {status} for missed health reports, but its agent was alive"
             )

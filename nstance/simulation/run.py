@@ -23,6 +23,7 @@ from nstance.simulation.invariants import check_end_state
 from nstance.simulation.loop import VirtualTimeLoop
 from nstance.simulation.world import (
     World,
+    _owner_of,
     _task_factory,
     deterministic,
     scratch_root,
@@ -73,21 +74,29 @@ def _root() -> Path:
 
 
 def run_seed(
-    seed: int, *, verbose: bool = False, before_check: Callable[[World], None] | None = None
+    seed: int,
+    *,
+    verbose: bool = False,
+    before_check: Callable[[World], None] | None = None,
+    fault_kinds: tuple[str, ...] | None = None,
 ) -> SeedResult:
-    """Simulate one seed and check its invariants (``before_check`` may tamper with the end state: tests)."""
+    """Simulate one seed and check its invariants.
+
+    Tests may tamper with the end state (``before_check``) or narrow the faults to some kinds
+    (``fault_kinds``, from ``world.FAULT_KINDS``).
+    """
     started = time.perf_counter()
     root = _root()
     tmp = root / f"seed-{seed}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    world = World(seed, tmp, template_database(root))
+    world = World(seed, tmp, template_database(root), fault_kinds=fault_kinds)
     handler = _Buffer(world)
     logger = logging.getLogger()
     saved_level, saved_handlers = logger.level, logger.handlers[:]
     logger.handlers[:] = [handler]
     logger.setLevel(logging.INFO if verbose else logging.WARNING)
-    loop = VirtualTimeLoop(world.clock)
+    loop = VirtualTimeLoop(world.clock, owner_of=_owner_of)
     loop.set_task_factory(_task_factory)
     problems: list[str] = []
     try:

@@ -16,6 +16,8 @@ A ``World`` builds everything from ``random.Random(seed)`` and runs it on a ``Vi
   and stream health reports. Faults crash an agent (its VM keeps running: it must be replaced) or
   break its stream briefly (a blip shorter than the missed-report window: nothing may be replaced).
 * **The operator** changes group sizes through ``UpsertGroup`` and acknowledges drains.
+* **Process faults** (``leader_faults``): a server paused and continued after a takeover, a server that
+  loses the provider's API but not storage, and steps of a server's wall clock.
 * **Fault points** in the server (``nstance.server.context.fault_point``: before and after the
   provider create, after the provider delete, after a registration claim, after a groups write)
   crash the server that reaches them when armed.
@@ -31,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
 import functools
 import json
 import logging
@@ -74,6 +77,7 @@ from nstance.server.metrics import Metrics
 from nstance.server.provisioning import ShardIdentity
 from nstance.server.registration import Registrar
 from nstance.server.shard import Shard
+from nstance.simulation import leader_faults
 
 log = logging.getLogger("nstance.simulation")
 
@@ -90,6 +94,23 @@ FAULT_POINTS = (
     "after-registration-claim",
     "after-groups-write",
 )
+#: Fault kinds and their weights (a kind listed twice is drawn twice as often).
+FAULT_KINDS = (
+    "crash",
+    "fault-point",
+    "fault-point",
+    "partition",
+    "agent-crash",
+    "blip",
+    "blip",
+    "lost-create",
+    "throttle",
+    "pause",
+    "provider-loss",
+    "wall-step",
+)
+#: Set while an agent's health stream runs: its end is not held back when the server it talks to is paused.
+_STREAMING: contextvars.ContextVar[bool] = contextvars.ContextVar("sim_streaming", default=False)
 _CURRENT: contextvars.ContextVar[Incarnation | None] = contextvars.ContextVar("sim_server", default=None)
 
 
@@ -111,6 +132,8 @@ class Gate:
         self.name = name
         self.alive = True
         self.partitioned_until = -math.inf
+        self.provider_lost_until = -math.inf
+        self.paused_since: float | None = None  # monotonic time the process was stopped (pause fault)
 
     def check(self) -> None:
         if not self.alive:
@@ -229,6 +252,8 @@ class SimCloud:
 
     async def _call(self, what: str, mutating: bool, call: Callable[[], Awaitable[T]]) -> T:
         self._inc.gate.check()
+        if self._world.clock.monotonic() < self._inc.gate.provider_lost_until:
+            raise ProviderUnavailable(f"the provider API is unreachable from {self._inc.name} (simulated)")
         if mutating:
             self._world.check_acting(self._inc, what)
         result = await call()
@@ -337,6 +362,7 @@ class SimServer:
         self.db_path = world.tmp / f"{name}.db"
         self.current: Incarnation | None = None
         self.count = 0
+        self.clock = leader_faults.SkewedClock(world.clock)  # the host's clock: outlives incarnations
 
     def start(self, *, keep_db: bool) -> Incarnation:
         world = self.world
@@ -351,14 +377,14 @@ class SimServer:
         shard_store = ScopedObjectStore(store, f"shard/{SHARD}/")
         cluster_store = ScopedObjectStore(store, "cluster/")
         cache = world.tmp / f"{inc.name}-config"
-        state = ConfigState(shard_store, cache, clock=world.clock)
+        state = ConfigState(shard_store, cache, clock=self.clock)
         elector = Elector(
             shard_store,
             "leader.json",
             elector_id=self.name,
             address=f"{self.name}:8991",
             config=world.election,
-            clock=world.clock,
+            clock=self.clock,
             on_change=lambda leading: self._on_change(inc, leading),
             name="shard",
         )
@@ -371,8 +397,8 @@ class SimServer:
             provider=SimCloud(world, inc),
             nonce_key=world.nonce_key,
             ca=world.ca,
-            clock=world.clock,
-            limiter=CreateLimiter(clock=world.clock, max_concurrent=8),
+            clock=self.clock,
+            limiter=CreateLimiter(clock=self.clock, max_concurrent=8),
             leadership=ElectorLeadership(elector),
             metrics=Metrics(),
         )
@@ -408,6 +434,7 @@ class SimServer:
         inc = self.current
         if inc is None or not inc.gate.alive:
             return
+        leader_faults.resume(self.world, inc)  # a stopped process can be killed too
         inc.gate.alive = False
         self.world.trace(f"crash {inc.name}: {why}")
         self.world.stats["crashes"] += 1
@@ -426,6 +453,7 @@ class AgentState:
     registered: bool = False
     blip_until: float = -math.inf
     reports: int = 0
+    vm_gone_at: float | None = None  # when the agent stopped because its VM was deleted
 
 
 # ---- the world -------------------------------------------------------------------------------
@@ -447,6 +475,8 @@ class Scenario:
     fault_mean_gap: float
     store_fault_rate: float
     store_timeout_rate: float
+    #: The kinds of fault the fault phase draws from (tests narrow it to one class of fault).
+    fault_kinds: tuple[str, ...] = FAULT_KINDS
 
     @classmethod
     def draw(cls, rng: random.Random) -> Scenario:
@@ -478,10 +508,14 @@ class UpsertAttempt:
 class World:
     """Everything one seed simulates (see the module docstring)."""
 
-    def __init__(self, seed: int, tmp: Path, template_db: Path) -> None:
+    def __init__(
+        self, seed: int, tmp: Path, template_db: Path, *, fault_kinds: tuple[str, ...] | None = None
+    ) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.scenario = Scenario.draw(random.Random(f"{seed}:scenario"))
+        if fault_kinds is not None:
+            self.scenario = dataclasses.replace(self.scenario, fault_kinds=fault_kinds)
         self.tmp = tmp
         self.template_db = template_db
         self.clock = ManualClock()
@@ -532,6 +566,11 @@ class World:
                 "acks",
                 "lost_create_responses",
                 "throttle_windows",
+                "pauses",
+                "provider_losses",
+                "wall_steps",
+                "duplicate_acks",
+                "late_acks",
             ),
             0,
         )
@@ -680,6 +719,7 @@ class World:
         delay = 1.0
         while not state.registered:
             if not self._vm_alive(provider_id) or state.crashed:
+                state.vm_gone_at = None if state.crashed else self.now()
                 return
             try:
                 await self._call_leader(
@@ -706,25 +746,36 @@ class World:
             with contextlib.suppress(NstanceError):
                 await self._call_leader(lambda leader: self._stream(state, leader, provider_id))
             await asyncio.sleep(1.0)
+        if not state.crashed:
+            state.vm_gone_at = self.now()  # the agent stopped because its VM was deleted
 
     async def _stream(self, state: AgentState, inc: Incarnation, provider_id: str) -> None:
-        await inc.api().agents.health(state.instance_id, self._reports(state, inc, provider_id))
+        token = _STREAMING.set(True)  # the agent's end of the stream is not stopped with a paused server
+        try:
+            await inc.api().agents.health(state.instance_id, self._reports(state, inc, provider_id))
+        finally:
+            _STREAMING.reset(token)
 
     async def _reports(
         self, state: AgentState, inc: Incarnation, provider_id: str
     ) -> AsyncIterator[HealthReport]:
         while (
-            self._vm_alive(provider_id)
-            and not state.crashed
-            and self.clock.monotonic() >= state.blip_until
-            and inc.leads()
+            self._vm_alive(provider_id) and not state.crashed and self.clock.monotonic() >= state.blip_until
         ):
+            if not await leader_faults.reachable(self, inc):
+                return  # keepalive gave up on a stopped server: the agent reconnects to the leader
+            if not inc.leads():
+                return
             state.reports += 1
             yield HealthReport(instance_id=state.instance_id, count=state.reports)
             await asyncio.sleep(HEALTH_INTERVAL)
 
     async def operator(self, until: float) -> None:
-        """Change group sizes now and then; acknowledge drains after a while (as a node drain would)."""
+        """Change group sizes now and then; acknowledge drains after a while (as a node drain would).
+
+        Some acknowledgements come late (after the drain timeout, maybe to another leader, maybe for
+        an instance deleted by then) and some come twice, as from an operator that retried.
+        """
         rng = random.Random(f"{self.seed}:operator")
         next_upsert = self.clock.monotonic() + rng.uniform(20, 90)
         acked: set[str] = set()
@@ -752,10 +803,23 @@ class World:
                     if iid in acked or rng.random() < 0.5:
                         continue
                     acked.add(iid)
+                    if rng.random() < 0.2:
+                        self.stats["late_acks"] += 1
+                        self.spawn(None, self._ack_later(iid, rng.uniform(20.0, 120.0)), "late-ack")
+                        continue
                     with contextlib.suppress(NstanceError):
                         await self._call_leader(functools.partial(_acknowledge, instance_id=iid))
                         self.stats["acks"] += 1
+                    if rng.random() < 0.25:
+                        self.stats["duplicate_acks"] += 1
+                        self.spawn(None, self._ack_later(iid, rng.uniform(0.0, 60.0)), "duplicate-ack")
             await asyncio.sleep(15.0)
+
+    async def _ack_later(self, instance_id: str, delay: float) -> None:
+        await asyncio.sleep(delay)
+        with contextlib.suppress(NstanceError):
+            await self._call_leader(functools.partial(_acknowledge, instance_id=instance_id))
+            self.trace(f"operator: acknowledged the drain of {instance_id} after {delay:.1f}s")
 
     async def faults(self, until: float) -> None:
         """Inject one fault at a time, at random, until ``until`` (virtual monotonic seconds)."""
@@ -767,20 +831,14 @@ class World:
             await asyncio.sleep(rng.expovariate(1.0 / sc.fault_mean_gap))
             if self.clock.monotonic() >= until:
                 return
-            kind = rng.choice(
-                (
-                    "crash",
-                    "fault-point",
-                    "fault-point",
-                    "partition",
-                    "agent-crash",
-                    "blip",
-                    "blip",
-                    "lost-create",
-                    "throttle",
-                )
-            )
-            if kind == "crash":
+            kind = rng.choice(sc.fault_kinds)
+            if kind == "pause":
+                leader_faults.inject_pause(self, rng)
+            elif kind == "provider-loss":
+                leader_faults.inject_provider_loss(self, rng)
+            elif kind == "wall-step":
+                leader_faults.inject_wall_step(self, rng)
+            elif kind == "crash":
                 server = rng.choice(self.servers)
                 server.crash("killed at a random moment")
                 self.spawn(
@@ -837,12 +895,14 @@ class World:
         self.store_timeout_rate = 0.0
         self.armed = None
         self.cloud.set_throttle_probability(0.0)
+        leader_faults.resume_all(self)
         for server in self.servers:
             inc = server.current
             if inc is None or not inc.gate.alive:
                 server.start(keep_db=True)
-            elif inc.gate.partitioned_until > self.clock.monotonic():
+            else:
                 inc.gate.partitioned_until = -math.inf
+                inc.gate.provider_lost_until = -math.inf
         self.trace("calm: faults stopped")
 
     # -- the run -------------------------------------------------------------------------------
@@ -861,6 +921,7 @@ class World:
         await asyncio.sleep(sc.calm_phase)
 
     async def shutdown(self) -> None:
+        leader_faults.resume_all(self)
         for server in self.servers:
             if server.current is not None and server.current.gate.alive:
                 server.current.gate.alive = False
@@ -889,7 +950,16 @@ async def _awaited(awaitable: Awaitable[T]) -> T:
 _ADDRS = ("health_addr", "election_addr", "registration_addr", "operator_addr", "agent_addr")
 
 
+def _owner_of(context: contextvars.Context) -> Incarnation | None:
+    """The server incarnation a callback runs for (what ``VirtualTimeLoop.pause`` holds back)."""
+    return None if context.get(_STREAMING) else context.get(_CURRENT)
+
+
 def _task_factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+    if _STREAMING.get():  # a task the server starts while serving a stream is the server's, pausable
+        context = kwargs.get("context") or contextvars.copy_context()
+        context.run(_STREAMING.set, False)
+        kwargs["context"] = context
     task: asyncio.Task[Any] = asyncio.Task(coro, loop=loop, **kwargs)
     inc = _CURRENT.get()
     if inc is not None:

@@ -195,6 +195,8 @@ class ServerProcess:
     log_path: Path | None = None
     proc: subprocess.Popen[bytes] | None = None
     storage: str = "file"
+    #: Put before the server's command line, e.g. ``["prlimit", "--nofile=1024:1024"]``.
+    launcher: list[str] = field(default_factory=list)
 
     def start(self) -> ServerProcess:
         env = {
@@ -206,6 +208,7 @@ class ServerProcess:
         log_path = self.log_path or self.cachedir.with_suffix(".log")
         self.log_path = log_path
         argv = [
+            *self.launcher,
             sys.executable,
             "-m",
             "nstance.server",

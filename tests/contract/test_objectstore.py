@@ -30,7 +30,7 @@ from nstance.objectstore.base import (
     Throttled,
 )
 from nstance.objectstore.factory import open_scopes, open_store
-from nstance.objectstore.file import FileObjectStore
+from nstance.objectstore.file import LOCK_STRIPES, FileObjectStore
 from nstance.objectstore.memory import MemoryObjectStore, content_etag
 from nstance.objectstore.s3 import S3ObjectStore
 from nstance.objectstore.scoped import ScopedObjectStore
@@ -411,6 +411,21 @@ def test_file_crash_leftovers_are_invisible(tmp_path: Path) -> None:
     # The dead writer's lock died with it.
     store.put_if_match("shard/a/leader.json", b"new", old_etag)
     assert store.get("shard/a/leader.json")[0] == b"new"
+
+
+def test_file_store_keeps_a_bounded_number_of_lock_files(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    locks = root / ".nstance-locks"
+    locks.mkdir(parents=True)
+    legacy = locks / ("ab" * 20 + ".lock")  # one-per-key lock file of an older version
+    legacy.write_bytes(b"")
+    store = FileObjectStore(root)
+    assert not legacy.exists()
+    for i in range(500):
+        key = f"shard/a/instance/default.i-{i:04d}.json"
+        etag = store.put_if_match(key, b"pending", None)
+        store.delete(key, if_match=etag)
+    assert 0 < len(os.listdir(locks)) <= LOCK_STRIPES
 
 
 def test_file_path_traversal_cannot_escape_root(tmp_path: Path) -> None:

@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import json
 import os
-import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -461,8 +460,18 @@ def test_no_pool_is_created_until_every_shard_has_answered(tmp_path: Path) -> No
                 finally:
                     await kube.close()
 
-            # Absence needs a window: several resync rounds (2 s each) with zone-b unanswered.
-            time.sleep(5)
+            # Absence is proven by events, not by a pause: the operator has decided to wait for zone-b
+            # and has since failed to reach it again twice (each failure is followed by a write pass).
+            async def decided_repeatedly() -> bool:
+                text = operator.log()
+                return (
+                    "waiting for ListGroups of shard(s) zone-b" in text
+                    and text.count("shard zone-b: WatchGroups lost") >= 2
+                )
+
+            asyncio.run(
+                eventually(decided_repeatedly, what="the operator waiting for zone-b twice", log=operator.log)
+            )
             assert operator.proc is not None
             assert operator.proc.poll() is None
             assert asyncio.run(pools()) == []

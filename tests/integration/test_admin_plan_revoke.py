@@ -288,21 +288,24 @@ async def test_sync_puts_revoked_serials_into_sqlite(
     assert run("cert", "revoke", "ab:cd", *flags(bucket)).code == 0
     assert run("cert", "revoke", "1234", "--reason", "rotated", *flags(bucket)).code == 0
     store = cluster_store(bucket)
+    # Corrupt entries fail closed: every serial they name is revoked, with a warning.
     store.put("revoked/beef.json", b"not json")
     store.put("revoked/cafe.json", b'{"serial": "f00d"}')
+    store.put("revoked/dead.json", b"")
+    store.put("revoked/not-a-serial.json", b'{"serial": "0bad"}')
+    store.put("revoked/junk.json", b"junk")
     clock = ManualClock(NOW)
 
     with caplog.at_level(logging.WARNING, logger="nstance.server.revocations"):
-        assert await sync_revocations(store, db, clock=clock) == 2
+        assert await sync_revocations(store, db, clock=clock) == 7
     warnings = " ".join(r.getMessage() for r in caplog.records)
-    assert "revoked/beef.json" in warnings
-    assert "revoked/cafe.json" in warnings
+    assert "revoking beef anyway (fail closed)" in warnings
+    assert "revoking cafe, f00d anyway (fail closed)" in warnings
+    assert "skipped deny-list object revoked/junk.json" in warnings
     with db.read_session() as session:
         assert repo.is_serial_revoked(session, "ABCD")
         assert repo.is_serial_revoked(session, 0x1234)
-        assert not repo.is_serial_revoked(session, "beef")
-        assert not repo.is_serial_revoked(session, "cafe")
-        assert repo.revoked_serials(session) == {"abcd", "1234"}
+        assert repo.revoked_serials(session) == {"abcd", "1234", "beef", "cafe", "f00d", "dead", "bad"}
 
     assert await sync_revocations(store, db, clock=clock) == 0
     assert run("cert", "revoke", "99", *flags(bucket)).code == 0

@@ -77,12 +77,29 @@ class Shard:
     def healthy(self) -> list[str]:
         return [r["instance_id"] for r in self.live() if self.status(r["instance_id"]) == "healthy"]
 
+    def reconciles(self) -> int:
+        """Group reconciliations the server has run so far (its ``nstance_reconcile_total``)."""
+        status, text = self.process.http("/metrics")
+        assert status == 200, text
+        return _reconciles(text)
+
     def agent_pid(self, instance_id: str) -> int:
         info = json.loads((self.root / "instances" / instance_id / "instance.json").read_text())
         return int(info["pid"])
 
     def recv(self, instance_id: str) -> Path:
         return self.root / "instances" / instance_id / "recv"
+
+
+def _reconciles(metrics: str) -> int:
+    """The sum of ``nstance_reconcile_total`` over its results, from a /metrics page."""
+    return int(
+        sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in metrics.splitlines()
+            if line.startswith("nstance_reconcile_total{")
+        )
+    )
 
 
 def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
@@ -140,6 +157,7 @@ def test_a_var_change_pushes_files_and_converges_without_replacing_the_vm(shard:
     hash_file = shard.root / "instances" / iid / "identity" / "config.hash"
     wait_for(hash_file.is_file, 15, "the agent's first commit")
     old_hash = hash_file.read_text()
+    reconciles = shard.reconciles()
     shard.reconfigure(greeting="bonjour")
     wait_for(
         lambda: (shard.recv(iid) / "app.env").read_text() == "GREETING=bonjour\n", 20, "the new file content"
@@ -149,7 +167,9 @@ def test_a_var_change_pushes_files_and_converges_without_replacing_the_vm(shard:
         20,
         "the agent to commit the new hash",
     )
-    time.sleep(1.0)  # a few report intervals: nothing may be replaced
+    # The change was reconciled (twice: the reconcile it triggered and a later one), and nothing was
+    # replaced: the absence is checked after the decisions, not after a pause.
+    wait_for(lambda: shard.reconciles() >= reconciles + 2, 20, "two reconciles after the change")
     assert [r["instance_id"] for r in shard.live()] == [iid]
 
 

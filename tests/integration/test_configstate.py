@@ -24,7 +24,7 @@ from nstance.core.errors import FailedPrecondition, NotFound, Unavailable
 from nstance.objectstore.base import ObjectInfo, ObjectStore
 from nstance.objectstore.file import FileObjectStore
 from nstance.objectstore.scoped import ScopedObjectStore
-from nstance.server.configstate import ConfigState
+from nstance.server.configstate import ConfigState, GroupsVanished
 from nstance.server.dynamic_groups import edit_dynamic_groups, read_dynamic_groups
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "local"
@@ -178,13 +178,47 @@ def test_size_change_added_group_and_removed_group_are_reported(
     assert change.removed == {("default", "batch")}
     assert state.group_keys() == [APP]
 
-    shard.delete("groups.jsonc")  # a missing groups.jsonc means no dynamic groups
+    put_groups(shard, {})  # "{}" removes every dynamic group on purpose
     change = state.load()
     assert change.changed == {APP}  # back to the static size
-    assert change.groups_etag == ""
     merged = state.merged(*APP)
     assert merged is not None
     assert merged.size == 1
+
+
+@pytest.mark.parametrize("fault", ["deleted", "emptied", "blank"])
+def test_a_groups_jsonc_that_vanishes_after_being_seen_is_refused_not_applied(
+    state: ConfigState, shard: ScopedObjectStore, fault: str
+) -> None:
+    put_groups(shard, {"default": {"app": {"template": "app", "size": 3}}})
+    state.load()
+    if fault == "deleted":
+        shard.delete("groups.jsonc")
+    else:
+        shard.put("groups.jsonc", b"" if fault == "emptied" else b" \n\n")
+    for _ in range(2):  # the second check answers from the remembered failure, just the same
+        with pytest.raises(GroupsVanished, match="non-empty before") as err:
+            state.load()
+        assert err.value.kind == ("missing" if fault == "deleted" else "empty")
+        assert state.fault is not None
+        assert state.fault.kind == err.value.kind
+    merged = state.merged(*APP)
+    assert merged is not None
+    assert merged.size == 3
+
+
+def test_a_restarted_server_remembers_from_its_cache_that_groups_jsonc_had_groups(
+    state: ConfigState, shard: ScopedObjectStore, tmp_path: Path, clock: ManualClock
+) -> None:
+    put_groups(shard, {"default": {"app": {"template": "app", "size": 3}}})
+    state.load()
+    shard.delete("groups.jsonc")
+    restarted = ConfigState(shard, state.cache_path.parent, clock=clock)
+    with pytest.raises(GroupsVanished):
+        restarted.load(True)
+    assert restarted.snapshot() is None
+    fresh = ConfigState(shard, tmp_path / "other-cache", clock=clock)
+    assert fresh.load(True).groups_etag == ""  # a server that never saw groups takes "none" as it is
 
 
 def test_config_edit_that_changes_no_group_updates_etag_but_marks_nothing_dirty(
@@ -263,6 +297,8 @@ def test_storage_down_at_start_runs_from_the_disk_cache(
 
     assert change.source == "cache"
     assert change.changed == {APP, ("default", "batch")}
+    assert restarted.fault is not None
+    assert restarted.fault.kind == "unavailable"  # running on the copy is reported as degraded
     snap = restarted.snapshot()
     assert snap is not None
     assert snap.source == "cache"
@@ -292,6 +328,11 @@ def test_storage_down_while_running_keeps_the_current_snapshot(
     assert change.source == "cache"
     assert not change.updated
     assert state.snapshot() is before
+    assert state.fault is not None
+    assert state.fault.kind == "unavailable"
+    counting.down = False
+    state.load()
+    assert state.fault is None  # storage answers again: no longer degraded
 
 
 def test_a_server_taking_leadership_never_settles_for_the_copy_it_holds(
@@ -500,3 +541,16 @@ def test_a_stale_known_document_is_caught_by_the_conditional_write(shard: Scoped
     shard.get = counting_get  # type: ignore[method-assign]
     edit_dynamic_groups(shard, add("four"), known=(current, etag))
     assert reads == []
+
+
+def test_a_groups_jsonc_beyond_shard_limits_is_refused_with_its_path(
+    state: ConfigState, shard: ScopedObjectStore
+) -> None:
+    put_groups(shard, {"default": {"app": {"template": "app", "size": 3}}})
+    state.load()
+    put_groups(shard, {"default": {"app": {"template": "app", "size": 2_147_483_648}}})
+    with pytest.raises(ConfigError, match=r"default\.app\.size: 2147483648 is more than 10000"):
+        state.load()
+    merged = state.merged(*APP)
+    assert merged is not None
+    assert merged.size == 3

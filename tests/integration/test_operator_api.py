@@ -184,6 +184,32 @@ def test_on_demand_instance_is_idempotent_not_counted_and_deletable(server: Serv
     assert missing.value.code() == grpc.StatusCode.NOT_FOUND
 
 
+def test_concurrent_create_instance_with_one_id_all_get_the_same_instance(server: Server) -> None:
+    iid = str(new_instance_id("app"))
+    request = operator_pb2.CreateInstanceRequest(
+        instance_id=iid, config=operator_pb2.InstanceConfig(group="web")
+    )
+    futures = [server.stub.CreateInstance.future(request, timeout=10) for _ in range(8)]
+    answers = [f.result() for f in futures]  # an ALREADY_EXISTS here raises
+    assert {a.instance_id for a in answers} == {iid}
+    status = server.stub.GetInstanceStatus(operator_pb2.GetInstanceStatusRequest(instance_id=iid), timeout=10)
+    assert status.provider_instance_id
+    deleted = server.stub.DeleteInstance(operator_pb2.DeleteInstanceRequest(instance_id=iid), timeout=10)
+    assert deleted.status == "deleted"
+
+
+def test_a_million_instances_or_a_megabyte_var_is_refused_by_the_limits(server: Server) -> None:
+    for config, words in (
+        (operator_pb2.GroupConfig(size=1_000_000), "1000000 is more than 10000"),
+        (operator_pb2.GroupConfig(size=1, vars={"blob": "x" * 1_000_000}), "shard.limits.max_var_bytes"),
+    ):
+        with pytest.raises(grpc.RpcError) as err:
+            server.stub.UpsertGroup(operator_pb2.UpsertGroupRequest(key="web", config=config), timeout=10)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert words in (err.value.details() or "")
+    assert [g.size for g in server.stub.ListGroups(Empty(), timeout=10).groups if g.key == "web"] == [0]
+
+
 def test_refresh_config_reloads_and_reports_removed_groups(server: Server) -> None:
     stub = server.stub
     q, cancel = watch(stub.WatchGroups(Empty()))

@@ -446,19 +446,24 @@ async def test_unreachable_shard_is_reported_and_recovers(start: Start) -> None:
             )
 
         await op.wait_for(reported, "ShardReachable=False and a ShardUnreachable event")
-        sg = await op.get(NSTANCE_SHARD_GROUPS, sg_name)
-        ready = condition(sg, names.READY)
-        assert ready is not None
-        assert ready["status"] == "False"
-        assert ready["reason"] == "ShardUnreachable"
+
+        async def not_ready() -> bool:  # Ready is written by its own status update, maybe a little later
+            ready = condition(await op.get(NSTANCE_SHARD_GROUPS, sg_name), names.READY)
+            return ready is not None and ready["status"] == "False" and ready["reason"] == "ShardUnreachable"
+
+        await op.wait_for(not_ready, "the shard group's Ready=False (ShardUnreachable)")
 
         async def pool_says_why() -> bool:
             pool_ready = condition(await op.get(NSTANCE_MACHINE_POOLS, "flaky"), names.READY)
             return pool_ready is not None and "zone-b (ShardUnreachable" in str(pool_ready.get("message"))
 
         await op.wait_for(pool_says_why, "the pool's Ready condition to name the unreachable shard")
-        # zone-a was not held back by zone-b.
-        assert (await op.server_groups("zone-a"))["flaky"].size == 1
+
+        async def zone_a_served() -> bool:  # zone-a was not held back by zone-b
+            group = (await op.server_groups("zone-a")).get("flaky")
+            return group is not None and group.size == 1
+
+        await op.wait_for(zone_a_served, "zone-a's share (size 1) on its server")
 
         await op.shards.bring_up("zone-b")
 

@@ -27,6 +27,7 @@ from nstance.server.metrics import Metrics
 from nstance.server.tls import advertised_hosts, server_credentials
 from nstance.testing.identities import ClientIdentity as Identity
 from nstance.testing.identities import make_identity, real_now_clock
+from nstance.testing.waiting import eventually
 
 OPERATOR = "nstance.v1.OperatorService"
 SERVER_NAME = "nstance-server"
@@ -350,9 +351,13 @@ class FakeSource:
     address: str = "10.0.0.5:8993"
     waiting: str | None = None
     network: str = ""
+    degraded_reason: str | None = None
 
     def config_error(self) -> str | None:
         return self.error
+
+    def degraded(self) -> str | None:
+        return self.degraded_reason
 
     def starting(self) -> str | None:
         return self.waiting
@@ -429,6 +434,58 @@ async def test_health_reports_leader_and_standby_once_config_is_loaded(health: H
     assert (standby.status, standby.body) == (200, b"ok: standby (leader: 10.0.0.5:8993)\n")
     leader = await get(health.port, "/leader/health")
     assert (leader.status, leader.body) == (503, b"standby; leader: 10.0.0.5:8993\n")
+
+
+async def test_a_degraded_server_stays_alive_and_says_why(health: HttpFixture) -> None:
+    health.source.degraded_reason = "config: keeping the last good config: shard/s1/groups.jsonc is empty"
+    response = await get(health.port, "/health")
+    assert response.status == 200  # alive: a load balancer or supervisor must not kill it
+    assert (
+        response.body
+        == b"degraded: leader; config: keeping the last good config: shard/s1/groups.jsonc is empty\n"
+    )
+    assert response.headers["x-nstance-health"] == "degraded"
+    leader = await get(health.port, "/leader/health")
+    assert (leader.status, leader.body) == (
+        200,
+        b"leader\ndegraded: config: keeping the last good config: shard/s1/groups.jsonc is empty\n",
+    )
+    health.source.leader = False
+    standby = await get(health.port, "/health")
+    assert standby.body.startswith(b"degraded: standby (leader: 10.0.0.5:8993); config: ")
+    assert (await get(health.port, "/leader/health")).status == 503
+    health.source.degraded_reason = None
+    healthy = await get(health.port, "/health")
+    assert (healthy.body, healthy.headers.get("x-nstance-health")) == (
+        b"ok: standby (leader: 10.0.0.5:8993)\n",
+        None,
+    )
+
+
+async def test_health_endpoint_closes_connections_beyond_its_cap() -> None:
+    srv = HealthServer(FakeSource(), Metrics(), max_connections=2)
+    port = await srv.start("127.0.0.1", 0)
+    idle = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            answer = await asyncio.wait_for(reader.read(), CALL_TIMEOUT)
+        except ConnectionResetError:
+            answer = b""
+        assert answer == b""  # closed unanswered
+        writer.close()
+        for _, idle_writer in idle:
+            idle_writer.close()
+
+        async def served() -> bool:
+            try:
+                return (await get(port, "/health")).status == 200
+            except ConnectionResetError:
+                return False
+
+        await eventually(served, within=10, what="the slots to be free again")
+    finally:
+        await srv.close()
 
 
 async def test_health_is_unavailable_with_the_exact_error_until_config_loads(health: HttpFixture) -> None:

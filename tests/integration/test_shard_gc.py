@@ -339,10 +339,11 @@ async def test_rebuild_in_batches_restores_deletes_and_drops(
 
 
 async def test_rebuilding_thousands_of_records_does_not_stall_the_event_loop(h: Harness) -> None:
-    # One row at a time on the loop took about a millisecond per record, so 3,000 records held the loop
-    # for seconds; batches in worker threads leave it free. The bound is loose for a shared machine.
+    # One row at a time on the loop took about a millisecond per record, so 6,000 records held the loop
+    # for 7 s or more; batches in worker threads leave it free. The bound is loose for a shared machine
+    # (other processes alone held this one's event loop for up to 0.4 s at a load average of 25).
     now = h.clock.now()
-    for _ in range(3000):
+    for _ in range(6000):
         records.write_record(h.store, _record(str(new_instance_id("app")), "running", now))
     probe = LagProbe(interval=0.01)
     task = asyncio.create_task(probe.run())
@@ -355,6 +356,6 @@ async def test_rebuilding_thousands_of_records_does_not_stall_the_event_loop(h: 
         with contextlib.suppress(asyncio.CancelledError):
             await task
     with h.db.read_session() as session:
-        assert len(repo.live_instance_ids(session)) == 3000
+        assert len(repo.live_instance_ids(session)) == 6000
     assert probe.samples > 0
-    assert probe.max_lag < 1.0
+    assert probe.max_lag < 2.5

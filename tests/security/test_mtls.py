@@ -142,6 +142,22 @@ def test_a_certificate_of_the_wrong_role_is_permission_denied(shard: SecuritySha
 # --- the deny list, on a server in this process (its sync interval shortened) ----------------------
 
 
+def start_in_process(
+    cluster: LocalCluster, addrs: dict[str, str], cachedir: Path, stop: asyncio.Event
+) -> asyncio.Task[int]:
+    """A server of ``cluster`` in this process (so its sync interval can be patched), until ``stop``."""
+    options = ServerOptions(
+        server_id="s1",
+        shard=SHARD,
+        storage="file",
+        bucket=str(cluster.bucket),
+        cachedir=cachedir,
+        health_addr=addrs["health_addr"],
+        environ={"NSTANCE_ENCRYPTION_KEY": ENCRYPTION_KEY_B64},
+    )
+    return asyncio.create_task(ServerApp(options).run(stop))
+
+
 async def refusal(stub: operator_pb2_grpc.OperatorServiceStub) -> grpc.aio.AioRpcError | None:
     try:
         await stub.ListGroups(Empty(), timeout=CALL_TIMEOUT)
@@ -158,17 +174,8 @@ async def test_a_revoked_serial_is_refused_within_the_sync_interval(
     identity = cluster.init()
     addrs = server_addrs()
     cluster.write_config(SHARD, shard_config(cluster_id=CLUSTER, shard=SHARD, addrs=addrs))
-    options = ServerOptions(
-        server_id="s1",
-        shard=SHARD,
-        storage="file",
-        bucket=str(cluster.bucket),
-        cachedir=tmp_path / "cache",
-        health_addr=addrs["health_addr"],
-        environ={"NSTANCE_ENCRYPTION_KEY": ENCRYPTION_KEY_B64},
-    )
     stop = asyncio.Event()
-    running = asyncio.create_task(ServerApp(options).run(stop))
+    running = start_in_process(cluster, addrs, tmp_path / "cache", stop)
     victim, bystander = (
         make_identity(identity.ca, role="operator", tenant="default", client_id=CLUSTER) for _ in range(2)
     )
@@ -200,3 +207,35 @@ async def test_a_revoked_serial_is_refused_within_the_sync_interval(
 
 async def _serves(stub: operator_pb2_grpc.OperatorServiceStub) -> bool:
     return await refusal(stub) is None
+
+
+async def test_a_corrupt_deny_list_entry_still_refuses_its_serial_after_a_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fail closed: the object's name is the serial, so a garbled body must not let the certificate in."""
+    monkeypatch.setattr(server_app, "REVOCATION_SYNC_INTERVAL", 3600.0)  # only the start-up sync counts
+    cluster = LocalCluster(tmp_path / "bucket", cluster_id=CLUSTER)
+    identity = cluster.init()
+    addrs = server_addrs()
+    cluster.write_config(SHARD, shard_config(cluster_id=CLUSTER, shard=SHARD, addrs=addrs))
+    victim, bystander = (
+        make_identity(identity.ca, role="operator", tenant="default", client_id=CLUSTER) for _ in range(2)
+    )
+    assert revoke_serial(cluster.cluster, victim.serial, now=datetime.now(UTC), reason="key leaked")
+    key = f"revoked/{victim.serial}.json"
+    cluster.cluster.put(key, cluster.cluster.get(key)[0][:7])  # a torn write: not JSON any more
+    stop = asyncio.Event()
+    running = start_in_process(cluster, addrs, tmp_path / "fresh-cache", stop)
+    try:
+        async with (
+            victim.aio_channel(addrs["operator_addr"]) as mine,
+            bystander.aio_channel(addrs["operator_addr"]) as theirs,
+        ):
+            other = operator_pb2_grpc.OperatorServiceStub(theirs)
+            await eventually(lambda: _serves(other), within=20, what="the in-process server to serve")
+            err = await refusal(operator_pb2_grpc.OperatorServiceStub(mine))
+            assert err is not None
+            assert err.code() == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        stop.set()
+        assert await asyncio.wait_for(running, 30) == 0

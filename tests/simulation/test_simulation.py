@@ -18,10 +18,12 @@ import pytest
 
 from nstance.config import GroupUpdate
 from nstance.db.models import Instance
+from nstance.server import context as context_module
 from nstance.server import reconciler as reconciler_module
 from nstance.server.api import GroupView
 from nstance.server.election import Elector
 from nstance.server.instances import member_of
+from nstance.server.leadertime import LeaderClock
 from nstance.server.shard import Shard
 from nstance.simulation import __main__ as cli
 from nstance.simulation.run import reproduce_command, run_seed
@@ -65,12 +67,86 @@ def test_replacing_healthy_instances_after_a_failover_is_caught(monkeypatch: pyt
     """Without counting silence from the start of leadership, agents that could not report while no
     server led look silent to the new leader, which drains and replaces healthy instances."""
 
-    def no_floor(row: Instance, *, seen_since: Any = None) -> Any:
+    def no_floor(row: Instance, **_: Any) -> Any:
         return member_of(row)
 
     monkeypatch.setattr(reconciler_module, "member_of", no_floor)
     result = run_seed(2)
     assert any("for missed health reports, but its agent was alive" in p for p in result.problems)
+
+
+# --- classes of fault, each with the guard that handles it and a mutation that removes the guard ----
+
+#: Seeds the class tests run; every one of them must hold (the class, not a lucky seed, is tested).
+CLASS_SEEDS = range(3)
+#: A leader stopped and continued after a takeover, or cut off from storage, keeps acting on stale state.
+DEPOSED = ("pause", "partition")
+#: Paused leaders only: a partitioned one cannot reach storage anyway, a paused one resumes and tries.
+PAUSES = ("pause",)
+#: Wall-clock steps of a server, with agent blips in between.
+CLOCK_STEPS = ("wall-step", "blip")
+#: Agent blips around failovers, leaderless spells, restarts with and without SQLite, and pauses.
+BLIPS = ("blip", "blip", "partition", "crash", "pause", "provider-loss")
+
+
+def _class_results(kinds: tuple[str, ...]) -> list[Any]:
+    return [run_seed(seed, fault_kinds=kinds) for seed in CLASS_SEEDS]
+
+
+def test_a_deposed_server_changes_nothing() -> None:
+    results = _class_results(DEPOSED)
+    assert all(r.ok for r in results), [(r.seed, r.problems[:3]) for r in results]
+    assert sum(r.stats["pauses"] for r in results) >= 10
+    assert sum(r.stats["partitions"] for r in results) >= 5
+
+
+def test_without_fencing_a_deposed_server_is_caught_writing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The guard removed: no fence anywhere (handles and call sites), no cancellation of the term."""
+    monkeypatch.setattr(context_module.ShardContext, "fence", lambda self: None)
+    results = _class_results(PAUSES)
+    assert any("while the leaders were" in p for r in results for p in r.problems), [
+        r.problems for r in results
+    ]
+
+
+def test_wall_clock_steps_replace_nothing() -> None:
+    results = _class_results(CLOCK_STEPS)
+    assert all(r.ok for r in results), [(r.seed, r.problems[:3]) for r in results]
+    assert sum(r.stats["wall_steps"] for r in results) >= 10
+
+
+def test_without_the_leader_clock_a_wall_clock_step_replaces_healthy_instances(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The guard removed: the shard decides on the wall clock instead of the leader's monotonic frame."""
+
+    class WallClock(LeaderClock):
+        def now(self) -> Any:
+            return self.source.now()
+
+    original = context_module.ShardContext.__post_init__
+
+    def unframed(self: context_module.ShardContext) -> None:
+        original(self)
+        self.clock = WallClock(self.leader_clock.source)
+
+    monkeypatch.setattr(context_module.ShardContext, "__post_init__", unframed)
+    results = _class_results(CLOCK_STEPS)
+    problems = [p for r in results for p in r.problems]
+    assert any("for missed health reports, but its agent was alive" in p for p in problems), problems
+
+
+def test_blips_around_failovers_replace_nothing() -> None:
+    results = _class_results(BLIPS)
+    assert all(r.ok for r in results), [(r.seed, r.problems[:3]) for r in results]
+    assert sum(r.stats["blips"] for r in results) >= 5
+
+
+def test_without_the_silence_floor_blips_around_failovers_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The guard removed: silence counted from the last report whoever received it."""
+    monkeypatch.setattr(reconciler_module, "member_of", lambda row, **_: member_of(row))
+    problems = [p for r in _class_results(BLIPS) for p in r.problems]
+    assert any("for missed health reports, but its agent was alive" in p for p in problems), problems
 
 
 def test_a_lost_group_update_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -107,7 +183,7 @@ def test_a_failing_seed_prints_the_command_that_reproduces_it(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("PYTHONHASHSEED", "0")  # already fixed: the command line does not re-execute
-    monkeypatch.setattr(reconciler_module, "member_of", lambda row, *, seen_since=None: member_of(row))
+    monkeypatch.setattr(reconciler_module, "member_of", lambda row, **_: member_of(row))
 
     code = cli.main(["--seed", "2"])
 

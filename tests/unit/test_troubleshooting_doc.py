@@ -33,6 +33,13 @@ QUOTED_MESSAGES: list[tuple[str, str]] = [
     ("cannot listen on shard.bind.", "nstance/server/app.py"),
     ('"gcs" is not supported yet; use "s3" or "file"', "nstance/server/app.py"),
     ("recovery failed: ", "nstance/server/shard.py"),
+    ("but it was non-empty before", "nstance/server/configstate.py"),
+    ("keeping the last good config: ", "nstance/server/confighealth.py"),
+    ("refusing to write a new one holding only this change", "nstance/server/dynamic_groups.py"),
+    ("reading the certificate deny-list (revoked/): ", "nstance/server/app.py"),
+    ("scaled down to fit the open-file limit (raise LimitNOFILE)", "nstance/server/app.py"),
+    ("(shard.limits.max_group_size)", "nstance/config/limits.py"),
+    ("(shard.limits.max_groups_per_tenant)", "nstance/config/limits.py"),
     ("gc cycle failed: ", "nstance/server/shard.py"),
     # config validation
     ("invalid configuration (", "nstance/config/errors.py"),
