@@ -28,14 +28,19 @@ minimum and median show every stream made progress). After the run the benchmark
 report the client wrote reached the hub, and that every instance's ``health_at`` is set in SQLite
 once the hub flushed (``sqlite_rows_with_health``).
 
+A second measurement, between the two: the same counting sink behind the OpenSSL front process the
+server's mTLS ports use (``nstance.server.frontproc``): ``front_sink`` and ``front_sink_ratio``
+(front / bare) show what terminating TLS in Python's ``ssl`` costs by itself.
+
 Baseline, in the same run and before the real case (the server is up but idle): the same client
 process against a bare grpc.aio server on the server's event loop - the same mTLS server credentials
 (server certificate from the same CA, client certificate required), the agent API's grpc options, no
 interceptor - whose ``SubmitHealthReport`` only counts the messages it reads. Targets (issue #4):
 ``ratio = nstance / bare >= 0.5`` and ``value >= 2,000 reports/s``; ``met`` requires both.
 
-Client and server share this 2-core machine (one process each); ``*_server_process_cores`` and
-``*_client_process_cores`` give the CPU each process used during the window (1.0 = one core).
+Client and server share this 2-core machine; ``*_server_process_cores`` (the server process plus its
+TLS front process, where there is one) and ``*_client_process_cores`` give the CPU each side used
+during the window (1.0 = one core).
 The load phase is kept short (2 s warm-up + 10 s): under a sustained flood the server's keepalive
 pings (every 20 s, 10 s to answer) go unanswered behind queued data and the server closes the
 connections, which a real agent would see as a reconnect. Prints one JSON object per line; takes
@@ -46,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -70,11 +76,15 @@ from google.protobuf.empty_pb2 import Empty
 from nstance.config import GroupUpdate, runtime_hash
 from nstance.core.clock import SystemClock
 from nstance.db import repo
-from nstance.pki.certs import issue_client_certificate
+from nstance.pki.ca import CertificateAuthority
+from nstance.pki.certs import issue_client_certificate, issue_server_certificate
 from nstance.pki.keys import generate_private_key, private_key_to_pem
+from nstance.pki.tlspipe import private_directory
 from nstance.rpc import agent_pb2_grpc
 from nstance.server.app import AGENT_GRPC_OPTIONS
+from nstance.server.frontproc import FrontProcess, Listener
 from nstance.server.tls import server_credentials
+from nstance.server.tlsfront import PeerTable, listening_socket
 
 AGENTS = 2000
 WINDOW_S = 10.0
@@ -123,6 +133,40 @@ class Window:
     server_total: int
 
 
+async def fronted_server(
+    add: Callable[[grpc.aio.Server], None], ca: CertificateAuthority
+) -> tuple[grpc.aio.Server, str, FrontProcess]:
+    """A plain grpc.aio server on a Unix socket behind the server's OpenSSL front process (``frontproc``)."""
+    server = grpc.aio.server(options=list(AGENT_GRPC_OPTIONS))
+    add(server)
+    directory = private_directory()
+    backend = directory / "sink.sock"
+    server.add_insecure_port(f"unix:{backend}")
+    await server.start()
+    issued = issue_server_certificate(ca, hosts=["127.0.0.1"], clock=SystemClock())
+    assert issued.key_pem is not None
+    front = FrontProcess(
+        PeerTable(), directory=directory, key_pem=issued.key_pem, cert_pem=issued.cert_pem, ca_pem=ca.cert_pem
+    )
+    sock = listening_socket("127.0.0.1", 0)
+    front.add(Listener(sock, backend, "sink"))
+    await front.start()
+    return server, f"127.0.0.1:{sock.getsockname()[1]}", front
+
+
+def server_cpu_seconds(client_pid: int) -> float:
+    """CPU seconds of this process and its children except the client (the TLS front process)."""
+    children: set[int] = set()
+    for task in Path("/proc/self/task").iterdir():
+        with contextlib.suppress(OSError):
+            children.update(int(pid) for pid in (task / "children").read_text().split())
+    total = cpu_seconds()
+    for pid in children - {client_pid}:
+        with contextlib.suppress(OSError):
+            total += cpu_seconds(pid)
+    return total
+
+
 async def measure(
     plan: Path,
     *,
@@ -150,7 +194,7 @@ async def measure(
         await asyncio.sleep(WARMUP_S)
         await client.send("mark")
         t0, c0 = time.perf_counter(), reports()
-        cpu0 = cpu_seconds(), cpu_seconds(client.pid)
+        cpu0 = server_cpu_seconds(client.pid), cpu_seconds(client.pid)
         per_second: list[int] = []
         last = c0
         end = t0 + window_s
@@ -160,7 +204,7 @@ async def measure(
             per_second.append(current - last)
             last = current
         t1, c1 = time.perf_counter(), reports()
-        cpu1 = cpu_seconds(), cpu_seconds(client.pid)
+        cpu1 = server_cpu_seconds(client.pid), cpu_seconds(client.pid)
         await client.send("stop")
         result = await client.event("result", 120.0)
         progress(f"window done: {(c1 - c0) / (t1 - t0):.0f} reports/s")
@@ -280,6 +324,23 @@ async def amain(window_s: float) -> int:
             finally:
                 await server.stop(grace=1.0)
 
+            progress("the same sink behind the OpenSSL front of the mTLS ports")
+            front_sink = CountingSink()  # type: ignore[abstract]
+            front_server, front_addr, front = await fronted_server(
+                lambda s: agent_pb2_grpc.add_AgentServiceServicer_to_server(front_sink, s), identity.ca
+            )
+            try:
+                plan = write_plan(tmp / "front.json", {**plan_doc, "target": front_addr})
+                fronted = await measure(
+                    plan,
+                    reports=lambda: front_sink.reports,
+                    open_streams=lambda: front_sink.open,
+                    window_s=window_s,
+                )
+            finally:
+                await front_server.stop(grace=1.0)
+                await front.close()
+
             hub = shard.agents
 
             def hub_open() -> int:
@@ -312,15 +373,18 @@ async def amain(window_s: float) -> int:
         "baseline_reports_in_window": bare.reports,
         "sqlite_rows_with_health": rows,
         "sessions_with_pushes": pushed,
+        "front_sink": round(fronted.rate, 1),
+        "front_sink_ratio": round(fronted.rate / bare.rate, 3),
         **client_extras("nstance", real),
         **client_extras("bare", bare),
+        **client_extras("front", fronted),
         "tmp": where_tmp(),
     }
     print(json.dumps(line), flush=True)
     problems = []
     if rows != AGENTS:
         problems.append(f"{AGENTS - rows} instances have no health_at in SQLite")
-    for name, window in (("nstance", real), ("bare", bare)):
+    for name, window in (("nstance", real), ("bare", bare), ("front", fronted)):
         lost = window.client["sent_total"] - window.server_total
         if lost or window.client["errors"] or window.client["per_agent_min"] <= 0:
             slowest = window.client["per_agent_min"]

@@ -4,7 +4,8 @@
   ``NSTANCE_ADMIN_SERVERS``) and ``select_shards`` turns ``--shard X`` / ``--all-shards`` into the
   list of shards to call, with errors that name the flag and the known shards.
 * ``load_identity`` reads the operator identity directory (``ca.crt``, ``identity.key``,
-  ``identity.crt``, as ``cluster register-operator`` writes it) and checks it before any connection:
+  ``identity.crt``, as ``cluster register-operator`` here or upstream's admin writes it; the key
+  may be ECDSA P-256 or Ed25519) and checks it before any connection:
   the certificate must be an unexpired operator certificate issued by that CA for that key, so a
   broken identity is reported in words rather than as a TLS handshake failure.
 * ``open_channel`` opens a synchronous mTLS ``grpc.secure_channel``; server certificates carry the
@@ -36,6 +37,7 @@ from nstance.core.ids import identifier_problem
 from nstance.pki.ca import parse_certificate
 from nstance.pki.keys import load_private_key_pem, public_keys_equal, require_public_key
 from nstance.pki.peer import verify_client_certificate
+from nstance.pki.tlsclient import forwarded_channel, needs_openssl
 from nstance.rpc import operator_pb2, operator_pb2_grpc
 
 SERVERS_ENV = "NSTANCE_ADMIN_SERVERS"
@@ -159,10 +161,10 @@ def load_identity(directory: Path, *, clock: Clock | None = None) -> OperatorIde
         raise FailedPrecondition(f"cannot read the operator identity in {directory}: {exc}") from exc
     try:
         ca_cert = parse_certificate(ca_pem, what=f"{directory / CA_FILE}")
-        key = load_private_key_pem(key_pem, ("ecdsa-p256",), what=f"{directory / KEY_FILE}")
+        key = load_private_key_pem(key_pem, what=f"{directory / KEY_FILE}")
         peer = verify_client_certificate(cert_pem, ca_cert, clock=clock)
         cert_key = require_public_key(
-            peer.certificate.public_key(), ("ecdsa-p256",), what=f"the key in {directory / CERT_FILE}"
+            peer.certificate.public_key(), what=f"the key in {directory / CERT_FILE}"
         )
     except (InvalidArgument, Unauthenticated) as exc:
         raise FailedPrecondition(f"operator identity in {directory} is unusable: {exc}") from exc
@@ -189,17 +191,26 @@ def load_identity(directory: Path, *, clock: Clock | None = None) -> OperatorIde
 
 
 def open_channel(target: str, identity: OperatorIdentity) -> grpc.Channel:
-    """A synchronous mTLS channel to ``target`` that verifies the server as ``nstance-server``."""
-    credentials = grpc.ssl_channel_credentials(
-        root_certificates=identity.ca_pem,
-        private_key=identity.key_pem,
-        certificate_chain=identity.cert_pem,
-    )
+    """A synchronous mTLS channel to ``target`` that verifies the server as ``nstance-server``.
+
+    An Ed25519 cluster CA (whose upstream servers present Ed25519 certificates) needs OpenSSL TLS
+    (``pki.tlsclient``); otherwise grpcio's TLS, which also signs with an Ed25519 identity key
+    (upstream's admin writes one) when the server offers Ed25519, as OpenSSL servers do.
+    """
     options = [
         ("grpc.ssl_target_name_override", SERVER_NAME),
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ]
+    if needs_openssl(identity.ca_pem):
+        return forwarded_channel(
+            target, identity.ca_pem, identity.key_pem, identity.cert_pem, options=options
+        )
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=identity.ca_pem,
+        private_key=identity.key_pem,
+        certificate_chain=identity.cert_pem,
+    )
     return grpc.secure_channel(target, credentials, options=options)
 
 

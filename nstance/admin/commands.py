@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from google.protobuf.message import Message
 
 from nstance.core.durations import parse_duration
@@ -683,15 +682,8 @@ def _operator_public_key(path: Path) -> PublicKey:
         raise _fail(f"--public-key-file {path}: {exc.strerror or exc}") from None
     with _expected_errors():
         key = load_any_public_key_pem(data, what=f"--public-key-file {path}")
-    if isinstance(key, Ed25519PublicKey):
-        raise _fail(
-            f"--public-key-file {path} is an Ed25519 key, which cannot be used for an operator identity: "
-            "grpcio's TLS cannot use Ed25519 certificates. Use an ECDSA P-256 key (e.g. `openssl ecparam "
-            "-name prime256v1 -genkey -noout -out identity.key && openssl ec -in identity.key -pubout -out "
-            "identity.pub`), or leave out --public-key-file to have one generated"
-        )
     with _expected_errors():
-        return require_public_key(key, ("ecdsa-p256",), what=f"--public-key-file {path}")
+        return require_public_key(key, ("ecdsa-p256", "ed25519"), what=f"--public-key-file {path}")
 
 
 def _check_output_dir(directory: Path, public_key: PublicKey | None, force: bool) -> None:
@@ -728,7 +720,7 @@ def cluster_register_operator(
         Path | None,
         typer.Option(
             "--public-key-file",
-            help="ECDSA P-256 public key (PEM) to certify. Default: generate a key pair.",
+            help="ECDSA P-256 or Ed25519 public key (PEM) to certify. Default: generate a key pair.",
         ),
     ] = None,
     output_dir: Annotated[

@@ -1,4 +1,7 @@
-"""The agent's identity on disk: bootstrap files, the ECDSA P-256 identity key and the client certificate.
+"""The agent's identity on disk: bootstrap files, the identity key and the client certificate.
+
+The identity key is Ed25519 when the cluster CA is Ed25519 (an upstream cluster, whose servers accept
+only Ed25519 identities) and ECDSA P-256 otherwise; a stored key of either type is kept.
 
 Responsible for reading ``identity/ca.crt`` and ``identity/nonce.jwt``, creating or reusing
 ``identity/identity.key`` (mode 0600), deciding whether a stored ``identity.crt`` can be used, and the
@@ -15,12 +18,19 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from nstance.agent.fsutil import atomic_write
 from nstance.core.errors import FailedPrecondition, InvalidArgument, Unauthenticated
 from nstance.pki.ca import parse_certificate
-from nstance.pki.keys import generate_private_key, load_private_key_pem, private_key_to_pem, public_keys_equal
+from nstance.pki.keys import (
+    PrivateKey,
+    generate_private_key,
+    load_private_key_pem,
+    private_key_to_pem,
+    public_keys_equal,
+    require_public_key,
+)
 from nstance.pki.peer import verify_client_certificate
 
 #: A stored certificate with less than this much validity left is not reused at start.
@@ -53,16 +63,17 @@ def read_bootstrap(identity_dir: Path) -> Bootstrap:
     return Bootstrap(ca_pem=ca_pem, nonce=nonce)
 
 
-def ensure_identity_key(path: Path, *, mode: int = 0o600) -> ec.EllipticCurvePrivateKey:
-    """Load the ECDSA P-256 identity key at ``path``, or create it (atomically, ``mode``)."""
+def identity_key_type(ca_pem: bytes) -> str:
+    """``ed25519`` under an Ed25519 cluster CA (upstream servers accept only Ed25519), else ``ecdsa-p256``."""
+    ca_key = parse_certificate(ca_pem, what="ca.crt").public_key()
+    return "ed25519" if isinstance(ca_key, ed25519.Ed25519PublicKey) else "ecdsa-p256"
+
+
+def ensure_identity_key(path: Path, *, mode: int = 0o600, key_type: str = "ecdsa-p256") -> PrivateKey:
+    """Load the identity key at ``path`` (ECDSA P-256 or Ed25519), or create one of ``key_type``."""
     if path.exists():
-        key = load_private_key_pem(path.read_bytes(), ("ecdsa-p256",), what=f"identity key {path}")
-        if not isinstance(key, ec.EllipticCurvePrivateKey):  # pragma: no cover - load_* checked the type
-            raise InvalidArgument(f"identity key {path} is not ECDSA P-256")
-        return key
-    key = generate_private_key("ecdsa-p256")
-    if not isinstance(key, ec.EllipticCurvePrivateKey):  # pragma: no cover - asked for ECDSA
-        raise InvalidArgument("generated identity key is not ECDSA P-256")
+        return load_private_key_pem(path.read_bytes(), what=f"identity key {path}")
+    key = generate_private_key(key_type)
     atomic_write(path, private_key_to_pem(key), mode=mode, dir_mode=0o700)
     return key
 
@@ -71,7 +82,7 @@ def certificate_problem(
     cert_pem: bytes,
     *,
     ca_pem: bytes,
-    key: ec.EllipticCurvePrivateKey,
+    key: PrivateKey,
     instance_id: str,
     now: datetime,
 ) -> str | None:
@@ -101,8 +112,11 @@ def certificate_problem(
         return f"identity.crt has role {peer.role!r}, not 'agent'"
     if peer.client_id != instance_id:
         return f"identity.crt is for {peer.client_id!r}, not this instance {instance_id!r}"
-    cert_key = cert.public_key()
-    if not isinstance(cert_key, ec.EllipticCurvePublicKey) or not public_keys_equal(cert_key, key):
+    try:
+        cert_key = require_public_key(cert.public_key(), what="the key in identity.crt")
+    except InvalidArgument as exc:
+        return str(exc)
+    if not public_keys_equal(cert_key, key):
         return "identity.crt does not match identity.key"
     if cert.not_valid_after_utc - now < MIN_REMAINING:
         return f"identity.crt expires at {cert.not_valid_after_utc.isoformat()}"

@@ -16,14 +16,13 @@ from collections.abc import Awaitable, Callable
 from enum import Enum
 
 import grpc
-from cryptography.hazmat.primitives.asymmetric import ec
 
 from nstance.agent.channels import registration_channel
 from nstance.agent.config import AgentConfig
 from nstance.agent.identity import read_bootstrap, store_certificate
 from nstance.agent.state import AgentState
 from nstance.core.backoff import Backoff
-from nstance.pki.keys import public_key_to_pem
+from nstance.pki.keys import PrivateKey, public_key_to_pem
 from nstance.rpc import registration_pb2, registration_pb2_grpc
 
 log = logging.getLogger("nstance.agent.register")
@@ -71,9 +70,7 @@ def local_addresses(config: AgentConfig) -> tuple[str, str, str]:
     return ipv4, config.ipv6, hostname
 
 
-async def register_once(
-    config: AgentConfig, ca_pem: bytes, nonce: str, key: ec.EllipticCurvePrivateKey
-) -> bytes:
+async def register_once(config: AgentConfig, ca_pem: bytes, nonce: str, key: PrivateKey) -> bytes:
     """One RegisterAgent call; returns the certificate PEM or raises grpc.aio.AioRpcError."""
     ipv4, ipv6, hostname = await asyncio.to_thread(local_addresses, config)
     request = registration_pb2.RegisterClientRequest(
@@ -91,7 +88,7 @@ async def register_once(
 
 async def register_until_done(
     config: AgentConfig,
-    key: ec.EllipticCurvePrivateKey,
+    key: PrivateKey,
     state: AgentState,
     *,
     sleep: Sleep = asyncio.sleep,

@@ -17,14 +17,13 @@ from datetime import datetime, timedelta
 
 import grpc
 from cryptography import x509
-from cryptography.hazmat.primitives.asymmetric import ec
 
 from nstance.agent.config import AgentConfig
 from nstance.agent.identity import certificate_problem, store_certificate
 from nstance.core.backoff import Backoff
 from nstance.core.clock import Clock
 from nstance.pki.ca import parse_certificate
-from nstance.pki.keys import public_key_to_pem
+from nstance.pki.keys import PrivateKey, public_key_to_pem
 from nstance.rpc import agent_pb2, agent_pb2_grpc
 
 log = logging.getLogger("nstance.agent.renewal")
@@ -60,7 +59,7 @@ class Renewer:
     def __init__(
         self,
         config: AgentConfig,
-        key: ec.EllipticCurvePrivateKey,
+        key: PrivateKey,
         ca_pem: bytes,
         *,
         clock: Clock,

@@ -14,7 +14,12 @@ from nstance.agent.channels import agent_channel
 from nstance.agent.config import NO_SPOT_PROVIDERS, AgentConfig
 from nstance.agent.files import FileReceiver
 from nstance.agent.healthz import serve_healthz
-from nstance.agent.identity import certificate_problem, ensure_identity_key, read_bootstrap
+from nstance.agent.identity import (
+    certificate_problem,
+    ensure_identity_key,
+    identity_key_type,
+    read_bootstrap,
+)
 from nstance.agent.keys import KeyStore
 from nstance.agent.metrics import MetricsReader
 from nstance.agent.register import Sleep, register_until_done
@@ -68,7 +73,9 @@ class Agent:
     async def run(self) -> None:
         config = self.config
         bootstrap = read_bootstrap(config.identity_dir)
-        key = ensure_identity_key(config.key_path, mode=config.identity_mode)
+        key = ensure_identity_key(
+            config.key_path, mode=config.identity_mode, key_type=identity_key_type(bootstrap.ca_pem)
+        )
         background: list[asyncio.Task[object]] = []
         healthz: asyncio.Server | None = None
         try:

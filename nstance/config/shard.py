@@ -177,6 +177,25 @@ class GarbageCollectionConfig(StrictModel):
         return self
 
 
+class DeletionBrakeConfig(StrictModel):
+    """Bounds on deletions the leader decides on its own (orphan VMs, silent agents), per group."""
+
+    max_deletions: int = Field(default=5, ge=1)
+    """At most this many VMs of one group are deleted as orphans, and at most this many are replaced for
+    missed health reports, per `interval`; the rest wait (and are reported)."""
+    interval: PositiveDuration = timedelta(minutes=10)
+    """The window `max_deletions` counts in."""
+    silent_fraction: float = Field(default=0.5, gt=0, le=1)
+    """When at least this fraction of a group's registered instances (and at least `min_silent` of
+    them) stop reporting together (within one missed-report window, or all of them), the fault is
+    presumed to be the server's: none is replaced for up to `max_hold`, and `/health` says why."""
+    min_silent: int = Field(default=2, ge=1)
+    """Fewer silent instances than this are never taken for a fault on the server's side."""
+    max_hold: PositiveDuration = timedelta(minutes=5)
+    """How long such a presumed server-side fault holds replacements back; if the silence lasts
+    longer, the silent instances are replaced at the `max_deletions` rate."""
+
+
 class ExpiryConfig(StrictModel):
     """Instance age limits: eligible (replace when convenient), forced, and for on-demand instances."""
 
@@ -284,6 +303,8 @@ class ShardConfig(StrictModel):
     """Cleanup timing."""
     expiry: ExpiryConfig = ExpiryConfig()
     """Instance age limits."""
+    deletion_brake: DeletionBrakeConfig = DeletionBrakeConfig()
+    """The mass-deletion brake (not in upstream's schema)."""
     leader_election: LeaderElectionConfig = LeaderElectionConfig()
     """Timing of the shard election (`shard/<id>/leader.json`)."""
     error_exit_jitter: ErrorExitJitterConfig = ErrorExitJitterConfig()

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import importlib.resources
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Final
@@ -32,8 +32,11 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import ConnectionPoolEntry
+
+from nstance.db import quarantine
 
 log = logging.getLogger(__name__)
 
@@ -120,20 +123,46 @@ def current_revision(conn: Connection) -> str | None:
 
 
 class Database:
-    """The open cache: an engine plus session factories. Close it (or use ``with``) when done."""
+    """The open cache: an engine plus session factories. Close it (or use ``with``) when done.
 
-    def __init__(self, engine: Engine) -> None:
+    A session that fails because the file is corrupt (``quarantine.is_corruption``) calls
+    ``on_corrupt`` (from whatever thread ran it) and raises ``quarantine.CacheCorrupt``;
+    ``replace_corrupt_file`` then moves the file aside and starts an empty one under the same object,
+    so every holder of this Database keeps working once the cache has been rebuilt.
+    """
+
+    def __init__(self, engine: Engine, path: Path | None = None) -> None:
+        self.path = path
+        self.on_corrupt: Callable[[BaseException], None] | None = None
+        self._bind(engine)
+
+    def _bind(self, engine: Engine) -> None:
         self.engine = engine
         # expire_on_commit=False: rows returned by repository functions stay readable after commit.
         self._write_engine = engine.execution_options(**{_BEGIN_OPTION: "IMMEDIATE"})
         self._write_sessions = sessionmaker(bind=self._write_engine, expire_on_commit=False)
         self._read_sessions = sessionmaker(bind=engine, expire_on_commit=False)
 
+    def _noticed(self, exc: BaseException) -> None:
+        """Raise ``CacheCorrupt`` (after telling ``on_corrupt``) when ``exc`` is corruption."""
+        if not quarantine.is_corruption(exc):
+            return
+        if self.on_corrupt is not None:
+            self.on_corrupt(exc)
+        cause = getattr(exc, "orig", None) or exc
+        raise quarantine.CacheCorrupt(
+            f"the SQLite cache is corrupt ({cause}); it is being rebuilt from object storage, retry"
+        ) from exc
+
     @contextmanager
     def session(self) -> Iterator[Session]:
         """A read-write transaction (``BEGIN IMMEDIATE``): committed on success, rolled back on error."""
-        with self._write_sessions.begin() as session:
-            yield session
+        try:
+            with self._write_sessions.begin() as session:
+                yield session
+        except DBAPIError as exc:
+            self._noticed(exc)
+            raise
 
     @contextmanager
     def write_connection(self) -> Iterator[Connection]:
@@ -152,12 +181,27 @@ class Database:
         """
         # Closing (not rolling back) ends the transaction without expiring the rows already loaded,
         # so they stay readable after the block.
-        with self._read_sessions() as session:
-            yield session
+        try:
+            with self._read_sessions() as session:
+                yield session
+        except DBAPIError as exc:
+            self._noticed(exc)
+            raise
 
     def migrate(self) -> None:
         """Apply pending migrations (see ``migrate``)."""
         migrate(self.engine)
+
+    def replace_corrupt_file(self) -> Path | None:
+        """Move the (corrupt) file aside and continue on a fresh, migrated one; where the old one went."""
+        if self.path is None:
+            raise RuntimeError("this database was opened without a path; it cannot be replaced")
+        self.engine.dispose()
+        moved = quarantine.move_aside(self.path)
+        log.error("sqlite cache %s is corrupt: moved to %s; starting an empty one", self.path, moved)
+        self._bind(create_sqlite_engine(self.path))
+        self.migrate()
+        return moved
 
     def close(self) -> None:
         """Close every pooled connection."""
@@ -171,11 +215,25 @@ class Database:
 
 
 def open_database(path: Path, *, migrate: bool = True) -> Database:
-    """Open (creating if needed) the SQLite cache at ``path``; with ``migrate`` bring its schema to head."""
-    database = Database(create_sqlite_engine(path))
-    if migrate:
+    """Open (creating if needed) the SQLite cache at ``path``; with ``migrate`` bring its schema to head.
+
+    A file that fails ``quick_check`` or whose migration hits corruption is moved aside (see
+    ``quarantine``) and replaced by an empty one: the cache is rebuilt from object storage anyway.
+    """
+    path = Path(path)
+    problem = quarantine.check_file(path)
+    if problem is not None:
+        moved = quarantine.move_aside(path)
+        log.error("sqlite cache %s is corrupt (%s): moved to %s; starting an empty one", path, problem, moved)
+    database = Database(create_sqlite_engine(path), path)
+    if migrate or problem is not None:  # a fresh file needs the schema
         try:
             database.migrate()
+        except DBAPIError as exc:
+            if not quarantine.is_corruption(exc):
+                database.close()
+                raise
+            database.replace_corrupt_file()
         except BaseException:
             database.close()
             raise

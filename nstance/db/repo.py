@@ -515,6 +515,11 @@ def get_instances(session: Session, instance_ids: list[str]) -> list[Instance]:
     return list(session.scalars(statement))
 
 
+def forget_instance(session: Session, instance_id: str) -> bool:
+    """Remove an instance's row outright (no tombstone): its record is gone, which is not a deletion."""
+    return _rowcount(session, delete(Instance).where(Instance.id == instance_id)) == 1
+
+
 class PurgedInstance(NamedTuple):
     """An instance row removed by ``purge_deleted_before`` (enough to find its object-storage record)."""
 

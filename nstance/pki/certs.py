@@ -2,9 +2,9 @@
 
 Client certificates (agents and operators), compatible with upstream's auth interceptor:
 
-* the client's public key must be ECDSA P-256 — grpcio's TLS (BoringSSL) has no Ed25519 signature
-  algorithm, so an Ed25519 identity could never complete an mTLS handshake; Ed25519 is refused with a
-  message that says so;
+* the client's public key is ECDSA P-256 or Ed25519 (what upstream's agents, operators and admins
+  send). The server's mTLS ports terminate TLS with OpenSSL (``nstance.server.tlsfront``) because
+  grpcio's own TLS cannot verify Ed25519 client certificates;
 * subject CN = client id (instance id or cluster id), O = [tenant] (exactly one O);
 * EKU clientAuth; KeyUsage digitalSignature; BasicConstraints CA:FALSE;
 * the role extension, OID ``1.3.6.1.4.1.999999.1``, non-critical, whose value is the DER encoding of
@@ -13,7 +13,8 @@ Client certificates (agents and operators), compatible with upstream's auth inte
   (``decode_role``) accepts PrintableString, UTF8String and IA5String and, like upstream, falls back
   to the raw bytes when the value is not a DER string.
 
-Server certificates get a fresh ECDSA P-256 key, CN ``nstance-server``, O ``Nstance Server``, EKU
+Server certificates get a fresh key (ECDSA P-256 unless asked for Ed25519, as upstream's servers
+use), CN ``nstance-server``, O ``Nstance Server``, EKU
 serverAuth and SANs: the given DNS names and IP addresses plus DNS ``nstance-server`` and
 ``localhost`` and IPs ``127.0.0.1`` and ``::1`` (clients verify with server name ``nstance-server``).
 
@@ -62,7 +63,7 @@ WorkloadKind = Literal["client", "server"]
 WORKLOAD_KINDS: tuple[WorkloadKind, ...] = get_args(WorkloadKind)
 
 ROLE_OID = x509.ObjectIdentifier("1.3.6.1.4.1.999999.1")
-CLIENT_KEY_TYPES = ("ecdsa-p256",)
+CLIENT_KEY_TYPES = ("ecdsa-p256", "ed25519")
 WORKLOAD_KEY_TYPES = ("ecdsa-p256", "ed25519")
 
 DEFAULT_CLIENT_TTL = timedelta(hours=8760)
@@ -194,31 +195,24 @@ def _public_key_object(key: PublicKeyTypes | bytes | str, what: str) -> PublicKe
     return key
 
 
-def _client_public_key(key: PublicKeyTypes | bytes | str, what: str) -> ec.EllipticCurvePublicKey:
+def _accepted_public_key(
+    key: PublicKeyTypes | bytes | str, what: str, accepted: tuple[str, ...]
+) -> PublicKey:
     obj = _public_key_object(key, what)
-    if isinstance(obj, ed25519.Ed25519PublicKey):
-        raise InvalidArgument(
-            f"{what} is Ed25519, which cannot be used for agent or operator identities: grpcio's TLS "
-            "cannot use Ed25519 certificates (the handshake fails with no common signature algorithm). "
-            "Send an ECDSA P-256 public key (SubjectPublicKeyInfo PEM) instead"
-        )
-    if isinstance(obj, ec.EllipticCurvePublicKey) and key_type_name(obj) in CLIENT_KEY_TYPES:
-        return obj
+    supported = isinstance(obj, ec.EllipticCurvePublicKey | ed25519.Ed25519PublicKey)
+    if supported and key_type_name(obj) in accepted:
+        return obj  # type: ignore[return-value]  # narrowed by ``supported``
     raise InvalidArgument(
-        f"{what} is {key_type_name(obj)}; accepted key types: {describe_key_types(CLIENT_KEY_TYPES)}"
+        f"{what} is {key_type_name(obj)}; accepted key types: {describe_key_types(accepted)}"
     )
+
+
+def _client_public_key(key: PublicKeyTypes | bytes | str, what: str) -> PublicKey:
+    return _accepted_public_key(key, what, CLIENT_KEY_TYPES)
 
 
 def _workload_public_key(key: PublicKeyTypes | bytes | str, what: str) -> PublicKey:
-    obj = _public_key_object(key, what)
-    if (
-        isinstance(obj, ec.EllipticCurvePublicKey | ed25519.Ed25519PublicKey)
-        and key_type_name(obj) in WORKLOAD_KEY_TYPES
-    ):
-        return obj
-    raise InvalidArgument(
-        f"{what} is {key_type_name(obj)}; accepted key types: {describe_key_types(WORKLOAD_KEY_TYPES)}"
-    )
+    return _accepted_public_key(key, what, WORKLOAD_KEY_TYPES)
 
 
 def _name(attrs: Sequence[tuple[x509.ObjectIdentifier, str]], what: str) -> x509.Name:
@@ -321,7 +315,7 @@ def issue_client_certificate(
     ttl: timedelta = DEFAULT_CLIENT_TTL,
     clock: Clock | None = None,
 ) -> IssuedCertificate:
-    """Issue an agent or operator identity certificate for an ECDSA P-256 public key (object or PEM)."""
+    """Issue an agent or operator identity certificate for an ECDSA P-256 or Ed25519 public key."""
     if role not in ROLES:
         raise InvalidArgument(f"unknown role {role!r}; known roles: {', '.join(ROLES)}")
     if not client_id:
@@ -380,9 +374,14 @@ def issue_server_certificate(
     hosts: Iterable[str] = (),
     ttl: timedelta = DEFAULT_SERVER_TTL,
     clock: Clock | None = None,
+    key_type: str = "ecdsa-p256",
 ) -> IssuedCertificate:
-    """Generate an ECDSA P-256 key and a serverAuth certificate for it; the key is in the result."""
-    key = generate_private_key("ecdsa-p256")
+    """Generate a key (``key_type``) and a serverAuth certificate for it; the key is in the result.
+
+    ECDSA P-256 by default: grpcio clients (this project's agents before Ed25519 support, and any
+    grpcio-based tool) cannot verify an Ed25519 server certificate.
+    """
+    key = generate_private_key(key_type)
     subject = _name(
         [(NameOID.COMMON_NAME, SERVER_COMMON_NAME), (NameOID.ORGANIZATION_NAME, SERVER_ORGANIZATION)],
         "server certificate",

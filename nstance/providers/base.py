@@ -94,6 +94,7 @@ class CreateRequest:
     args: Mapping[str, Any] = field(default_factory=dict)
     tags: Mapping[str, str] = field(default_factory=dict)  # custom tags from config
     spot: bool = False
+    on_demand: bool = False  # tagged on the VM, so a lost record can be rebuilt by adoption
     # For providers that start the agent themselves (local): the agent's bootstrap identity.
     ca_pem: bytes = b""
     nonce: str = ""
@@ -112,6 +113,9 @@ class ProviderInstance:
     shard: str = ""
     group: str = ""
     kind: str = ""
+    tenant: str = ""  # annotation tags: what adoption needs to rebuild a missing record
+    template: str = ""
+    on_demand: bool = False
     instance_type: str = ""
     subnet_id: str = ""
     ip4: str = ""

@@ -89,6 +89,9 @@ class _Meta:
     pid: int | None
     status: str  # "pending" (not started yet), "running" (started), "deleted"
     deleted_at: str | None = None
+    tenant: str = ""
+    template: str = ""
+    on_demand: bool = False
 
 
 class LocalProvider:
@@ -231,6 +234,9 @@ class LocalProvider:
             server_agent_addr=request.server_agent_addr,
             pid=None,
             status="pending",
+            tenant=request.tenant,
+            template=request.template,
+            on_demand=request.on_demand,
         )
         self._write_meta(meta)
         return meta
@@ -333,6 +339,9 @@ class LocalProvider:
             shard=meta.shard,
             group=meta.group,
             kind=meta.kind,
+            tenant=meta.tenant,
+            template=meta.template,
+            on_demand=meta.on_demand,
             instance_type=meta.instance_type,
             subnet_id=meta.subnet_id,
             ip4="127.0.0.1",

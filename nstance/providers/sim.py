@@ -143,6 +143,7 @@ class _Record:
     deleted_at: str | None = None
     status_override: str | None = None  # set by set_status(); None = follow boot time
     tags: dict[str, str] = field(default_factory=dict)
+    on_demand: bool = False
 
 
 @dataclass(slots=True)
@@ -651,6 +652,7 @@ class SimProvider:
             ip4=f"10.{(n >> 16) & 0xFF}.{(n >> 8) & 0xFF}.{n & 0xFF}",
             launched_at=self._clock.now().isoformat(),
             tags=dict(request.tags),
+            on_demand=request.on_demand,
         )
         self._records[provider_id] = record
         if request.idempotency_token:
@@ -703,6 +705,9 @@ class SimProvider:
             shard=record.shard,
             group=record.group,
             kind=record.kind,
+            tenant=record.tenant,
+            template=record.template,
+            on_demand=record.on_demand,
             instance_type=record.instance_type,
             subnet_id=record.subnet_id,
             ip4=record.ip4,

@@ -19,7 +19,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +41,8 @@ from nstance.objectstore.base import ObjectStore
 from nstance.objectstore.factory import StorageScopes, open_scopes, open_store
 from nstance.objectstore.file import FileObjectStore
 from nstance.objectstore.scoped import ScopedObjectStore
+from nstance.pki.certs import issue_server_certificate
+from nstance.pki.tlspipe import private_directory, remove_private_directory
 from nstance.providers.factory import create_provider
 from nstance.rpc import agent_pb2_grpc, operator_pb2_grpc, registration_pb2_grpc
 from nstance.secrets.base import SecretStore
@@ -58,6 +60,7 @@ from nstance.server.context import ShardContext
 from nstance.server.degraded import Degradations
 from nstance.server.election import Elector, ElectorLeadership
 from nstance.server.fdbudget import HEALTH_CONNECTIONS, plan_connection_caps, raise_open_file_limit
+from nstance.server.frontproc import FrontProcess, Listener
 from nstance.server.grpcopts import server_options
 from nstance.server.http import HealthServer
 from nstance.server.interceptors import ServerInterceptor
@@ -72,6 +75,7 @@ from nstance.server.servicers.operator import OperatorServicer
 from nstance.server.servicers.registration import RegistrationServicer
 from nstance.server.shard import Shard
 from nstance.server.tls import advertised_hosts, server_credentials
+from nstance.server.tlsfront import PeerTable, listening_socket
 
 log = logging.getLogger("nstance.server")
 T = TypeVar("T")
@@ -102,6 +106,9 @@ class ServerOptions:
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     #: Optional extra bucket on create calls (requests/s) - used by benchmarks to mirror cloud limits.
     create_bucket: tuple[float, float] | None = None
+    #: Key type of the server certificates: ``ecdsa-p256`` (what grpcio clients can verify) or
+    #: ``ed25519`` (what upstream's servers present; tests use it to stand in for a Go server).
+    server_key_type: str = "ecdsa-p256"
 
 
 def setup_logging(verbose: bool = False) -> None:
@@ -202,6 +209,8 @@ class ServerApp:
         self._elector: Elector | None = None
         self._cluster_elector: Elector | None = None
         self.shard: Shard | None = None
+        #: The OpenSSL front of the mTLS ports, once they listen.
+        self.tls_front: FrontProcess | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._secrets: SecretStore | None = None
         self.degradations = Degradations()
@@ -349,6 +358,8 @@ class ServerApp:
         self.health_port = await health.start(host, port)
         log.info("health endpoint on %s:%d", host, self.health_port)
         grpc_servers: list[grpc.aio.Server] = []
+        fronts: list[FrontProcess] = []
+        cleanup: list[Callable[[], None]] = []
         background: list[asyncio.Task[None]] = []
         electors: list[asyncio.Task[None]] = []
         provider = None
@@ -455,13 +466,39 @@ class ServerApp:
             # Fail closed: the deny-list is in SQLite before any port accepts a certificate.
             if not await self._first_revocation_sync(cluster_store, db, stop):
                 return 0
+            # The mTLS ports terminate TLS in OpenSSL in a child process (frontproc, tlsfront) so Ed25519
+            # identities connect too; each connection's verified certificate reaches the interceptor
+            # through ``peers``.
+            peers = PeerTable()
             interceptor = ServerInterceptor(
-                ca=identity.ca, clock=self.clock, is_revoked=is_revoked, metrics=self.metrics
+                ca=identity.ca,
+                clock=self.clock,
+                is_revoked=is_revoked,
+                metrics=self.metrics,
+                peer_certificates=peers.certificate,
             )
             hosts = advertised_hosts([*advertise.values(), *bind.values()])
-            mtls, _ = server_credentials(identity.ca, hosts=hosts, clock=self.clock)
+            front_dir = private_directory()
+            cleanup.append(lambda: remove_private_directory(front_dir))
+            mtls = issue_server_certificate(
+                identity.ca, hosts=hosts, clock=self.clock, key_type=opts.server_key_type
+            )
+            assert mtls.key_pem is not None  # issue_server_certificate generates the key
+            front = FrontProcess(
+                peers,
+                directory=front_dir,
+                key_pem=mtls.key_pem,
+                cert_pem=mtls.cert_pem,
+                ca_pem=identity.ca.cert_pem,
+                handshake_timeout=shard_cfg.limits.handshake_timeout.total_seconds(),
+            )
+            fronts.append(front)
             server_auth, _ = server_credentials(
-                identity.ca, hosts=hosts, clock=self.clock, require_client_cert=False
+                identity.ca,
+                hosts=hosts,
+                clock=self.clock,
+                require_client_cert=False,
+                key_type=opts.server_key_type,
             )
             limits = shard_cfg.limits
             caps = plan_connection_caps(limits, open_files)
@@ -497,17 +534,34 @@ class ServerApp:
                 AgentServicer(self.shard.agents, registrar), agent_server
             )
             for server, field, creds, what in (
-                (operator_server, "operator_addr", mtls, "operator API (mTLS)"),
+                (operator_server, "operator_addr", None, "operator API (mTLS)"),
                 (registration_server, "registration_addr", server_auth, "registration (TLS)"),
-                (agent_server, "agent_addr", mtls, "agent API (mTLS)"),
+                (agent_server, "agent_addr", None, "agent API (mTLS)"),
             ):
                 host, port = _host_port(bind[field], f"shard.bind.{field}")
-                bound = server.add_secure_port(f"{host}:{port}", creds)
-                if bound == 0:
-                    raise FailedPrecondition(f"cannot listen on shard.bind.{field} {bind[field]}")
-                await server.start()
-                grpc_servers.append(server)
+                if creds is None:
+                    backend = front_dir / f"{field}.sock"
+                    if server.add_insecure_port(f"unix:{backend}") == 0:
+                        raise FailedPrecondition(f"cannot listen on {backend} for shard.bind.{field}")
+                    await server.start()
+                    grpc_servers.append(server)
+                    try:
+                        sock = listening_socket(host, port)
+                    except OSError as exc:
+                        raise FailedPrecondition(
+                            f"cannot listen on shard.bind.{field} {bind[field]}: {exc}"
+                        ) from exc
+                    front.add(Listener(sock, backend, what))
+                    bound = sock.getsockname()[1]
+                else:
+                    bound = server.add_secure_port(f"{host}:{port}", creds)
+                    if bound == 0:
+                        raise FailedPrecondition(f"cannot listen on shard.bind.{field} {bind[field]}")
+                    await server.start()
+                    grpc_servers.append(server)
                 log.info("%s on %s:%d", what, host, bound)
+            await front.start()
+            self.tls_front = front
             background.append(
                 asyncio.create_task(
                     revocation_loop(cluster_store, db, clock=self.clock, interval=REVOCATION_SYNC_INTERVAL),
@@ -524,7 +578,9 @@ class ServerApp:
         finally:
             for task in background:
                 task.cancel()
-            await self._shutdown(grpc_servers, electors, provider, health, db)
+            await self._shutdown(grpc_servers, electors, provider, health, db, fronts)
+            for step in cleanup:
+                step()
 
     async def _first_revocation_sync(
         self, cluster_store: ObjectStore, db: Database, stop: asyncio.Event
@@ -558,12 +614,15 @@ class ServerApp:
         provider: InstrumentedProvider | None,
         health: HealthServer,
         db: Database,
+        fronts: Sequence[FrontProcess] = (),
     ) -> None:
         if self.shard is not None:
             await self.shard.stop_leading()
             self.shard.events.close_all()
             await self.shard.agents.close()
         await asyncio.gather(*(server.stop(grace=2.0) for server in grpc_servers))
+        for front in fronts:
+            await front.close()
         for task in electors:
             task.cancel()
         for task in electors:

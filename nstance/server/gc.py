@@ -3,8 +3,9 @@
 A cycle, in order: delete instances that never registered within ``registration_timeout`` (their
 nonce has expired, so they never can); retire pre-inserted rows whose provider create never completed;
 re-list the provider (``recovery.sync_provider``) so VMs stopped, terminated or created out of band are
-noticed without a leadership change; purge deleted instances' rows and records once they are older
-than ``deleted_record_retention``. It returns the groups it touched so the reconciler can backfill.
+noticed without a leadership change (after writing back records that vanished under this leader:
+``restore``; and reading unreadable ones again); purge deleted instances' rows and records once they
+are older than ``deleted_record_retention``. It returns the groups it touched so the reconciler can backfill.
 Ages that decide a deletion are counted on the leader's clock from the start of this leadership at the
 earliest (``leadertime``), so a wall-clock step never makes a booting VM look abandoned.
 """
@@ -21,7 +22,8 @@ from nstance.server import records
 from nstance.server.context import ShardContext
 from nstance.server.instances import InstanceOps
 from nstance.server.leadertime import since_term
-from nstance.server.recovery import sync_provider
+from nstance.server.recovery import recheck_unreadable, sync_provider
+from nstance.server.restore import restore_missing_records
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +39,7 @@ class GcReport:
     dangling: list[str] = field(default_factory=list)
     stale: list[str] = field(default_factory=list)
     purged: list[str] = field(default_factory=list)
+    restored: list[str] = field(default_factory=list)
     groups: set[GroupKey] = field(default_factory=set)
 
 
@@ -63,6 +66,7 @@ async def gc_cycle(ctx: ShardContext, ops: InstanceOps) -> GcReport:
         elif (
             row.provider_id is not None
             and row.registered_at is None
+            and row.health_at is None  # an adopted instance's agent reports without registering again
             and row.drain_started_at is None
             and age > gc_cfg.registration_timeout
         ):
@@ -73,6 +77,8 @@ async def gc_cycle(ctx: ShardContext, ops: InstanceOps) -> GcReport:
             report.dangling.append(row.id)
             report.groups.add((row.tenant, row.group_key))
 
+    report.restored = await restore_missing_records(ctx, ops, settle=stale_after)
+    report.groups |= await recheck_unreadable(ctx, ops)
     synced = await sync_provider(ctx, ops)
     report.groups |= synced.groups
 

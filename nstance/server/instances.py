@@ -46,10 +46,11 @@ from nstance.providers.base import (
     ProviderThrottled,
     ProviderUnavailable,
 )
-from nstance.server import records
+from nstance.server import brake, records
 from nstance.server.context import ShardContext, fault_point
 from nstance.server.events import ErrorEventData, InstanceEventData
 from nstance.server.followups import RecordFollowUps
+from nstance.server.holds import Holds
 from nstance.server.images import explain_missing_image
 from nstance.server.leadertime import in_term
 from nstance.server.loadbalancers import DeregistrationPending, LoadBalancerSync
@@ -106,7 +107,8 @@ def member_of(row: Instance, *, seen_since: datetime | None = None, now: datetim
     return Member(
         instance_id=row.id,
         created_at=row.created_at,
-        registered=row.registered_at is not None,
+        # An agent that reports health holds a certificate: registered, even when its record was rebuilt.
+        registered=row.registered_at is not None or row.health_at is not None,
         unhealthy=status is not None and InstanceStatus(status) in UNHEALTHY_STATUSES,
         failed=row.record_state == RECORD_FAILED,
         draining=row.drain_started_at is not None,
@@ -156,6 +158,11 @@ class InstanceOps:
         self._creating = 0
         self.followups = RecordFollowUps(ctx.store, busy=lambda: self._creating > 0, fence=ctx.fence)
         self.lbs = LoadBalancerSync(ctx)
+        #: What the leader holds back and why (``/health``); the brake's per-group deletion budgets.
+        self.holds = Holds()
+        self.budget = brake.DeletionBudget()
+        #: Unreadable objects under ``instance/`` at the last cache rebuild: each still claims its VM.
+        self.unreadable: list[records.RecordProblem] = []
 
     async def _has_capacity(self, subnet_id: str) -> bool:
         """Subnet capacity, asking the provider at most once per ``CAPACITY_TTL`` while it has room.
@@ -667,6 +674,55 @@ class InstanceOps:
                 reason=reason,
             )
         )
+
+    # --- the mass-deletion brake -----------------------------------------------------------
+
+    def brake_limits(self) -> brake.BrakeLimits:
+        snapshot = self._ctx.config.snapshot()
+        if snapshot is None:
+            return brake.BrakeLimits()
+        return brake.limits_from(snapshot.config.shard.deletion_brake)
+
+    def set_hold(self, topic: str, reason: str | None, *, tenant: str = "", group: str = "") -> None:
+        """Set or clear a safety hold; a new or changed one is reported once on ``WatchErrors``.
+
+        The holds of each kind are also one ``degraded`` component (``/health``, ``nstance_degraded``).
+        """
+        if self.holds.set(topic, reason) and reason is not None:
+            self.report_error(tenant, group, "", reason)
+        ctx = self._ctx
+        ctx.metrics.set_safety_holds(self.holds.counts())
+        kind = topic.split(" ", 1)[0]
+        component = kind.replace("-", "_")
+        summary = self.holds.summary(kind)
+        if summary is None:
+            ctx.degraded.clear(component)
+            ctx.metrics.set_degraded(component, None)
+        else:
+            ctx.degraded.set(component, "held", summary)
+            ctx.metrics.set_degraded(component, "held")
+
+    def brake_silent(
+        self,
+        key: tuple[str, str],
+        members: list[Member],
+        silence_limit: timedelta | None,
+        now: datetime,
+        since: datetime | None = None,
+    ) -> list[Member]:
+        """``members`` with the health replacements the brake holds back shown as serving (reported)."""
+        verdict = brake.hold_silent(
+            key,
+            members,
+            silence_limit,
+            now,
+            budget=self.budget,
+            mono=self._ctx.clock.monotonic(),
+            limits=self.brake_limits(),
+            since=since,
+        )
+        self.set_hold(f"{brake.REPLACEMENTS} {key[0]}/{key[1]}", verdict.held, tenant=key[0], group=key[1])
+        return verdict.members
 
     def report_error(self, tenant: str, group: str, instance_id: str, message: str) -> None:
         """Tell error watchers (and the log) about a failure an operator should see."""

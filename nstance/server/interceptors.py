@@ -6,7 +6,10 @@
 1. **Authenticates** the caller when the service requires a role (``roles``: service full name ->
    required role, or ``None`` for no client certificate, e.g. RegistrationService). The peer
    certificate from the TLS handshake (``auth_context()["x509_pem_cert"]``) is verified against the
-   cluster CA with ``verify_client_certificate``; a serial on the deny list (``is_revoked``) is
+   cluster CA with ``verify_client_certificate``. Behind the OpenSSL front of the mTLS ports
+   (``tlsfront``) grpc sees a plain Unix-socket connection: the certificate is then looked up by
+   ``context.peer()`` with ``peer_certificates``, and a peer it does not know has no certificate.
+   A serial on the deny list (``is_revoked``) is
    refused with UNAUTHENTICATED; a wrong role with PERMISSION_DENIED. A service with no entry in
    ``roles`` is refused (deny by default). The verified ``PeerIdentity`` is put in a context variable
    for the handler: ``current_peer()``.
@@ -162,8 +165,10 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # gr
         is_revoked: Callable[[str], bool] = _never_revoked,
         roles: Mapping[str, str | None] = DEFAULT_ROLES,
         metrics: Metrics | None = None,
+        peer_certificates: Callable[[str], bytes | None] | None = None,
     ) -> None:
         self._ca = ca
+        self._peer_certificates = peer_certificates
         self._clock = clock
         self._is_revoked = is_revoked
         self._roles = dict(roles)
@@ -210,11 +215,14 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # gr
         if role is None:
             return None
         pems = context.auth_context().get("x509_pem_cert") or []
-        if not pems:
+        cert: bytes | None = pems[0] if pems else None
+        if cert is None and self._peer_certificates is not None:
+            cert = self._peer_certificates(context.peer())
+        if cert is None:
             raise Unauthenticated(
                 f"{service} requires a client certificate issued by this cluster's CA; none was presented"
             )
-        identity = verify_client_certificate(pems[0], self._authority(), clock=self._clock)
+        identity = verify_client_certificate(cert, self._authority(), clock=self._clock)
         if self._is_revoked(identity.serial):
             raise Unauthenticated(f"certificate serial {identity.serial} has been revoked")
         require_role(identity, role)

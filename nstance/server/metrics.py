@@ -160,10 +160,22 @@ class Metrics:
             buckets=LOOP_LAG_BUCKETS,
             registry=reg,
         )
+        self.safety_holds = Gauge(
+            "nstance_safety_holds",
+            "Deletions or replacements the leader holds back because its own view may be wrong, by kind.",
+            ["kind"],
+            registry=reg,
+        )
+        self.unreadable_records = Gauge(
+            "nstance_unreadable_instance_records",
+            "Objects under instance/ that could not be read as instance records at the last cache rebuild.",
+            registry=reg,
+        )
         for scope in LEADER_SCOPES:
             self.leader.labels(scope=scope).set(0)
         self._lock = threading.Lock()
         self._instance_keys: set[tuple[str, str, str]] = set()
+        self._hold_kinds: set[str] = set()
         self._degraded_kinds: dict[str, str] = {}
 
     # --- setters ------------------------------------------------------------------------------
@@ -180,6 +192,18 @@ class Metrics:
             for (tenant, group, state), value in counts.items():
                 self.instances.labels(tenant=tenant, group=group, state=state).set(value)
             self._instance_keys = new_keys
+
+    def set_safety_holds(self, counts: Mapping[str, int]) -> None:
+        """Replace every ``nstance_safety_holds`` series with ``counts`` by kind (0 for kinds cleared)."""
+        with self._lock:
+            for kind in self._hold_kinds - set(counts):
+                self.safety_holds.labels(kind=kind).set(0)
+            for kind, value in counts.items():
+                self.safety_holds.labels(kind=kind).set(value)
+            self._hold_kinds |= set(counts)
+
+    def set_unreadable_records(self, count: int) -> None:
+        self.unreadable_records.set(count)
 
     def set_reconcile_queue_depth(self, depth: int) -> None:
         self.reconcile_queue_depth.set(depth)

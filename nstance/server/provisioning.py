@@ -195,6 +195,7 @@ async def prepare_instance(
         idempotency_token=instance_id,
         created_at=now,
         args=args,
+        on_demand=on_demand,
         ca_pem=shard.ca_pem,
         nonce=nonce,
         server_registration_addr=shard.registration_addr,

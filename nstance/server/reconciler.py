@@ -17,7 +17,6 @@ import asyncio
 import logging
 import time
 from datetime import datetime, timedelta
-from typing import NamedTuple
 
 from nstance.config import MergedGroupConfig, infra_hash
 from nstance.core.backoff import Backoff
@@ -27,6 +26,7 @@ from nstance.core.plan import (
     REASON_FORCED_EXPIRY,
     Action,
     GroupPlan,
+    Member,
     PlanInput,
     next_on_demand_wakeup,
     next_wakeup,
@@ -51,14 +51,6 @@ ROTATION_REASONS = frozenset({REASON_DRIFT, REASON_ELIGIBLE_EXPIRY, REASON_FORCE
 READ_CONCURRENCY = 2
 #: Health intervals an agent may miss (while its VM runs) before the instance is replaced.
 MISSED_REPORTS = 3
-
-
-class _Planned(NamedTuple):
-    """One group's rows by id, what to do, and when to look again (computed in a worker thread)."""
-
-    by_id: dict[str, Instance]
-    plan: GroupPlan
-    wake: datetime | None
 
 
 class Reconciler:
@@ -155,35 +147,17 @@ class Reconciler:
         snapshot = self._ctx.config.snapshot()
         return snapshot.config.shard.expiry.ondemand_age if snapshot is not None else None
 
-    def _plan(
-        self,
-        tenant: str,
-        group: str,
-        spec: PlanInput,
-        now: datetime,
-        ondemand_age: timedelta | None,
-        drain_timeout: timedelta,
-    ) -> _Planned:
-        """Read the group's active rows and plan (a worker thread: 1,000s of rows and pure decisions)."""
+    def _members(
+        self, tenant: str, group: str, now: datetime
+    ) -> tuple[list[Instance], list[Member], list[Member]]:
+        """The group's active rows and the planner's view of its managed and on-demand ones (a thread)."""
         with self._ctx.db.read_session() as session:
             rows = repo.list_active_instances(session, tenant=tenant, group_key=group)
-        members = [
+        managed = [
             member_of(row, seen_since=self.leading_since, now=now) for row in rows if not row.on_demand
         ]
         on_demand = [member_of(row, seen_since=self.leading_since, now=now) for row in rows if row.on_demand]
-        plan = plan_group(spec, members, now)
-        wakes = [next_wakeup(spec, members, now)]
-        if on_demand:
-            extra = plan_on_demand(on_demand, ondemand_age=ondemand_age, drain_timeout=drain_timeout, now=now)
-            plan = GroupPlan(
-                create=plan.create,
-                delete=plan.delete + extra.delete,
-                drain=plan.drain + extra.drain,
-                serving=plan.serving,
-            )
-            wakes.append(next_on_demand_wakeup(on_demand, ondemand_age=ondemand_age, now=now))
-        wake = min((w for w in wakes if w is not None), default=None)
-        return _Planned(by_id={row.id: row for row in rows}, plan=plan, wake=wake)
+        return rows, managed, on_demand
 
     async def reconcile(self, key: GroupKey) -> None:
         """Bring one group toward its wanted state (level-triggered: safe to call any time)."""
@@ -194,15 +168,23 @@ class Reconciler:
         tenant, group = key
         snapshot = ctx.config.snapshot()
         merged = snapshot.merged(tenant, group) if snapshot is not None else None
-        spec = self._spec(merged)
         now = ctx.clock.now()  # the leader clock: monotonic within this leadership (``leadertime``)
+        async with self._reads:  # 1,000s of rows: off the loop, and few at a time (the GIL is shared)
+            all_rows, members, on_demand = await asyncio.to_thread(self._members, tenant, group, now)
+        by_id = {row.id: row for row in all_rows}
+        spec = self._spec(merged)
+        members = self._ops.brake_silent(key, members, spec.silence_limit, now, self.leading_since)
+        plan = plan_group(spec, members, now)
         ondemand_age = self._ondemand_age()
         drain_timeout = merged.drain_timeout if merged is not None else timedelta(0)
-        async with self._reads:  # 1,000s of rows: off the loop, and few at a time (the GIL is shared)
-            planned = await asyncio.to_thread(
-                self._plan, tenant, group, spec, now, ondemand_age, drain_timeout
+        if on_demand:
+            extra = plan_on_demand(on_demand, ondemand_age=ondemand_age, drain_timeout=drain_timeout, now=now)
+            plan = GroupPlan(
+                create=plan.create,
+                delete=plan.delete + extra.delete,
+                drain=plan.drain + extra.drain,
+                serving=plan.serving,
             )
-        plan, by_id = planned.plan, planned.by_id
         started = time.perf_counter()
         self.reconciles += 1
         ok = True
@@ -228,7 +210,10 @@ class Reconciler:
             delay = self._backoff.delay(attempt)
             log.info("reconcile %s/%s had errors; retrying in %.1fs", tenant, group, delay)
             self.queue.add_after(key, delay)
-        wake = planned.wake
+        wakes = [next_wakeup(spec, members, now)]
+        if on_demand:
+            wakes.append(next_on_demand_wakeup(on_demand, ondemand_age=ondemand_age, now=now))
+        wake = min((w for w in wakes if w is not None), default=None)
         if wake is not None:
             self.queue.add_after(key, max(0.0, (wake - now).total_seconds()) + 0.5)
         log.debug("reconcile %s/%s took %.3fs", tenant, group, elapsed)

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Self
 
 from nstance.config.merge import MergedGroupConfig
 from nstance.core.errors import AlreadyExists, InvalidArgument, NotFound, Unavailable
@@ -286,24 +286,59 @@ def delete_record(store: ObjectStore, tenant: str, instance_id: str) -> None:
     store.delete(record_key(tenant, instance_id))
 
 
-def _load_one(store: ObjectStore, key: str) -> InstanceRecord | str | None:
-    """The record at ``key``, a problem sentence, or None if it vanished since the listing."""
+class RecordProblem(str):
+    """One unreadable object under ``instance/``: the sentence to report (it *is* that str), plus what
+    can still be recovered from it so it keeps claiming its VM (see ``claims``).
+
+    ``tenant``/``instance_id`` are those its key names ("" when the key names no instance); ``raw`` is
+    the stored bytes (empty when there were none), searched for the ids of a VM it might describe.
+    """
+
+    key: str
+    tenant: str
+    instance_id: str
+    raw: bytes
+
+    def __new__(
+        cls, message: str, *, key: str, tenant: str = "", instance_id: str = "", raw: bytes = b""
+    ) -> Self:
+        problem = super().__new__(cls, message)
+        problem.key = key
+        problem.tenant = tenant
+        problem.instance_id = instance_id
+        problem.raw = raw
+        return problem
+
+
+def _load_one(store: ObjectStore, key: str) -> InstanceRecord | RecordProblem | None:
+    """The record at ``key``, the problem with it, or None if it vanished since the listing."""
     try:
         tenant, instance_id = parse_record_key(key)
     except InvalidArgument as exc:
-        return f"skipped {key}: {exc}"
+        tenant = instance_id = ""
+        key_problem: str | None = str(exc)
+    else:
+        key_problem = None
     try:
         data, _ = store.get(key)
     except ObjectNotFound:
         return None
+    if key_problem is not None:
+        return RecordProblem(f"skipped {key}: {key_problem}", key=key, raw=data)
     try:
         record = decode_record(data, key)
     except InvalidArgument as exc:
-        return f"skipped {key}: {exc}"
+        return RecordProblem(
+            f"skipped {key}: {exc}", key=key, tenant=tenant, instance_id=instance_id, raw=data
+        )
     if (record.tenant, record.instance_id) != (tenant, instance_id):
-        return (
+        return RecordProblem(
             f'skipped {key}: it holds instance {record.instance_id} of tenant "{record.tenant}" '
-            f'but its key names instance {instance_id} of tenant "{tenant}"'
+            f'but its key names instance {instance_id} of tenant "{tenant}"',
+            key=key,
+            tenant=tenant,
+            instance_id=instance_id,
+            raw=data,
         )
     return record
 
@@ -330,27 +365,30 @@ def reader_pool(keys: int, *, workers: int | None = None) -> Iterator[Executor |
 
 def read_records(
     store: ObjectStore, keys: list[str], *, pool: Executor | None = None
-) -> tuple[list[InstanceRecord], list[str]]:
+) -> tuple[list[InstanceRecord], list[RecordProblem]]:
     """The records at ``keys`` (in that order) and one problem per bad object; see ``list_records``."""
     load = functools.partial(_load_one, store)
     results = list(pool.map(load, keys)) if pool is not None else [load(key) for key in keys]
     found: list[InstanceRecord] = []
-    problems: list[str] = []
+    problems: list[RecordProblem] = []
     for result in results:
         if isinstance(result, InstanceRecord):
             found.append(result)
-        elif isinstance(result, str):
+        elif isinstance(result, RecordProblem):
             problems.append(result)
     return found, problems
 
 
-def list_records(store: ObjectStore, *, workers: int | None = None) -> tuple[list[InstanceRecord], list[str]]:
+def list_records(
+    store: ObjectStore, *, workers: int | None = None
+) -> tuple[list[InstanceRecord], list[RecordProblem]]:
     """Every readable record (in key order, i.e. creation order per tenant) and one problem per bad object.
 
-    A corrupt or misnamed object is reported in the problem list and skipped; a record deleted while
-    listing is silently left out. Storage errors (Unavailable) propagate: a partial list must not be
-    mistaken for the whole fleet. (The cache rebuild uses the same pieces - ``list_record_keys``,
-    ``reader_pool``, ``read_records`` - in bounded batches.)
+    A corrupt or misnamed object is reported in the problem list (which keeps what identity it still
+    gives: an unreadable record must go on claiming its VM); a record deleted while listing is
+    silently left out. Storage errors (Unavailable) propagate: a partial list must not be mistaken for
+    the whole fleet. (The cache rebuild uses the same pieces - ``list_record_keys``, ``reader_pool``,
+    ``read_records`` - in bounded batches.)
     """
     keys = list_record_keys(store)
     with reader_pool(len(keys), workers=workers) as pool:

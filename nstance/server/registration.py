@@ -1,7 +1,7 @@
 """Registration of agents and operators, and agent certificate renewal (the RegistrationService logic).
 
-``Registrar`` turns a single-use registration nonce JWT plus an ECDSA P-256 public key into a client
-certificate signed by the cluster CA, and records the registration durably:
+``Registrar`` turns a single-use registration nonce JWT plus an ECDSA P-256 or Ed25519 public key
+into a client certificate signed by the cluster CA, and records the registration durably:
 
 * **Agents** (``register_agent``, shard leader only): the nonce (kind ``agent``, this cluster, this
   shard) is consumed by one conditional SQLite UPDATE (``repo.mark_registered_atomically``), so of any
@@ -151,10 +151,11 @@ class Registrar:
         return DEFAULT_CLIENT_TTL
 
     def _issue(self, public_key_pem: bytes, *, client_id: str, tenant: str, role: str) -> IssuedCertificate:
-        """Check the key (ECDSA P-256 PEM, InvalidArgument otherwise) and sign a client certificate."""
+        """Check the key (ECDSA P-256 or Ed25519 PEM, InvalidArgument otherwise) and sign a certificate."""
         if not public_key_pem:
             raise InvalidArgument(
-                "public_key_pem is empty; send the ECDSA P-256 public key (SubjectPublicKeyInfo PEM)"
+                "public_key_pem is empty; send the ECDSA P-256 or Ed25519 public key "
+                "(SubjectPublicKeyInfo PEM)"
             )
         try:
             return issue_client_certificate(
@@ -170,7 +171,7 @@ class Registrar:
             if "ECDSA P-256" in str(exc):
                 raise
             raise InvalidArgument(
-                f"{exc}; an ECDSA P-256 public key (SubjectPublicKeyInfo PEM) is required"
+                f"{exc}; an ECDSA P-256 or Ed25519 public key (SubjectPublicKeyInfo PEM) is required"
             ) from None
 
     @staticmethod

@@ -35,6 +35,7 @@ from nstance.config.workloads import GroupConfig
 from nstance.core.backoff import Backoff
 from nstance.core.errors import FailedPrecondition, InvalidArgument, NotFound, NstanceError, Unavailable
 from nstance.db import repo
+from nstance.db.quarantine import is_corruption
 from nstance.objectstore.base import ObjectNotFound
 from nstance.pki.certs import issue_client_certificate
 from nstance.pki.operator_record import operator_record, operator_record_key
@@ -48,6 +49,7 @@ from nstance.server.api import (
     IssuedCert,
     RefreshResult,
 )
+from nstance.server.cacherepair import CacheRepair
 from nstance.server.confighealth import report_config
 from nstance.server.configstate import ConfigChange, ConfigSnapshot
 from nstance.server.context import ShardContext
@@ -100,6 +102,11 @@ class Shard:
         self._address_task: asyncio.Task[None] | None = None
         self._lead_lock = asyncio.Lock()
         self.leading = False
+        self.cache_repair = CacheRepair(
+            ctx, stop_leading=self.stop_leading, start_leading=self.start_leading, set_hold=self.ops.set_hold
+        )
+        with contextlib.suppress(RuntimeError):  # no running loop: attached when leadership starts
+            self.cache_repair.attach()
         #: On-demand creates under way by instance id: ((tenant, group), task).
         self._on_demand_creates: dict[str, tuple[GroupKey, asyncio.Future[tuple[str, str]]]] = {}
 
@@ -128,6 +135,7 @@ class Shard:
             if self.leading:
                 return
             ctx = self.ctx
+            self.cache_repair.attach()
             ctx.leader_clock.restart()
             log.info("shard %s: leading; rebuilding the cache from object storage", ctx.identity.shard)
             if self._address_task is None or self._address_task.done():
@@ -152,7 +160,11 @@ class Shard:
                     groups |= report.groups
                     await self.images.refresh()  # creates need Image.<name> before the first reconcile
                     break
-                except (NstanceError, OSError) as exc:
+                except Exception as exc:
+                    if not isinstance(exc, (NstanceError, OSError)) and not is_corruption(exc):
+                        raise
+                    if is_corruption(exc):  # a damaged cache cannot be rebuilt in place: start a new one
+                        await asyncio.to_thread(ctx.db.replace_corrupt_file)
                     delay = backoff.delay(attempt)
                     attempt += 1
                     log.error("recovery failed: %s; retrying in %.1fs", exc, delay)

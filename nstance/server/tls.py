@@ -1,10 +1,15 @@
 """TLS credentials for the shard server's gRPC listeners.
 
-``server_credentials`` issues a fresh server certificate from the cluster CA (an ECDSA P-256 key,
-because grpcio's TLS cannot use Ed25519 leaf certificates) and builds ``grpc.ssl_server_credentials``
-that trust the cluster CA for client certificates. With ``require_client_cert=True`` (Operator and
-Agent APIs) a client without a CA-signed certificate fails the handshake; with ``False``
+``server_credentials`` issues a fresh server certificate from the cluster CA (an ECDSA P-256 key by
+default, because grpcio clients cannot verify Ed25519 server certificates; grpcio as a server can
+present an Ed25519 one to clients that offer Ed25519, as upstream's do) and builds
+``grpc.ssl_server_credentials`` that trust the cluster CA for client certificates. With
+``require_client_cert=True`` a client without a CA-signed certificate fails the handshake; with ``False``
 (Registration API) no client certificate is requested, as upstream's ``NoClientCert``.
+
+The mTLS ports of the server itself terminate TLS in OpenSSL (``frontproc``, ``tlsfront``), so that
+Ed25519 client certificates are accepted too; ``server_credentials`` with ``require_client_cert=True``
+remains for tests and benchmarks that want grpcio's own mTLS.
 
 ``advertised_hosts`` turns listener addresses (``host:port``) into the host names and IPs the
 certificate must name.
@@ -35,6 +40,7 @@ def server_credentials(
     hosts: Sequence[str],
     clock: Clock,
     require_client_cert: bool = True,
+    key_type: str = "ecdsa-p256",
 ) -> tuple[grpc.ServerCredentials, IssuedCertificate]:
     """Issue a server certificate naming ``hosts`` (plus the defaults) and build gRPC credentials.
 
@@ -42,7 +48,7 @@ def server_credentials(
     Raises ``InvalidArgument`` for a host that is neither an IP address nor a DNS name, and
     ``FailedPrecondition`` when the CA has expired.
     """
-    issued = issue_server_certificate(ca, hosts=hosts, clock=clock)
+    issued = issue_server_certificate(ca, hosts=hosts, clock=clock, key_type=key_type)
     key_pem = issued.key_pem
     if key_pem is None:  # pragma: no cover - issue_server_certificate always generates the key
         raise FailedPrecondition("the server certificate was issued without its private key")

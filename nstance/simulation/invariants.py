@@ -45,7 +45,7 @@ def desired_sizes(world: World, cache: Path) -> dict[str, int]:
 
 def check_end_state(world: World, cache: Path) -> list[str]:
     """Every broken promise, as a sentence naming the instance or group (empty when all hold)."""
-    problems = list(world.violations)
+    problems = list(world.violations) + world.storage.check()
     desired = desired_sizes(world, cache)
     live = [
         vm

@@ -78,6 +78,7 @@ from nstance.server.provisioning import ShardIdentity
 from nstance.server.registration import Registrar
 from nstance.server.shard import Shard
 from nstance.simulation import leader_faults
+from nstance.simulation.nemeses import StorageNemeses
 
 log = logging.getLogger("nstance.simulation")
 
@@ -236,6 +237,14 @@ class SimDatabase:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
+
+    @property
+    def on_corrupt(self) -> Any:
+        return self._inner.on_corrupt
+
+    @on_corrupt.setter
+    def on_corrupt(self, hook: Any) -> None:
+        self._inner.on_corrupt = hook
 
 
 class SimCloud:
@@ -577,6 +586,7 @@ class World:
         self.closers: list[Callable[[], None]] = []
         self._background: set[asyncio.Task[Any]] = set()
         self.start_mono = self.clock.monotonic()
+        self.storage = StorageNemeses(self, SHARD)
 
     # -- bookkeeping ------------------------------------------------------------------------
 
@@ -916,6 +926,7 @@ class World:
         self.spawn(None, self.agent_manager(), "agents")
         self.spawn(None, self.operator(fault_end), "operator")
         self.spawn(None, self.faults(fault_end), "faults")
+        self.spawn(None, self.storage.run(fault_end), "storage-nemeses")
         await asyncio.sleep(sc.fault_phase)
         self.calm_down()
         await asyncio.sleep(sc.calm_phase)

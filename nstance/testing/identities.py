@@ -19,6 +19,7 @@ from nstance.core.clock import Clock, ManualClock
 from nstance.pki.ca import CertificateAuthority
 from nstance.pki.certs import SERVER_COMMON_NAME, issue_client_certificate
 from nstance.pki.keys import generate_private_key, private_key_to_pem
+from nstance.pki.tlsclient import forwarded_channel
 
 SERVER_NAME_OPTIONS = [("grpc.ssl_target_name_override", SERVER_COMMON_NAME)]
 """Channel options that verify the server as ``nstance-server``, the name every server certificate carries."""
@@ -51,6 +52,12 @@ class ClientIdentity:
         """An asyncio mTLS channel to ``target`` that verifies the server as ``nstance-server``."""
         return grpc.aio.secure_channel(target, self.credentials(), options=SERVER_NAME_OPTIONS)
 
+    def openssl_channel(self, target: str) -> grpc.Channel:
+        """A blocking mTLS channel over OpenSSL TLS (any key type, as upstream's clients connect)."""
+        return forwarded_channel(
+            target, self.ca_pem, self.key_pem, self.cert_pem, options=SERVER_NAME_OPTIONS
+        )
+
 
 def make_identity(
     ca: CertificateAuthority,
@@ -61,13 +68,14 @@ def make_identity(
     trust: CertificateAuthority | None = None,
     ttl: timedelta = timedelta(days=1),
     clock: Clock | None = None,
+    key_type: str = "ecdsa-p256",
 ) -> ClientIdentity:
-    """A fresh ECDSA P-256 key with a ``role`` certificate of ``tenant`` issued by ``ca``.
+    """A fresh key (``key_type``) with a ``role`` certificate of ``tenant`` issued by ``ca``.
 
     ``client_id`` (the CN) defaults to ``{role}-client-1``; ``trust`` is the CA the client trusts
     for the server (default: ``ca``); ``clock`` sets when the certificate starts (default: now).
     """
-    key = generate_private_key("ecdsa-p256")
+    key = generate_private_key(key_type)
     issued = issue_client_certificate(
         ca,
         key.public_key(),

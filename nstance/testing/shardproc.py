@@ -112,6 +112,8 @@ class LocalCluster:
     cluster_id: str = "test"
     identity: ClusterIdentity | None = None
     store: ObjectStore | None = None
+    #: Key type of a CA this cluster creates (``ed25519``: a cluster created by upstream's servers).
+    ca_key_type: str = "ecdsa-p256"
 
     def __post_init__(self) -> None:
         self.root: ObjectStore
@@ -125,7 +127,9 @@ class LocalCluster:
     def init(self) -> ClusterIdentity:
         """Create (or load) the CA and nonce key."""
         secrets = ObjectStorageSecretStore(self.cluster, "secret/", keys=[ENCRYPTION_KEY])
-        self.identity = ensure_cluster_identity(self.cluster, secrets, cluster_id=self.cluster_id).identity
+        self.identity = ensure_cluster_identity(
+            self.cluster, secrets, cluster_id=self.cluster_id, key_type=self.ca_key_type
+        ).identity
         return self.identity
 
     def shard_store(self, shard: str) -> ScopedObjectStore:
@@ -134,10 +138,12 @@ class LocalCluster:
     def write_config(self, shard: str, config: Mapping[str, Any]) -> None:
         self.shard_store(shard).put("config.jsonc", json.dumps(config, indent=2).encode("utf-8"))
 
-    def client_identity(self, directory: Path, *, client_id: str, tenant: str, role: str) -> Path:
+    def client_identity(
+        self, directory: Path, *, client_id: str, tenant: str, role: str, key_type: str = "ecdsa-p256"
+    ) -> Path:
         """Write ca.crt, identity.key, identity.crt for a client of ``role`` into ``directory``."""
         identity = self.identity or self.init()
-        key = generate_private_key("ecdsa-p256")
+        key = generate_private_key(key_type)
         issued = issue_client_certificate(
             identity.ca, key.public_key(), client_id=client_id, tenant=tenant, role=role
         )
@@ -148,9 +154,13 @@ class LocalCluster:
         os.chmod(directory / "identity.key", 0o600)
         return directory
 
-    def operator_identity(self, directory: Path, *, tenant: str = "default") -> Path:
+    def operator_identity(
+        self, directory: Path, *, tenant: str = "default", key_type: str = "ecdsa-p256"
+    ) -> Path:
         """An operator identity of ``tenant`` (CN = cluster id) in ``directory``."""
-        return self.client_identity(directory, client_id=self.cluster_id, tenant=tenant, role="operator")
+        return self.client_identity(
+            directory, client_id=self.cluster_id, tenant=tenant, role="operator", key_type=key_type
+        )
 
     def agent_identity(self, directory: Path, instance_id: str, *, tenant: str = "default") -> Path:
         """An agent identity for ``instance_id`` in ``directory``, as registration would issue it."""

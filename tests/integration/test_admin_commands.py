@@ -317,20 +317,36 @@ def test_register_operator_default_id_and_given_public_key(cluster: Cluster, tmp
     assert (cluster.bucket / "cluster" / "operator" / "team-b.demo.json").is_file()
 
 
-def test_register_operator_refuses_ed25519(cluster: Cluster, tmp_path: Path) -> None:
+def test_register_operator_certifies_an_ed25519_key_as_upstream_admins_hold(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    private = Ed25519PrivateKey.generate()
     pub_file = tmp_path / "ed.pub"
-    pub_file.write_bytes(public_key_to_pem(Ed25519PrivateKey.generate().public_key()))
+    pub_file.write_bytes(public_key_to_pem(private.public_key()))
     out = tmp_path / "id"
     result = run(
         "cluster", "register-operator", "--cluster-id", "demo", "--tenant", "team-ed",
         "--public-key-file", str(pub_file), "--output-dir", str(out), *store_flags(cluster.bucket),
     )  # fmt: skip
+    assert result.code == 0, result.err
+    peer = verify_client_certificate((out / "identity.crt").read_bytes(), cluster.ca)
+    assert public_keys_equal(peer.certificate.public_key(), private)  # type: ignore[arg-type]
+    assert (cluster.bucket / "cluster" / "operator" / "team-ed.demo.json").is_file()
+
+
+def test_register_operator_refuses_other_key_types(cluster: Cluster, tmp_path: Path) -> None:
+    pub_file = tmp_path / "p384.pub"
+    pub_file.write_bytes(public_key_to_pem(ec.generate_private_key(ec.SECP384R1()).public_key()))
+    out = tmp_path / "id"
+    result = run(
+        "cluster", "register-operator", "--cluster-id", "demo", "--tenant", "team-p384",
+        "--public-key-file", str(pub_file), "--output-dir", str(out), *store_flags(cluster.bucket),
+    )  # fmt: skip
     assert result.code == 1
     assert result.err.startswith("error: ")
-    assert "Ed25519" in result.err
-    assert "ECDSA P-256" in result.err
+    assert "ecdsa-p384" in result.err
     assert not out.exists()
-    assert not (cluster.bucket / "cluster" / "operator" / "team-ed.demo.json").exists()
+    assert not (cluster.bucket / "cluster" / "operator" / "team-p384.demo.json").exists()
 
 
 def test_register_operator_keeps_an_existing_identity(cluster: Cluster) -> None:

@@ -371,6 +371,16 @@ async def test_list_reads_every_page_and_only_this_cluster_and_shard(world: Worl
     assert world.provider.caller.sent["describe_instances"] == 2  # page size 5
 
 
+async def test_listed_instances_carry_what_adoption_needs(world: World) -> None:
+    """Tenant, template and on-demand come back from the tags, so a lost record can be rebuilt."""
+    plain = await world.provider.create_instance(world.request())
+    extra = await world.provider.create_instance(world.request(on_demand=True))
+    listed = {i.provider_id: i for i in await world.provider.list_instances("c1", "s1")}
+    assert (listed[plain.provider_id].tenant, listed[plain.provider_id].template) == ("default", "web")
+    assert not listed[plain.provider_id].on_demand
+    assert listed[extra.provider_id].on_demand
+
+
 @pytest.mark.parametrize(
     ("state", "status"),
     [

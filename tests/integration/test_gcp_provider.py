@@ -158,6 +158,17 @@ async def test_created_vm_has_nstance_labels_and_is_listed_only_under_its_cluste
     assert await provider.list_instances("c3", "s1") == []
 
 
+async def test_listed_vms_carry_what_adoption_needs(fake: GceFake, provider: GcpProvider) -> None:
+    """Tenant, template and on-demand come back from the labels, so a lost record can be rebuilt."""
+    plain = await provider.create_instance(req())
+    extra = await provider.create_instance(req(on_demand=True))
+    assert vm(fake, extra.instance_id)["labels"]["nstance-on-demand"] == "true"
+    assert "nstance-on-demand" not in vm(fake, plain.instance_id)["labels"]
+    listed = {i.provider_id: i for i in await provider.list_instances("c1", "s1")}
+    assert (listed[plain.provider_id].tenant, listed[plain.provider_id].template) == ("default", "web")
+    assert (listed[plain.provider_id].on_demand, listed[extra.provider_id].on_demand) == (False, True)
+
+
 async def test_list_reads_every_page(fake: GceFake, sleeps: Sleeps) -> None:
     provider = make_provider(fake, sleeps, page_size=2)
     made = {(await provider.create_instance(req())).provider_id for _ in range(5)}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -175,7 +176,7 @@ async def test_stopped_vm_is_replaced_after_the_next_sync(h: Harness) -> None:
     assert h.record(victim_id)["status"] == "deleted"  # type: ignore[index]
 
 
-async def test_vm_created_out_of_band_is_deleted_by_the_periodic_relist(h: Harness) -> None:
+async def test_vm_with_our_tags_but_no_record_is_adopted_then_scaled_down(h: Harness) -> None:
     await h.reconcile()
     stray = await h.sim.create_instance(
         sample_create_request(
@@ -190,9 +191,24 @@ async def test_vm_created_out_of_band_is_deleted_by_the_periodic_relist(h: Harne
         )
     )
     report = await gc_cycle(h.ctx, h.shard.ops)
-    assert stray.instance_id not in h.live()
-    assert len(h.live()) == 2
-    assert report.groups == set()
+    assert stray.instance_id in h.live()  # adopted from its tags, not deleted
+    assert report.groups == {KEY}
+    rec = h.record(stray.instance_id)
+    assert rec is not None
+    assert rec["group"] == "web"
+    assert rec["provider_instance_id"] == stray.provider_id
+    await h.reconcile()
+    assert len(h.live()) == 2  # the group is one over its size: scaled down like any other member
+
+
+async def test_vm_of_a_failed_create_is_deleted_as_an_orphan(h: Harness) -> None:
+    await h.reconcile()
+    victim_id, _victim_pid = next(iter(h.live().items()))
+    with h.db.session() as session:
+        repo.mark_create_failed(session, victim_id, now=h.clock.now())
+    report = await gc_cycle(h.ctx, h.shard.ops)
+    assert victim_id not in h.live()
+    assert report.groups == {KEY}
 
 
 async def test_vm_gone_at_the_provider_is_replaced_after_the_grace(h: Harness) -> None:
@@ -309,13 +325,14 @@ def _record(iid: str, status: str, at: datetime) -> records.InstanceRecord:
 async def test_rebuild_in_batches_restores_deletes_and_drops(
     h: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(recovery, "REBUILD_BATCH", 2)  # several batches from seven records
+    monkeypatch.setattr(recovery, "REBUILD_BATCH", 2)  # several batches from six records
     now = h.clock.now()
     running = [str(new_instance_id("app")) for _ in range(4)]
-    gone, stray = str(new_instance_id("app")), str(new_instance_id("app"))
+    gone, stray, tomb = (str(new_instance_id("app")) for _ in range(3))
     for iid in running:
         records.write_record(h.store, _record(iid, "running", now))
     records.write_record(h.store, _record(gone, "deleted", now))
+    records.write_record(h.store, _record(tomb, "deleted", now - timedelta(hours=1)))
     with h.db.session() as session:  # rows the cache holds: one whose record says deleted, one without
         for iid in (gone, stray):
             repo.insert_instance(
@@ -331,24 +348,27 @@ async def test_rebuild_in_batches_restores_deletes_and_drops(
     assert groups == {KEY}
     with h.db.read_session() as session:
         assert repo.live_instance_ids(session) == set(running)
-        rows = repo.get_instances(session, [*running, gone, stray])
+        rows = repo.get_instances(session, [*running, gone, stray, tomb])
     by_id = {row.id: row for row in rows}
     assert all(by_id[iid].provider_status == "running" for iid in running)
-    assert by_id[gone].deleted_at is not None
-    assert by_id[stray].deleted_at is not None
+    assert by_id[gone].deleted_at == now  # its row is marked deleted
+    assert by_id[tomb].deleted_at == now - timedelta(hours=1)  # no row: a tombstone from the record
+    assert stray not in by_id  # no record: the row is forgotten, not marked deleted
 
 
 async def test_rebuilding_thousands_of_records_does_not_stall_the_event_loop(h: Harness) -> None:
-    # One row at a time on the loop took about a millisecond per record, so 6,000 records held the loop
-    # for 7 s or more; batches in worker threads leave it free. The bound is loose for a shared machine
-    # (other processes alone held this one's event loop for up to 0.4 s at a load average of 25).
+    # One row at a time on the loop took about a millisecond per record: 6,000 records held the loop
+    # for about 90 % of the rebuild. Batches in worker threads leave it free. The bound is relative to
+    # the rebuild's own duration, so a loaded machine (which stretches both) does not make it flaky.
     now = h.clock.now()
     for _ in range(6000):
         records.write_record(h.store, _record(str(new_instance_id("app")), "running", now))
     probe = LagProbe(interval=0.01)
     task = asyncio.create_task(probe.run())
     try:
+        started = time.monotonic()
         await rebuild_cache(h.ctx, h.shard.ops)
+        took = time.monotonic() - started
         done = probe.samples
         await eventually(lambda: probe.samples > done, within=10, what="a probe sample after the rebuild")
     finally:
@@ -358,4 +378,4 @@ async def test_rebuilding_thousands_of_records_does_not_stall_the_event_loop(h: 
     with h.db.read_session() as session:
         assert len(repo.live_instance_ids(session)) == 6000
     assert probe.samples > 0
-    assert probe.max_lag < 2.5
+    assert probe.max_lag < 0.25 * took

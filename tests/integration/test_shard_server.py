@@ -269,6 +269,29 @@ def test_crash_between_provider_create_and_record_update(env: Env, keep_cache: b
     assert len(env.vms()) == 3  # nothing else was ever launched
 
 
+def test_a_restart_with_a_corrupt_cache_file_rebuilds_it_and_touches_no_vm(env: Env) -> None:
+    env.configure(groups={"web": {"template": "app", "size": 2}})
+    first = env.start("server-a")
+    first.wait_healthy()
+    wait_for(first.is_leader, what="leadership")
+    wait_for(converged(env, env.stub(), 2), what="2 instances")
+    before = sorted(vm["provider_id"] for vm in env.live_vms())
+    assert first.stop() == 0
+    cache = env.tmp / "cache-server-a" / "db" / "nstance.db"
+    cache.write_bytes(b"\xa5" * 8192)  # what a bad disk leaves behind
+
+    restarted = env.start("server-a")
+    restarted.wait_healthy()
+    wait_for(restarted.is_leader, timeout=15, what="leadership after restart")
+    wait_for(converged(env, env.stub(), 2), what="2 instances after restart")
+    assert sorted(vm["provider_id"] for vm in env.live_vms()) == before  # nothing deleted or recreated
+    assert len(env.vms()) == 2
+    log = restarted.log()
+    assert "is corrupt" in log
+    assert "Traceback" not in log
+    assert [p.name for p in cache.parent.iterdir() if ".corrupt-" in p.name]
+
+
 def test_cluster_scope_in_a_separate_bucket(env: Env, tmp_path: Path) -> None:
     other = LocalCluster(tmp_path / "cluster-bucket")
     other.init()

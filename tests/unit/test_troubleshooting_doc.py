@@ -28,6 +28,16 @@ QUOTED_MESSAGES: list[tuple[str, str]] = [
     ("there is no cached copy yet", "nstance/server/configstate.py"),
     ("waiting for the cluster identity (CA and nonce key) from the cluster leader", "nstance/server/app.py"),
     ("waiting for the cluster identity and opening the gRPC APIs", "nstance/server/app.py"),
+    # fail-safe holds (issue 13)
+    ("instance records cannot be read", "nstance/server/recovery.py"),
+    ("unreadable instance record (its VM is kept, not deleted)", "nstance/server/recovery.py"),
+    ("no record claims it; adopting it from its tags", "nstance/server/claims.py"),
+    ("orphan deletions per", "nstance/server/recovery.py"),
+    ("registered instances stopped reporting at once; presuming a", "nstance/server/brake.py"),
+    ("is being rebuilt from object storage, retry", "nstance/db/engine.py"),
+    ("rebuilding it from object storage", "nstance/server/cacherepair.py"),
+    ("had no record: written back from the cache", "nstance/server/restore.py"),
+    ("instance records were missing and have been written back", "nstance/server/restore.py"),
     ("config not loaded: ", "nstance/server/http.py"),
     ("standby; leader: ", "nstance/server/http.py"),
     ("cannot listen on shard.bind.", "nstance/server/app.py"),
@@ -129,7 +139,6 @@ QUOTED_MESSAGES: list[tuple[str, str]] = [
     ("registration nonce already used: instance", "nstance/server/registration.py"),
     ("registration nonce already used by a different public key", "nstance/server/registration.py"),
     ("has been deleted; it cannot register", "nstance/server/registration.py"),
-    ("which cannot be used for agent or operator identities", "nstance/pki/certs.py"),
     ("accepted key types: ", "nstance/pki/certs.py"),
     ("is not an IPv4 address", "nstance/server/registration.py"),
     ("retry with the same nonce", "nstance/server/registration.py"),
@@ -231,7 +240,6 @@ QUOTED_MESSAGES: list[tuple[str, str]] = [
         "already holds an operator identity; use --force to replace it, or choose another --output-dir",
         "nstance/admin/commands.py",
     ),
-    ("which cannot be used for an operator identity", "nstance/admin/commands.py"),
     ("is already revoked since", "nstance/admin/certs.py"),
     # providers
     (

@@ -33,6 +33,7 @@ TAG_GROUP = "nstance:group"
 TAG_TEMPLATE = "nstance:template"
 TAG_KIND = "nstance:kind"
 TAG_CREATED_AT = "nstance:created-at"
+TAG_ON_DEMAND = "nstance:on-demand"
 #: Records the ClientToken, so a retried create is recognised before RunInstances.
 TAG_CLIENT_TOKEN = "nstance:client-token"
 
@@ -80,6 +81,8 @@ def nstance_tags(request: CreateRequest) -> dict[str, str]:
         tags[TAG_TENANT] = request.tenant
     if request.template:
         tags[TAG_TEMPLATE] = request.template
+    if request.on_demand:
+        tags[TAG_ON_DEMAND] = "true"
     return tags
 
 

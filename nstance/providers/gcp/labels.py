@@ -32,6 +32,7 @@ TEMPLATE = "nstance-template"
 KIND = "nstance-instance-kind"
 TENANT = "nstance-tenant"
 CREATED_AT = "nstance-created-at"
+ON_DEMAND = "nstance-on-demand"
 CREATE_TOKEN = "nstance-create-token"
 MAX_LABELS = 64
 MAX_LENGTH = 63
@@ -77,7 +78,7 @@ def created_at_value(when: datetime) -> str:
 
 def nstance_labels(request: CreateRequest) -> dict[str, str]:
     """The labels Nstance owns on a VM it creates."""
-    return {
+    labels = {
         MANAGED: "true",
         INSTANCE_ID: label_value(request.instance_id),
         CLUSTER_ID: label_value(request.cluster_id),
@@ -89,6 +90,9 @@ def nstance_labels(request: CreateRequest) -> dict[str, str]:
         CREATED_AT: created_at_value(request.created_at),
         CREATE_TOKEN: token_hash(request.idempotency_token or request.instance_id),
     }
+    if request.on_demand:
+        labels[ON_DEMAND] = "true"
+    return labels
 
 
 def merge_labels(

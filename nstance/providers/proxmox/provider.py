@@ -714,6 +714,9 @@ class ProxmoxProvider:
             shard=shard,
             group=found.get("group", ""),
             kind=found.get("kind", ""),
+            tenant=found.get("tenant", ""),
+            template=found.get("template", ""),
+            on_demand=found.get("on-demand") == "true",
             instance_type=found.get("instance-type", ""),
             subnet_id=found.get("subnet", ""),
             hostname=vm.name,
@@ -793,6 +796,7 @@ def _annotations_of(request: CreateRequest) -> dict[str, str]:
         "arch": request.arch,
         "created-at": request.created_at.isoformat(),
         "idempotency-token": request.idempotency_token,
+        "on-demand": "true" if request.on_demand else "",
     }
     for key, value in request.tags.items():
         safe = "".join(c if c.isalnum() or c in "._-" else "-" for c in key.lower())

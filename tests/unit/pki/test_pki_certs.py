@@ -15,6 +15,7 @@ from nstance.core.clock import ManualClock
 from nstance.core.errors import FailedPrecondition, InvalidArgument
 from nstance.pki import ca as ca_mod
 from nstance.pki import certs, keys, serial
+from nstance.pki.peer import verify_client_certificate
 
 START = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 
@@ -105,14 +106,27 @@ def test_an_expired_ca_cannot_issue(clock: ManualClock) -> None:
         )  # fmt: skip
 
 
-def test_ed25519_client_key_is_refused_with_the_grpcio_reason(authority: ca_mod.CertificateAuthority) -> None:
-    ed_pem = keys.public_key_to_pem(keys.generate_private_key("ed25519"))
+def test_ed25519_client_keys_are_certified_as_upstream_sends_them(
+    authority: ca_mod.CertificateAuthority,
+) -> None:
+    private = keys.generate_private_key("ed25519")
+    issued = certs.issue_client_certificate(
+        authority, keys.public_key_to_pem(private), client_id="c", tenant="t", role="agent"
+    )
+    assert keys.public_keys_equal(issued.certificate.public_key(), private)  # type: ignore[arg-type]
+    peer = verify_client_certificate(issued.cert_pem, authority)
+    assert (peer.client_id, peer.tenant, peer.role) == ("c", "t", "agent")
+
+
+def test_other_client_key_types_are_refused_naming_the_accepted_ones(
+    authority: ca_mod.CertificateAuthority,
+) -> None:
+    p384 = ec.generate_private_key(ec.SECP384R1()).public_key()
     with pytest.raises(InvalidArgument) as err:
-        certs.issue_client_certificate(authority, ed_pem, client_id="c", tenant="t", role="agent")
+        certs.issue_client_certificate(authority, p384, client_id="c", tenant="t", role="agent")
     message = str(err.value)
-    assert message.startswith("agent public key is Ed25519")
-    assert "grpcio" in message
-    assert "ECDSA P-256" in message
+    assert message.startswith("agent public key is ecdsa-p384")
+    assert "ECDSA P-256 (ecdsa-p256) or Ed25519 (ed25519)" in message
 
 
 @pytest.mark.parametrize(

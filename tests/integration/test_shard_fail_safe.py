@@ -1,0 +1,222 @@
+"""Bad, missing or unreadable state never destroys a fleet: corrupt and lost instance records, the
+mass-deletion brake, and creates that race the provider re-list (sim provider, real SQLite file)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from test_shard_gc import KEY, Harness, register_all
+
+from nstance.config import GroupUpdate
+from nstance.db import repo
+from nstance.db.engine import open_database
+from nstance.providers.base import CreateRequest, ProviderInstance
+from nstance.server.gc import gc_cycle
+from nstance.server.records import record_key
+from nstance.server.recovery import rebuild_cache, sync_provider
+from nstance.testing.requests import sample_create_request
+from nstance.testing.waiting import eventually
+
+
+@pytest.fixture
+def h(tmp_path: Path) -> Iterator[Harness]:
+    harness = Harness(tmp_path, size=3)
+    yield harness
+    harness.db.close()
+
+
+def lose_cache(h: Harness, tmp_path: Path) -> None:
+    h.db.close()
+    (tmp_path / "db" / "nstance.db").unlink()
+    h.db = h.ctx.db = open_database(tmp_path / "db" / "nstance.db")
+
+
+async def new_leader(h: Harness) -> None:
+    await rebuild_cache(h.ctx, h.shard.ops)
+    await sync_provider(h.ctx, h.shard.ops)
+
+
+def key_of(instance_id: str) -> str:
+    return record_key("default", instance_id)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [b"\x00garbage\xff", b"", b'{"instance_id": 7, "tenant": "default", "group": "web"}'],
+    ids=["garbage", "empty", "wrong-type"],
+)
+async def test_a_corrupt_record_is_reported_and_still_claims_its_vm(
+    h: Harness, tmp_path: Path, damage: bytes
+) -> None:
+    await h.reconcile()
+    await h.shard.ops.followups.settled()
+    victim = sorted(h.live())[0]
+    h.store.put(key_of(victim), damage)
+    lose_cache(h, tmp_path)
+    async with h.ctx.events.errors.subscribe("default") as errors:
+        await new_leader(h)
+        await gc_cycle(h.ctx, h.shard.ops)
+        first = await asyncio.wait_for(anext(errors), 5)
+    assert victim in h.live()  # not deleted as an orphan
+    assert "unreadable instance record" in first.error
+    assert victim in first.instance_id
+    assert h.ctx.metrics.unreadable_records._value.get() == 1
+    assert "cannot be read" in (h.shard.ops.holds.summary() or "")
+    assert victim in (h.shard.ops.holds.summary() or "")
+
+
+async def test_a_deleted_instance_prefix_is_rebuilt_by_adoption(h: Harness, tmp_path: Path) -> None:
+    await h.reconcile()
+    spare = h.ctx.config.merged("default", "web")
+    assert spare is not None
+    on_demand = await h.shard.ops.create(spare, on_demand=True)
+    before = dict(h.live())
+    assert len(before) == 4
+    for key in list(h.store.list("instance/")):
+        h.store.delete(key)
+    lose_cache(h, tmp_path)
+    await new_leader(h)
+    await h.reconcile()
+    assert h.live() == before  # nothing deleted, nothing recreated
+    assert h.sim.calls["delete_instance"] == 0
+    rec = h.record(on_demand.instance_id)
+    assert rec is not None
+    assert rec["on_demand"] is True
+    assert rec["provider_instance_id"] == before[on_demand.instance_id]
+
+
+async def test_orphan_deletions_are_braked_per_group(h: Harness) -> None:
+    await h.shard.upsert_group("default", "web", GroupUpdate(size=8))
+    await h.reconcile()
+    ids = sorted(h.live())
+    with h.db.session() as session:
+        for iid in ids:
+            repo.mark_create_failed(session, iid, now=h.clock.now())
+    async with h.ctx.events.errors.subscribe("default") as errors:
+        report = await sync_provider(h.ctx, h.shard.ops)
+        held = await asyncio.wait_for(anext(errors), 5)
+    assert len(report.orphans_deleted) == 5
+    assert len(h.live()) == 3
+    assert "orphan deletions per" in held.error
+    assert "orphan-deletions default/web" in (h.shard.ops.holds.summary() or "")
+    h.clock.advance(timedelta(minutes=11))
+    report = await sync_provider(h.ctx, h.shard.ops)
+    assert len(report.orphans_deleted) == 3
+    assert h.shard.ops.holds.summary() is None
+
+
+async def test_most_of_a_group_going_silent_at_once_is_held_not_replaced(h: Harness) -> None:
+    await h.reconcile()
+    register_all(h)
+    h.reconciler.leading_since = h.clock.now()
+    before = set(h.live())
+    h.clock.advance(timedelta(minutes=10))  # three missed health intervals for every agent
+    await h.reconcile()
+    assert set(h.live()) == before
+    assert h.sim.calls["create_instance"] == 3
+    assert "stopped reporting at once" in (h.shard.ops.holds.summary() or "")
+
+
+async def test_one_silent_instance_is_still_replaced(h: Harness) -> None:
+    await h.reconcile()
+    register_all(h)
+    h.reconciler.leading_since = h.clock.now()
+    silent = sorted(h.live())[0]
+    h.clock.advance(timedelta(minutes=10))
+    with h.db.session() as session:
+        repo.record_health_many(
+            session,
+            [
+                {"instance_id": iid, "health_at": h.clock.now(), "health": {}, "runtime_config_hash": None}
+                for iid in h.live()
+                if iid != silent
+            ],
+        )
+    await h.reconcile()
+    assert silent not in h.live()
+    assert h.shard.ops.holds.summary() is None
+
+
+async def test_a_create_finishing_during_the_relist_is_not_retired(h: Harness) -> None:
+    """Rows are read right after the listing, a create completes while the sync awaits a provider call,
+    then the sync judges the rows: before the fix a row read without its provider id was compared with
+    the fresh in-flight set and retired as ``create-interrupted``."""
+    await h.sim.create_instance(
+        sample_create_request(
+            cluster_id="test",
+            shard="zone-a",
+            kind="app",
+            template="app",
+            subnet_id="net-1",
+            created_at=h.clock.now(),
+        )
+    )  # a VM no row explains: the sync awaits the provider (or storage) for it before judging the rows
+    listed = asyncio.Event()
+    real_list, real_create, real_delete = h.sim.list_instances, h.sim.create_instance, h.sim.delete_instance
+
+    async def list_then_release(cluster_id: str, shard: str) -> list[ProviderInstance]:
+        out = await real_list(cluster_id, shard)
+        listed.set()
+        return out
+
+    async def create_after_listing(request: CreateRequest) -> ProviderInstance:
+        await listed.wait()
+        return await real_create(request)
+
+    async def slow_delete(instance_id: str, provider_id: str) -> None:
+        await reconcile  # the creates finish while this provider call is outstanding
+        await real_delete(instance_id, provider_id)
+
+    h.sim.list_instances = list_then_release  # type: ignore[method-assign]
+    h.sim.create_instance = create_after_listing  # type: ignore[method-assign]
+    h.sim.delete_instance = slow_delete  # type: ignore[method-assign]
+    reconcile = asyncio.create_task(h.reconcile())
+    await eventually(lambda: len(h.shard.ops.in_flight) == 3)
+    report = await sync_provider(h.ctx, h.shard.ops)
+    await reconcile
+    assert report.gone == []
+    created = {row.id for row in h.rows() if row.provider_id}
+    assert len(created) >= 3
+    assert created <= set(h.live())
+
+
+async def test_records_deleted_under_a_running_leader_are_written_back_from_the_cache(h: Harness) -> None:
+    await h.reconcile()
+    await h.shard.ops.followups.settled()
+    register_all(h)
+    before = dict(h.live())
+    for key in list(h.store.list("instance/")):
+        h.store.delete(key)
+    report = await gc_cycle(h.ctx, h.shard.ops)
+    assert sorted(report.restored) == sorted(before)
+    assert h.live() == before
+    for iid, provider_id in before.items():
+        rec = h.record(iid)
+        assert rec is not None
+        assert rec["provider_instance_id"] == provider_id
+        assert rec["registered_at"]  # what only the cache knew is kept
+        assert rec["restored_at"]
+
+
+async def test_a_repaired_record_brings_its_instance_back_without_a_leadership_change(
+    h: Harness, tmp_path: Path
+) -> None:
+    await h.reconcile()
+    await h.shard.ops.followups.settled()
+    victim = sorted(h.live())[0]
+    original, _ = h.store.get(key_of(victim))
+    h.store.put(key_of(victim), b"")
+    lose_cache(h, tmp_path)
+    await new_leader(h)
+    assert victim not in {r.id for r in h.rows()}
+    h.store.put(key_of(victim), original)  # a person restores it
+    report = await gc_cycle(h.ctx, h.shard.ops)
+    assert KEY in report.groups
+    assert victim in {r.id for r in h.rows()}
+    assert h.shard.ops.unreadable == []
+    assert h.ctx.metrics.unreadable_records._value.get() == 0
+    assert h.shard.ops.holds.summary() is None
