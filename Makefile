@@ -6,10 +6,11 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run test check lint fmt typecheck imports proto proto-check manifests manifests-check bench sim clean help
+.PHONY: run run-k8s test check lint fmt typecheck imports proto proto-check manifests manifests-check bench sim clean help
 
 help:
 	@echo "make run    - run a local shard from examples/local (nstance-server, 3 local instances, live view)"
+	@echo "make run-k8s - two local shards + nstance-operator + a Kubernetes API (real if built) for kubectl"
 	@echo "make test   - run the whole test suite"
 	@echo "make check  - ruff, ruff format --check, mypy --strict, import-linter, generated-code drift"
 	@echo "make proto  - regenerate nstance/rpc/ from protos/"
@@ -25,7 +26,10 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 run: $(STAMP)
-	@PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/run_local.sh
+	@PATH="$(CURDIR)/$(VENV)/bin:$$PATH" exec bash scripts/run_local.sh
+
+run-k8s: $(STAMP)
+	@PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) scripts/run_k8s.py
 
 test: $(STAMP)
 	$(PY) -m pytest

@@ -25,6 +25,7 @@ from typing import Any
 
 from nstance.providers.sim import SimProvider
 from nstance.server.app import ServerApp, ServerOptions, tune_gc
+from nstance.server.fencing import FencedProvider
 from nstance.server.metrics import InstrumentedProvider
 from nstance.server.shard import Shard
 from nstance.testing.shardproc import (
@@ -151,6 +152,8 @@ async def running_server(
                 raise TimeoutError(f"the server did not lead its shard within {lead_timeout:.0f}s")
             await asyncio.sleep(0.005)
         provider = app.shard.ctx.provider
+        if isinstance(provider, FencedProvider):  # the context fences every provider call
+            provider = provider.inner
         assert isinstance(provider, InstrumentedProvider)
         sim = provider.inner
         assert isinstance(sim, SimProvider)

@@ -43,12 +43,12 @@ def build_document(groups: int = GROUPS) -> dict[str, Any]:
             "vars": {"role": name, "tier": str(i)},
             "args": {"SecurityGroupIds": [f"sg-{i:04d}"], "Tags": {"template": name}},
             "userdata": {
-                "content": "#!/bin/sh\necho {{ .Instance.ID }} {{ Vars.role }}\nexport N='{{ Nonce }}'\n"
+                "content": "#!/bin/sh\necho {{ .Instance.ID }} {{ .Vars.role }}\nexport N='{{ .Nonce }}'\n"
             },
             "files": {
                 "node.env": {
                     "kind": "env",
-                    "template": {"ROLE": "{{ Vars.role }}", "TIER": "{{ Vars.tier }}"},
+                    "template": {"ROLE": "{{ .Vars.role }}", "TIER": "{{ .Vars.tier }}"},
                 },
                 "token": {"kind": "secret", "source": f"{name}-token"},
             },
@@ -62,7 +62,7 @@ def build_document(groups: int = GROUPS) -> dict[str, Any]:
             "size": g % 7,
             "vars": {"pool": f"p{g}", "index": str(g)},
             "args": {
-                "Tags": {"group": f"group-{g}", "owner": "{{ Instance.ID }}"},
+                "Tags": {"group": f"group-{g}", "owner": "{{ .Instance.ID }}"},
                 "EbsOptimized": g % 2 == 0,
             },
         }

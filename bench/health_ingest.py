@@ -74,6 +74,7 @@ from _shard import (
 from google.protobuf.empty_pb2 import Empty
 
 from nstance.config import GroupUpdate, runtime_hash
+from nstance.config.limits import LimitsConfig
 from nstance.core.clock import SystemClock
 from nstance.db import repo
 from nstance.pki.ca import CertificateAuthority
@@ -81,8 +82,8 @@ from nstance.pki.certs import issue_client_certificate, issue_server_certificate
 from nstance.pki.keys import generate_private_key, private_key_to_pem
 from nstance.pki.tlspipe import private_directory
 from nstance.rpc import agent_pb2_grpc
-from nstance.server.app import AGENT_GRPC_OPTIONS
 from nstance.server.frontproc import FrontProcess, Listener
+from nstance.server.grpcopts import server_options
 from nstance.server.tls import server_credentials
 from nstance.server.tlsfront import PeerTable, listening_socket
 
@@ -94,6 +95,10 @@ TARGET_RATIO = 0.5
 TARGET_RATE = 2000.0
 FILL_TIMEOUT_S = 120.0
 OPEN_TIMEOUT_S = 180.0
+#: The agent port's grpc options with the default ``shard.limits`` (what the server uses).
+AGENT_SERVER_OPTIONS = server_options(
+    LimitsConfig(), streams=True, max_connections=LimitsConfig().max_agent_connections
+)
 
 
 class CountingSink(agent_pb2_grpc.AgentServiceServicer):
@@ -137,7 +142,7 @@ async def fronted_server(
     add: Callable[[grpc.aio.Server], None], ca: CertificateAuthority
 ) -> tuple[grpc.aio.Server, str, FrontProcess]:
     """A plain grpc.aio server on a Unix socket behind the server's OpenSSL front process (``frontproc``)."""
-    server = grpc.aio.server(options=list(AGENT_GRPC_OPTIONS))
+    server = grpc.aio.server(options=AGENT_SERVER_OPTIONS)
     add(server)
     directory = private_directory()
     backend = directory / "sink.sock"
@@ -314,7 +319,7 @@ async def amain(window_s: float) -> int:
             server, bare_addr = await bare_server(
                 lambda s: agent_pb2_grpc.add_AgentServiceServicer_to_server(sink, s),
                 creds,
-                AGENT_GRPC_OPTIONS,
+                AGENT_SERVER_OPTIONS,
             )
             try:
                 plan = write_plan(tmp / "bare.json", {**plan_doc, "target": bare_addr})

@@ -53,17 +53,22 @@ from _shard import (
 )
 
 from nstance.config import GroupUpdate
+from nstance.config.limits import LimitsConfig
 from nstance.core.clock import SystemClock
 from nstance.db import repo
 from nstance.pki.certs import issue_client_certificate
 from nstance.pki.keys import generate_private_key, public_key_to_pem
 from nstance.rpc import registration_pb2, registration_pb2_grpc
 from nstance.server import records
-from nstance.server.app import GRPC_OPTIONS
+from nstance.server.grpcopts import server_options
 from nstance.server.tls import server_credentials
 
 INSTANCES = 1000
 WORKERS = 32
+#: The registration port's grpc options with the default ``shard.limits`` (what the server uses).
+REGISTRATION_SERVER_OPTIONS = server_options(
+    LimitsConfig(), streams=False, max_connections=LimitsConfig().max_registration_connections
+)
 BARE_PASSES = 3
 MAX_CONCURRENT = 64
 FILL_TIMEOUT_S = 120.0
@@ -181,7 +186,7 @@ async def amain(instances: int, workers: int) -> int:
             server, bare_addr = await bare_server(
                 lambda s: registration_pb2_grpc.add_RegistrationServiceServicer_to_server(servicer, s),
                 creds,
-                GRPC_OPTIONS,
+                REGISTRATION_SERVER_OPTIONS,
             )
             try:
                 progress("baseline: bare constant RegisterAgent")

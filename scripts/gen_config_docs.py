@@ -69,7 +69,9 @@ VALIDATOR_RULES: dict[str, str | None] = {
     "_port": "a port from 1 to 65535",
     "_absolute_uri": "an absolute URI such as `spiffe://example/x`, unless it is a template",
     "_check_pools": "at least one subnet in each pool; no subnet in two pools",
-    "_provider_alias": "`gcp` is read as `google`; `tmux` and `mock` are refused",
+    "_provider_alias": "`gcp` is read as `google`; `tmux` and `mock` as `local` and `sim` (with a notice)",
+    "_lb_provider_alias": "`gcp` (upstream's v1 name) is read as `google`",
+    "_ip_address": "an IPv4 or IPv6 address",
     "_secrets_alias": "`gcp-secret-manager` is read as `google-secret-manager`",
     "format_duration": None,  # the serializer that writes durations back; not a rule
 }
@@ -103,9 +105,10 @@ has one file, stored in object storage as `shard/<shard>/config.jsonc` (upload i
   digits and `-`, at most {IDENTIFIER_MAX_LEN} characters, starting and ending with a letter or digit,
   never `--` (reserved as a separator).
 - **Templates**: `userdata`, string values in `args`, file sources and templates and certificate
-  fields are Jinja2, rendered when an instance is created or a file is delivered. Upstream's Go-style
-  references (`{{{{ .Instance.ID }}}}`) are accepted too. The names they see are listed in
-  `docs/files.md`.
+  fields are Go `text/template` templates as in upstream (`{{{{ .Instance.ID }}}}`, `{{{{ if }}}}`,
+  `{{{{ range }}}}`, `printf`, missing `.Vars` entries empty), rendered when an instance is created or
+  a file is delivered. What they see and what is supported is listed in
+  [files.md](files.md#templating).
 - **Optional** keys show their default; "unset" means the key is absent (or `null`), which is not the
   same as an empty value where the description says so.
 

@@ -7,6 +7,7 @@ stderr and exits with status 1; nothing is written before every check that can f
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -16,11 +17,12 @@ from typing import Annotated
 
 import typer
 
-from nstance import __version__
 from nstance.config import validate_config_file
+from nstance.core.cli import DEBUG_ENV, VERSION_HELP, print_version, run_app
 from nstance.core.durations import parse_duration
 from nstance.core.errors import NstanceError
 from nstance.core.ids import identifier_problem
+from nstance.core.logformat import TEXT_FORMAT
 from nstance.pki.nonce import operator_nonce_claims, sign_nonce
 from nstance.secrets.cluster_identity import ensure_cluster_identity, identity_state, load_cluster_identity
 from nstance.secrets.keys import generate_encryption_key
@@ -38,6 +40,7 @@ from .options import (
 )
 from .plan import register_plan
 from .stores import StorageOptions, open_cluster_stores
+from .watch import register_watch
 
 app = typer.Typer(
     add_completion=False, help="Nstance administration: cluster bootstrap, nonces, config checks."
@@ -95,23 +98,30 @@ def _options(
     )
 
 
-def _version(value: bool) -> None:
-    if value:
-        typer.echo(f"nstance-admin {__version__}")
-        raise typer.Exit(0)
-
-
 @app.callback()
 def main_options(
     temp_dir: Annotated[
         Path, typer.Option("--temp-dir", help="Working directory for generated files (identity, nonces).")
     ] = Path("./temp"),
     version: Annotated[
-        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+        bool,
+        typer.Option("--version", callback=print_version("nstance-admin"), is_eager=True, help=VERSION_HELP),
+    ] = False,
+    debug: Annotated[
+        bool,
+        typer.Option(
+            "--debug",
+            "-v",
+            envvar=DEBUG_ENV,
+            help="Debug logs on stderr, and a traceback for an unexpected error.",
+        ),
     ] = False,
 ) -> None:
     """Nstance administration."""
     _state["temp_dir"] = temp_dir
+    if debug:
+        os.environ[DEBUG_ENV] = "1"
+        logging.basicConfig(level=logging.DEBUG, format=TEXT_FORMAT, stream=sys.stderr)
 
 
 # --- config -----------------------------------------------------------------------------------
@@ -174,8 +184,12 @@ def cluster_init(
     key_provider: KeyProviderOpt = "env",
     key_source: KeySourceOpt = "NSTANCE_ENCRYPTION_KEY",
     ca_key_type: Annotated[
-        str, typer.Option("--ca-key-type", help="Key type of a new CA: ecdsa-p256 or ed25519.")
-    ] = "ecdsa-p256",
+        str,
+        typer.Option(
+            "--ca-key-type",
+            help="Key type of a new CA: ed25519 (what upstream's Go server loads) or ecdsa-p256.",
+        ),
+    ] = "ed25519",
     exist_ok: Annotated[
         bool, typer.Option("--exist-ok", help="Succeed without changes when the cluster is already set up.")
     ] = False,
@@ -194,7 +208,7 @@ def cluster_init(
         key_source,
     )
     with _expected_errors():
-        stores = open_cluster_stores(opts)
+        stores = open_cluster_stores(opts, create=True)
         state = identity_state(stores.cluster, stores.secrets)
         if state.complete:
             identity = load_cluster_identity(stores.cluster, stores.secrets)
@@ -292,7 +306,8 @@ def cluster_nonce(
 
 @secrets_app.command("generate-key")
 def secrets_generate_key() -> None:
-    """Print a new random 32-byte encryption key (base64) for the object-storage secrets provider."""
+    """Print a new random encryption key for the object-storage secrets provider: 32 letters and digits,
+    used byte for byte (what upstream's Go server reads too)."""
     typer.echo(generate_encryption_key())
 
 
@@ -301,8 +316,9 @@ def secrets_generate_key() -> None:
 register(app, cluster_app, config_app)
 register_plan(config_app)
 register_certs(app)
+register_watch(app)
 
 
 def main() -> None:
     """Console-script entry point."""
-    app()
+    run_app(app, "nstance-admin")

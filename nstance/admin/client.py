@@ -48,6 +48,9 @@ CA_FILE = "ca.crt"
 KEY_FILE = "identity.key"
 CERT_FILE = "identity.crt"
 SERVER_NAME = "nstance-server"
+NO_SERVER_HINT = (
+    f"is nstance-server running there? (`make run` starts a local one; check --servers or {SERVERS_ENV})"
+)
 DEFAULT_TIMEOUT_SECONDS = 30.0
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
@@ -225,6 +228,8 @@ def describe_rpc_error(exc: grpc.RpcError, *, timeout: float | None = None) -> s
     text = " ".join(str(details).split()) if details else ""
     if name == "DEADLINE_EXCEEDED" and timeout is not None:
         text = f"no answer within {timeout:g}s" + (f" ({text})" if text else "")
+    if name == "UNAVAILABLE" and ("Connection refused" in text or "failed to connect" in text):
+        text += f"; {NO_SERVER_HINT}"
     return f"{name}: {text}" if text else name
 
 
@@ -274,6 +279,24 @@ class ShardClient:
             request, timeout=self.timeout
         )
         return result
+
+    def get_instance_statuses(
+        self, instance_ids: Sequence[str]
+    ) -> dict[str, operator_pb2.InstanceStatusResponse | str]:
+        """GetInstanceStatus for every id at once over this one channel; an error becomes its one line."""
+        futures = {
+            instance_id: self._stub.GetInstanceStatus.future(
+                operator_pb2.GetInstanceStatusRequest(instance_id=instance_id), timeout=self.timeout
+            )
+            for instance_id in instance_ids
+        }
+        out: dict[str, operator_pb2.InstanceStatusResponse | str] = {}
+        for instance_id, future in futures.items():
+            try:
+                out[instance_id] = future.result()
+            except grpc.RpcError as exc:
+                out[instance_id] = describe_rpc_error(exc, timeout=self.timeout)
+        return out
 
     def get_config_status(self) -> operator_pb2.ConfigStatusResponse:
         result: operator_pb2.ConfigStatusResponse = self._stub.GetConfigStatus(Empty(), timeout=self.timeout)

@@ -29,10 +29,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from cryptography.x509.oid import NameOID
 from google.protobuf.message import Message
 
 from nstance.core.durations import parse_duration
-from nstance.core.errors import NstanceError
+from nstance.core.errors import FailedPrecondition, NotFound, NstanceError
 from nstance.core.ids import identifier_problem, new_puid
 from nstance.pki.certs import issue_client_certificate
 from nstance.pki.keys import (
@@ -74,7 +75,7 @@ from .options import (
     StoragePrefixOpt,
     StorageProviderOpt,
 )
-from .stores import StorageOptions, open_cluster_stores
+from .stores import StorageOptions, cluster_id_from_storage, open_cluster_stores
 
 Row = dict[str, Any]
 INT32_MAX = 2**31 - 1
@@ -156,8 +157,10 @@ def _parse_vars(values: Sequence[str] | None) -> dict[str, str]:
 
 
 def _check_size(size: int, what: str) -> int:
-    if not 0 <= size <= INT32_MAX:
-        raise _fail(f"{what} {size} must be between 0 and {INT32_MAX}")
+    if size < 0:
+        raise _fail(f"{what} {size}: the size must be 0 or more")
+    if size > INT32_MAX:
+        raise _fail(f"{what} {size}: the size must be at most {INT32_MAX}")
     return size
 
 
@@ -233,7 +236,7 @@ class _Target:
     output: str
 
 
-def _target(
+def resolve_target(
     ctx: typer.Context,
     servers: str,
     identity_dir: Path | None,
@@ -340,7 +343,7 @@ def group_list(
     output: OutputOpt = "table",
 ) -> None:
     """List the groups of your tenant (static and dynamic) with desired and actual size."""
-    target = _target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
+    target = resolve_target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
 
     def action(client: ShardClient) -> list[Row]:
         return [_group_row(client.shard, g) for g in sorted(client.list_groups(), key=lambda g: g.key)]
@@ -360,7 +363,7 @@ def group_status(
     output: OutputOpt = "table",
 ) -> None:
     """Show one group: settings, merged vars, actual size and provider IDs (a shard without it fails)."""
-    target = _target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
+    target = resolve_target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
     _execute(
         target,
         lambda client: [_group_row(client.shard, client.get_group(name))],
@@ -394,7 +397,7 @@ def group_create(
         raise _fail("--template must not be empty")
     _check_size(size, "--size")
     variables = _parse_vars(var)
-    target = _target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
+    target = resolve_target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
     config = operator_pb2.GroupConfig(
         template=template,
         size=size,
@@ -409,7 +412,8 @@ def group_create(
     )
 
 
-@group_app.command("scale")
+# A negative SIZE reaches the range check (and its message) instead of reading as an unknown option.
+@group_app.command("scale", context_settings={"ignore_unknown_options": True})
 def group_scale(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="Group name.")],
@@ -429,7 +433,7 @@ def group_scale(
     """
     _checked_identifier(name, "group")
     _check_size(size, "SIZE")
-    target = _target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
+    target = resolve_target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
 
     def action(client: ShardClient) -> list[Row]:
         current = client.get_group(name)
@@ -451,6 +455,13 @@ def group_scale(
 def group_delete(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="Group name.")],
+    reset_static: Annotated[
+        bool,
+        typer.Option(
+            "--reset-static",
+            help="For a static group (from config.jsonc): drop its runtime changes, back to the config.",
+        ),
+    ] = False,
     servers: ServersOpt = "",
     identity_dir: IdentityDirOpt = None,
     shard: ShardOpt = None,
@@ -458,13 +469,28 @@ def group_delete(
     timeout: TimeoutOpt = "30s",
     output: OutputOpt = "table",
 ) -> None:
-    """Delete a dynamic group (for a static group only the dynamic overrides are removed)."""
+    """Delete a dynamic group and its instances.
+
+    A static group (defined in config.jsonc) cannot be deleted here: it is refused, or with
+    --reset-static its runtime changes (size, overrides) are dropped and it returns to its config.
+    """
     _checked_identifier(name, "group")
-    target = _target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
+    target = resolve_target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
 
     def action(client: ShardClient) -> list[Row]:
+        before = client.get_group(name)
+        if before.is_static and not reset_static:
+            raise FailedPrecondition(
+                f"group {name!r} is static (defined in config.jsonc) and cannot be deleted here; remove it "
+                f"from config.jsonc, scale it with `group scale {name} N`, or use --reset-static to drop "
+                f"its runtime changes (size now {before.size})"
+            )
         client.delete_group(name)
-        return [{"shard": client.shard, "group": name, "result": "deleted"}]
+        if not before.is_static:
+            return [{"shard": client.shard, "group": name, "result": "deleted"}]
+        after = client.get_group(name)
+        result = f"reset to its config (size {before.size} -> {after.size})"
+        return [{"shard": client.shard, "group": name, "result": result}]
 
     _execute(target, action, _View([("SHARD", "shard"), ("GROUP", "group"), ("RESULT", "result")]))
 
@@ -489,7 +515,7 @@ def instance_list(
 
     On-demand instances, instances not yet running and instance IDs are not shown (see `instance show`).
     """
-    target = _target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
+    target = resolve_target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
 
     def action(client: ShardClient) -> list[Row]:
         groups = [client.get_group(group)] if group else sorted(client.list_groups(), key=lambda g: g.key)
@@ -515,7 +541,7 @@ def instance_show(
     output: OutputOpt = "table",
 ) -> None:
     """Show one instance's status as the server sees it (GetInstanceStatus)."""
-    target = _target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
+    target = resolve_target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
 
     def action(client: ShardClient) -> list[Row]:
         status = client.get_instance_status(instance_id)
@@ -559,7 +585,7 @@ def instance_create(
     if instance_id and all_shards:
         raise _fail("--instance-id names one instance; use it with --shard, not --all-shards")
     variables = _parse_vars(var)
-    target = _target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
+    target = resolve_target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
     config = operator_pb2.InstanceConfig(
         group=group,
         template=template,
@@ -587,11 +613,13 @@ def instance_delete(
     timeout: TimeoutOpt = "30s",
     output: OutputOpt = "table",
 ) -> None:
-    """Delete an instance (idempotent: prints deleting, deleted or unknown)."""
-    target = _target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
+    """Delete an instance (idempotent: prints deleting or deleted; an unknown ID is an error)."""
+    target = resolve_target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
 
     def action(client: ShardClient) -> list[Row]:
         result = client.delete_instance(instance_id)
+        if result.status == "unknown":
+            raise NotFound(f"instance {instance_id!r} is not known to this shard")
         return [{"shard": client.shard, "instance_id": instance_id, "status": result.status}]
 
     columns = [("SHARD", "shard"), ("INSTANCE_ID", "instance_id"), ("STATUS", "status")]
@@ -611,7 +639,7 @@ def config_status(
     output: OutputOpt = "table",
 ) -> None:
     """Show the config.jsonc each shard server has loaded (etag, last modified, size)."""
-    target = _target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
+    target = resolve_target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
 
     def action(client: ShardClient) -> list[Row]:
         status = client.get_config_status()
@@ -638,7 +666,7 @@ def config_refresh(
     output: OutputOpt = "table",
 ) -> None:
     """Make shard servers download their config again and apply it without a restart."""
-    target = _target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
+    target = resolve_target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
 
     def action(client: ShardClient) -> list[Row]:
         result = client.refresh_config()
@@ -710,7 +738,13 @@ def _check_output_dir(directory: Path, public_key: PublicKey | None, force: bool
 
 def cluster_register_operator(
     ctx: typer.Context,
-    cluster_id: Annotated[str, typer.Option("--cluster-id", help="Cluster identifier. Required.")],
+    cluster_id: Annotated[
+        str,
+        typer.Option(
+            "--cluster-id",
+            help="Cluster identifier. Default: read from storage (the CA, else the shard configs).",
+        ),
+    ] = "",
     tenant: Annotated[str, typer.Option("--tenant", help="Tenant the operator acts for.")] = "default",
     operator_id: Annotated[
         str | None,
@@ -749,7 +783,8 @@ def cluster_register_operator(
     key_source: KeySourceOpt = "NSTANCE_ENCRYPTION_KEY",
 ) -> None:
     """Issue an operator certificate with the cluster CA key (no server needed) and write the identity."""
-    _checked_identifier(cluster_id, "--cluster-id")
+    if cluster_id:
+        _checked_identifier(cluster_id, "--cluster-id")
     _checked_identifier(tenant, "--tenant")
     op_id = operator_id if operator_id is not None else str(new_puid("opr"))
     _checked_identifier(op_id, "--operator-id")
@@ -775,6 +810,9 @@ def cluster_register_operator(
     with _expected_errors():
         stores = open_cluster_stores(opts)
         identity = load_cluster_identity(stores.cluster, stores.secrets)
+        if not cluster_id:
+            orgs = identity.ca.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)
+            cluster_id = cluster_id_from_storage(stores, str(orgs[0].value) if orgs else "")
         issued = issue_client_certificate(
             identity.ca,
             public_key,

@@ -1,7 +1,8 @@
 """Command-line options shared by the nstance-admin command modules (storage and secrets flags).
 
-Declared once so that `cluster init`, `cluster nonce` and `cluster register-operator` spell, document
-and read their storage flags the same way. Only typer annotations here; no behaviour.
+Declared once so that every storage command spells, documents and reads its storage flags the same way,
+and the same way as nstance-server (``--storage-provider``/``--storage``, ``--storage-bucket``/``--bucket``,
+environment ``NSTANCE_STORAGE`` and ``NSTANCE_BUCKET``). Only typer annotations here; no behaviour.
 """
 
 from __future__ import annotations
@@ -11,12 +12,21 @@ from typing import Annotated
 import typer
 
 StorageProviderOpt = Annotated[
-    str, typer.Option("--storage-provider", envvar="NSTANCE_STORAGE", help="Object storage: file or s3.")
+    str,
+    typer.Option(
+        "--storage-provider",
+        "--storage",
+        envvar="NSTANCE_STORAGE",
+        help="Object storage: file, s3 or gcs (the same flag and variable as nstance-server's).",
+    ),
 ]
 StorageBucketOpt = Annotated[
     str,
     typer.Option(
-        "--storage-bucket", envvar="NSTANCE_BUCKET", help="Bucket name (s3) or directory (file). Required."
+        "--storage-bucket",
+        "--bucket",
+        envvar="NSTANCE_BUCKET",
+        help="Bucket name (s3) or directory (file). Required.",
     ),
 ]
 StoragePrefixOpt = Annotated[str, typer.Option("--storage-prefix", help="Key prefix of the cluster scope.")]

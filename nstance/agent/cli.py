@@ -25,6 +25,7 @@ import typer
 from nstance import __version__
 from nstance.agent.config import AgentConfig, ConfigError, load_config
 from nstance.agent.run import Agent
+from nstance.core.cli import VERSION_HELP, print_version, run_app
 from nstance.core.errors import FailedPrecondition, InvalidArgument
 from nstance.core.logformat import TEXT_FORMAT
 
@@ -126,12 +127,12 @@ def main_command(
     debug: Annotated[
         bool, typer.Option("--debug", "-v", envvar="NSTANCE_DEBUG", help="Verbose logs.")
     ] = False,
-    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=print_version("nstance-agent"), is_eager=True, help=VERSION_HELP),
+    ] = False,
 ) -> None:
     """Run the agent."""
-    if version:
-        typer.echo(f"nstance-agent {__version__}")
-        raise typer.Exit(0)
     early = _EarlySignals()
     for sig in STOP_SIGNALS:
         signal.signal(sig, early)
@@ -171,4 +172,4 @@ def main_command(
 
 def main() -> None:
     """Console-script entry point."""
-    app()
+    run_app(app, "nstance-agent")

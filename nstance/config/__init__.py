@@ -1,7 +1,7 @@
 """Server configuration: JSONC loading, typed schema and validation, static/dynamic group merge,
 restricted group editing, config hashes and template rendering.
 
-This package imports only ``nstance.core``, the standard library, pydantic, pyjson5 and jinja2. It
+This package imports only ``nstance.core``, the standard library, pydantic and pyjson5. It
 performs no I/O beyond reading a file path handed to a ``load_*_file`` function and no network
 access. This module only re-exports the public names.
 """

@@ -133,14 +133,6 @@ def _group_checks(s: Sections) -> list[Problem]:
                         Problem(join_path(base, "load_balancers", i), f'load balancer "{lb}" is not defined')
                     )
             out.extend(_pool_problem(join_path(base, "subnet_pool"), group.subnet_pool, s.pool_names))
-            template = (s.templates or {}).get(group.template)
-            if not group.subnet_pool and template is not None and not template.subnet_pool:
-                out.append(
-                    Problem(
-                        join_path(base, "subnet_pool"),
-                        f'is required because template "{group.template}" does not set subnet_pool',
-                    )
-                )
             out.extend(template_problems(join_path(base, "args"), group.args))
     return out
 
@@ -186,6 +178,14 @@ def _load_balancer_checks(s: Sections) -> list[Problem]:
     provider = s.shard.infra.provider
     out: list[Problem] = []
     for name, lb in s.load_balancers.items():
+        if lb.instance_group_name is not None:
+            out.append(
+                Problem(
+                    join_path("load_balancers", name, "instance_group_name"),
+                    "upstream's v1 unmanaged instance groups are not supported; list the zone's network "
+                    'endpoint groups in "network_endpoint_groups" instead',
+                )
+            )
         if provider in _LB_PROVIDERS[lb.provider]:
             continue
         if lb.provider == "tunnel":

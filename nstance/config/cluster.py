@@ -52,17 +52,21 @@ class LeaderElectionConfig(StrictModel):
         return self
 
 
+NOT_SUPPORTED_YET = "is not supported by this server yet (it could not start with it)"
+
+
 class StorageConfig(StrictModel):
     """Where cluster-scope objects live when they are not in the shard's bucket."""
 
     provider: Literal["s3", "gcs", "file"]
-    """`s3` or `file`. `gcs` is accepted by the schema, but the server refuses to start with it."""
+    """`s3`, `gcs` (Google Cloud Storage) or `file`."""
     bucket: NonEmptyStr
-    """Bucket name (`s3`) or directory (`file`)."""
+    """Bucket name (`s3`, `gcs`) or directory (`file`)."""
     region: str = ""
     """Region of the bucket (`s3`); empty: boto3's default (`AWS_REGION`)."""
     endpoint: str = ""
-    """Endpoint URL of an S3-compatible store; empty: AWS S3, or `AWS_ENDPOINT_URL` when set."""
+    """Endpoint URL of an S3-compatible store (or of a GCS emulator); empty: AWS S3 (or `AWS_ENDPOINT_URL`
+    when set), Google Cloud Storage (or `STORAGE_EMULATOR_HOST`)."""
     prefix: str = "cluster/"
     """Key prefix of the cluster scope inside that bucket."""
 
@@ -76,19 +80,21 @@ class EncryptionKeyConfig(StrictModel):
     """Where the 32-byte AES key for ``object-storage`` secrets comes from."""
 
     provider: EncryptionKeyProvider
-    """`env` (an environment variable) or `file`. The other values are accepted by the schema for upstream
-    compatibility, but the server refuses to start with them."""
+    """`env` (an environment variable), `file`, `aws-secrets-manager` (a secret's name or ARN; the default
+    of upstream's Terraform module) or `aws-parameter-store` (a `SecureString` parameter).
+    `google-secret-manager` is accepted by the schema and refused by validation (not supported yet)."""
     source: NonEmptyStr
-    """The variable name (`env`) or file path (`file`) holding the key: 32 raw bytes, 64 hex characters, or
-    base64 of 32 bytes (`nstance-admin secrets generate-key`)."""
+    """The variable name, file path, secret name or ARN, or parameter name holding the key: 32 raw bytes
+    (what upstream reads; `nstance-admin secrets generate-key` prints such a key), 64 hex characters, or
+    base64 of 32 bytes."""
     project_id: str = ""
-    """Google project of `google-secret-manager` (not supported yet); required with that provider."""
+    """Google project of `google-secret-manager`; required with that provider."""
 
     @model_validator(mode="after")
     def _rules(self) -> Self:
         rules = Rules()
-        if self.provider == "google-secret-manager" and not self.project_id:
-            rules.add("project_id", 'is required when provider is "google-secret-manager"')
+        if self.provider == "google-secret-manager":
+            rules.add("provider", f'"google-secret-manager" {NOT_SUPPORTED_YET}')
         rules.check()
         return self
 
@@ -109,20 +115,29 @@ class SecretsConfig(StrictModel):
     """The cluster's secret store (CA key, nonce signing key, template secrets)."""
 
     provider: SecretsProvider
-    """`object-storage` (AES-256-GCM encrypted objects in the cluster scope), `aws-secrets-manager`, or
-    `memory` (a process-local store, for tests). `aws-parameter-store` and `google-secret-manager` (alias
-    `gcp-secret-manager`) are accepted by the schema, but the server refuses to start with them."""
+    """`object-storage` (AES-256-GCM encrypted objects in the cluster scope), `aws-parameter-store`
+    (`SecureString` parameters), `aws-secrets-manager`, or `memory` (a process-local store, for tests).
+    `google-secret-manager` (alias `gcp-secret-manager`) is accepted by the schema and refused by
+    validation (not supported yet). Without a `cluster.secrets` block, `aws` shards use
+    `aws-parameter-store` and `google` shards `google-secret-manager`, as upstream."""
     prefix: str = ""
-    """Name prefix of every secret. Empty: `secret/` for `object-storage` (so `cluster/secret/ca.key`),
-    none for `aws-secrets-manager`. Pass the same value to `nstance-admin --secrets-prefix`."""
+    """Name prefix of every secret. Empty: upstream's default of the provider: `secret/` for
+    `object-storage` (so `cluster/secret/ca.key`), `/nstance/` for `aws-parameter-store`, `nstance/` for
+    `aws-secrets-manager`, `nstance-` for `google-secret-manager`. Pass the same value to
+    `nstance-admin --secrets-prefix`."""
     project_id: str = ""
-    """Google project of `google-secret-manager` (not supported yet); required with that provider."""
+    """Google project of `google-secret-manager`; required with that provider."""
     encryption_key: EncryptionKeyConfig | None = None
     """The current key of `object-storage` secrets: it encrypts every write and is tried first on reads.
     Required with `object-storage`, refused with any other provider."""
     old_encryption_keys: list[EncryptionKeyConfig] = Field(default_factory=list)
     """Earlier keys, tried in order after `encryption_key` when a secret does not decrypt, never used to
     write. Only with `object-storage`."""
+    bind_names: bool = False
+    """`object-storage`: also bind each secret's name to its ciphertext (AES-GCM additional data), so an
+    object copied to another secret name fails to decrypt. Upstream's Go server cannot read secrets
+    written this way; leave it `false` while a move back to it must stay possible. Both forms are
+    always read. Not an upstream field (upstream ignores it)."""
     cache_ttl: Duration = timedelta(0)
     """Accepted for upstream compatibility. This server does not cache secrets, so the value has no effect."""
 
@@ -133,10 +148,12 @@ class SecretsConfig(StrictModel):
             rules.add("encryption_key", 'is required when provider is "object-storage"')
         if self.provider != "object-storage" and self.encryption_key is not None:
             rules.add("encryption_key", 'is only used with provider "object-storage"; remove it')
+        if self.provider != "object-storage" and self.bind_names:
+            rules.add("bind_names", 'is only used with provider "object-storage"; remove it')
         if self.provider != "object-storage" and self.old_encryption_keys:
             rules.add("old_encryption_keys", 'is only used with provider "object-storage"; remove it')
-        if self.provider == "google-secret-manager" and not self.project_id:
-            rules.add("project_id", 'is required when provider is "google-secret-manager"')
+        if self.provider == "google-secret-manager":
+            rules.add("provider", f'"google-secret-manager" {NOT_SUPPORTED_YET}')
         rules.check()
         return self
 

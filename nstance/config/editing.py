@@ -28,7 +28,7 @@ from nstance.config.limits import check_upsert
 from nstance.config.merge import deep_merge
 from nstance.config.schema import DynamicGroups, ServerConfig
 from nstance.config.translate import problems_from_validation
-from nstance.config.workloads import GroupConfig
+from nstance.config.workloads import DynamicGroupConfig, GroupConfig
 from nstance.core.durations import format_duration
 from nstance.core.errors import FailedPrecondition, InvalidArgument, NotFound
 from nstance.core.ids import validate_identifier
@@ -98,7 +98,7 @@ def _pool_for_new(config: ServerConfig, group: str, template: str, requested: st
 
 
 def _dynamic_fields(
-    config: ServerConfig, existing: GroupConfig | None, group: str, update: GroupUpdate
+    config: ServerConfig, existing: DynamicGroupConfig | None, group: str, update: GroupUpdate
 ) -> dict[str, Any]:
     template = update.template or (existing.template if existing else "")
     if not template:
@@ -123,11 +123,11 @@ def _dynamic_fields(
     return fields
 
 
-def _build(group: str, base: GroupConfig | None, fields: dict[str, Any]) -> GroupConfig:
+def _build(group: str, base: DynamicGroupConfig | None, fields: dict[str, Any]) -> DynamicGroupConfig:
     data = base.model_dump() if base is not None else {}
     data.update(fields)
     try:
-        return GroupConfig.model_validate(data)
+        return DynamicGroupConfig.model_validate(data)
     except ValidationError as exc:
         detail = "; ".join(str(p) for p in problems_from_validation(exc))
         raise InvalidArgument(f'group "{group}": {detail}') from None
@@ -157,7 +157,6 @@ def apply_upsert(
         fields["vars"] = dict(update.vars)
     if static is not None:
         _check_static(config, static, group, update)
-        fields["template"] = static.template
     else:
         fields.update(_dynamic_fields(config, existing, group, update))
     entry = _build(group, existing, fields)

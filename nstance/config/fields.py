@@ -11,12 +11,21 @@ No I/O and no knowledge of where a model sits in the document.
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from nstance.core.durations import format_duration, parse_duration
@@ -28,9 +37,20 @@ RULES_ERROR = "nstance_rules"
 
 
 class StrictModel(BaseModel):
-    """Base of every config model: unknown keys are errors, no type coercion, immutable."""
+    """Base of every config model: unknown keys are errors, no type coercion, immutable.
+
+    A key whose value is ``null`` counts as absent, as in Go's ``encoding/json`` (Terraform's
+    ``jsonencode`` writes ``"encryption_key": null`` and ``"instance_type": null``).
+    """
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_absent(cls, data: object) -> object:
+        if isinstance(data, dict):
+            return {key: value for key, value in data.items() if value is not None}
+        return data
 
 
 def rule(message: str) -> PydanticCustomError:
@@ -171,16 +191,29 @@ ProviderKind = Literal["aws", "google", "proxmox", "local", "sim"]
 PROVIDER_KINDS: tuple[str, ...] = ("aws", "google", "proxmox", "local", "sim")
 
 
+#: Upstream's development providers and the providers that take their place here.
+DEV_PROVIDER_STAND_INS: dict[str, str] = {"tmux": "local", "mock": "sim"}
+
+_log = logging.getLogger("nstance.config")
+
+
 def _provider_alias(value: object) -> object:
     if value == "gcp":
         return "google"
-    if value in ("tmux", "mock"):
-        raise rule(
-            f'provider "{value}" is not available in this implementation; use "local" (each instance '
-            'is an agent process on this machine) or "sim" (simulated instances, for tests and demos)'
+    if isinstance(value, str) and value in DEV_PROVIDER_STAND_INS:
+        stand_in = DEV_PROVIDER_STAND_INS[value]
+        _log.warning(
+            'notice: shard.infra.provider "%s" (upstream\'s development provider) runs as "%s" here%s',
+            value,
+            stand_in,
+            " (each instance is an agent process on this machine)"
+            if stand_in == "local"
+            else " (simulated instances)",
         )
+        return stand_in
     return value
 
 
 Provider = Annotated[ProviderKind, BeforeValidator(_provider_alias)]
-"""Shard infrastructure provider; ``gcp`` is accepted as an alias of ``google``."""
+"""Shard infrastructure provider; ``gcp`` is accepted as an alias of ``google``, upstream's
+development providers ``tmux`` and ``mock`` as ``local`` and ``sim`` (with a notice)."""

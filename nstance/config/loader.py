@@ -21,7 +21,8 @@ from nstance.config.fields import GroupName, TenantName
 from nstance.config.jsonc import parse_jsonc
 from nstance.config.schema import UNSUPPORTED_SECTIONS, DynamicGroups, ServerConfig
 from nstance.config.translate import problems_from_validation
-from nstance.config.workloads import GroupConfig
+from nstance.config.workloads import DynamicGroupConfig
+from nstance.core.gojson import go_marshal_indent
 
 _SECTIONS: dict[str, TypeAdapter[Any]] = {
     name: TypeAdapter(info.annotation)
@@ -29,8 +30,8 @@ _SECTIONS: dict[str, TypeAdapter[Any]] = {
     if info.annotation is not None
 }
 _REQUIRED = frozenset(name for name, info in ServerConfig.model_fields.items() if info.is_required())
-_GROUPS: TypeAdapter[dict[str, dict[str, GroupConfig]]] = TypeAdapter(
-    dict[TenantName, dict[GroupName, GroupConfig]]
+_GROUPS: TypeAdapter[dict[str, dict[str, DynamicGroupConfig]]] = TypeAdapter(
+    dict[TenantName, dict[GroupName, DynamicGroupConfig]]
 )
 
 
@@ -76,9 +77,34 @@ def _validate_section(name: str, raw: object) -> tuple[Any, list[Problem]]:
     return value, problems
 
 
+#: The secret store of a shard provider when ``cluster.secrets`` is absent (upstream v2's defaults).
+DEFAULT_SECRETS_PROVIDERS: dict[str, str] = {
+    "aws": "aws-parameter-store",
+    "google": "google-secret-manager",
+    "gcp": "google-secret-manager",
+}
+
+
+def _default_secrets(raw: dict[str, Any]) -> dict[str, Any]:
+    """Fill in ``cluster.secrets`` from the shard's provider when it is absent, as upstream v2 does."""
+    cluster, shard = raw.get("cluster"), raw.get("shard")
+    if not isinstance(cluster, dict) or cluster.get("secrets") is not None or not isinstance(shard, dict):
+        return raw
+    infra = shard.get("infra")
+    provider = infra.get("provider") if isinstance(infra, dict) else None
+    default = DEFAULT_SECRETS_PROVIDERS.get(provider) if isinstance(provider, str) else None
+    if default is None:
+        return raw
+    return {**raw, "cluster": {**cluster, "secrets": {"provider": default}}}
+
+
 def _validate(raw: object) -> tuple[ServerConfig | None, list[Problem]]:
     if not isinstance(raw, dict):
         return None, [Problem("", "the document must be a JSON object")]
+    raw = {key: value for key, value in raw.items() if value is not None}  # null is absent, as in Go
+    raw = _default_secrets(raw)
+    if isinstance(raw.get("groups"), dict):
+        raw["groups"] = {tenant: {} if groups is None else groups for tenant, groups in raw["groups"].items()}
     problems: list[Problem] = []
     for key in raw:
         if key in UNSUPPORTED_SECTIONS:
@@ -159,10 +185,18 @@ def validate_config_file(path: str | os.PathLike[str]) -> list[Problem]:
 
 
 def load_groups_text(text: str, source: str = "<groups>") -> DynamicGroups:
-    """Parse a ``groups.jsonc`` document (``{tenant: {group: GroupConfig}}``); empty text means none."""
+    """Parse a ``groups.jsonc`` document (``{tenant: {group: entry}}``); empty text or ``null`` means none.
+
+    Every shape upstream's Go server writes loads: entries without ``template`` (overrides of a
+    static group), ``"size": 0``, and ``null`` where Go writes it for an empty map.
+    """
     if not text.strip():
         return {}
     raw = parse_jsonc(text, source)
+    if raw is None:
+        return {}
+    if isinstance(raw, dict):
+        raw = {tenant: ({} if groups is None else groups) for tenant, groups in raw.items()}
     try:
         return _GROUPS.validate_python(raw)
     except ValidationError as exc:
@@ -175,5 +209,9 @@ def load_groups_file(path: str | os.PathLike[str]) -> DynamicGroups:
 
 
 def dump_groups_text(dynamic: DynamicGroups) -> str:
-    """Serialise dynamic groups as JSON for ``groups.jsonc`` (unset fields omitted, durations Go-style)."""
-    return _GROUPS.dump_json(dynamic, indent=2, exclude_defaults=True).decode("utf-8") + "\n"
+    """Serialise dynamic groups for ``groups.jsonc`` byte for byte as upstream's Go server does.
+
+    ``json.MarshalIndent`` with two spaces: keys sorted, unset fields omitted (Go's ``omitempty``),
+    durations as Go's ``Duration.String`` (``5m0s``), no newline at the end. Go reads it back.
+    """
+    return go_marshal_indent(_GROUPS.dump_python(dynamic, mode="json", exclude_defaults=True)).decode("utf-8")

@@ -73,9 +73,13 @@ class MergedGroupConfig:
 
 
 def all_group_keys(config: ServerConfig, dynamic: DynamicGroups) -> list[tuple[str, str]]:
-    """Every (tenant, group) that exists statically or dynamically, sorted."""
+    """Every (tenant, group) that exists statically or dynamically, sorted.
+
+    A ``groups.jsonc`` entry without a template whose static group is gone (removed from
+    ``config.jsonc``) is an orphaned override: the group no longer exists.
+    """
     keys = {(t, g) for t, groups in config.groups.items() for g in groups}
-    keys.update((t, g) for t, groups in dynamic.items() for g in groups)
+    keys.update((t, g) for t, groups in dynamic.items() for g, entry in groups.items() if entry.template)
     return sorted(keys)
 
 
@@ -88,7 +92,7 @@ def merged_group(config: ServerConfig, dynamic: DynamicGroups, tenant: str, grou
     static = _lookup(config.groups, tenant, group)
     dyn = _lookup(dynamic, tenant, group)
     owner = static or dyn
-    if owner is None:
+    if owner is None or not owner.template:
         raise NotFound(f'group "{group}" of tenant "{tenant}" is not defined')
     template = config.templates.get(owner.template)
     if template is None:

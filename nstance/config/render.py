@@ -1,12 +1,12 @@
-"""Render userdata, args, file and certificate templates with a sandboxed Jinja2 environment.
+"""Render userdata, args, file and certificate templates as Go ``text/template`` does.
 
-Templates are Jinja2 (``ImmutableSandboxedEnvironment``, ``StrictUndefined``, trailing newline
-kept). Upstream Go-style references (``{{ .Instance.ID }}``) are rewritten first by
-``nstance.config.gotemplate``; other Go constructs are refused. Every error is a ``RenderError``
-whose message starts with the template's name (e.g. ``templates.web.userdata``) and says what is
-wrong: a syntax error with its line, an undefined name, or a sandbox refusal.
+Templates use upstream's language (``nstance.config.gotemplate`` parses, ``nstance.config.goexec``
+runs) with ``missingkey=zero``: a missing ``{{ .Vars.x }}`` is empty, an unknown struct field such
+as ``{{ .Instance.Foo }}`` is an error. Text outside ``{{ }}`` is never interpreted. Every error is
+a ``RenderError`` whose message starts with the template's name (e.g. ``templates.web.userdata``)
+and says what is wrong, with its line.
 
-Compiled templates are cached by source text. No I/O: fetching ``source: url`` userdata is the
+Parsed templates are cached by source text. No I/O: fetching ``source: url`` userdata is the
 server's job.
 """
 
@@ -16,82 +16,45 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
-from jinja2 import StrictUndefined, Template, TemplateError, TemplateSyntaxError
-from jinja2.exceptions import SecurityError, UndefinedError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
-from jinja2.utils import missing
-
 from nstance.config.errors import RenderError, join_path
-from nstance.config.gotemplate import GoConstructError, translate_go_template
-from nstance.config.templatedata import Namespace, TemplateData
+from nstance.config.goexec import ExecError, UnknownField, execute
+from nstance.config.gotemplate import GoTemplateError, Item, parse
+from nstance.config.templatedata import TemplateData
 
-_MARKERS = ("{{", "{%", "{#")
-
-
-class _Undefined(StrictUndefined):
-    """StrictUndefined whose message names the full missing path, e.g. ``Vars.role``."""
-
-    __slots__ = ()
-
-    @property
-    def _undefined_message(self) -> str:
-        if self._undefined_hint:
-            return self._undefined_hint
-        name = self._undefined_name
-        obj = self._undefined_obj
-        if isinstance(obj, Namespace):
-            return f'undefined variable "{obj.path}.{name}"'
-        if obj is missing:
-            return f'undefined variable "{name}"'
-        return f'undefined variable: {type(obj).__name__} value has no attribute or key "{name}"'
-
-
-class _Environment(ImmutableSandboxedEnvironment):
-    """Looks names up in a Namespace before any attribute, so user keys never hit Python attrs."""
-
-    def getattr(self, obj: Any, attribute: str) -> Any:
-        if isinstance(obj, Namespace):
-            return self.getitem(obj, attribute)
-        return super().getattr(obj, attribute)
-
-    def getitem(self, obj: Any, argument: Any) -> Any:
-        if isinstance(obj, Namespace):
-            try:
-                return obj[argument]
-            except KeyError:
-                return self.undefined(obj=obj, name=argument)
-        return super().getitem(obj, argument)
-
-
-_ENV = _Environment(undefined=_Undefined, autoescape=False, keep_trailing_newline=True)
+_EMPTY = TemplateData()
 
 
 @functools.lru_cache(maxsize=4096)
-def _compile(source: str) -> Template | str:
-    """Compile ``source``; return the template, or the reason it cannot be compiled."""
+def _compile(source: str) -> list[Item] | str:
+    """Parse ``source``; return the syntax tree, or the reason it cannot be parsed."""
     try:
-        translated = translate_go_template(source)
-    except GoConstructError as exc:
+        return parse(source)
+    except GoTemplateError as exc:
         return str(exc)
-    try:
-        return _ENV.from_string(translated)
-    except TemplateSyntaxError as exc:
-        return f"syntax error on line {exc.lineno}: {exc.message}"
-    except TemplateError as exc:
-        return f"template error: {exc}"
+    except RecursionError:
+        return "template nesting is too deep"
 
 
 def needs_rendering(text: str) -> bool:
-    """True when ``text`` contains template markup (plain strings are used as they are)."""
-    return any(marker in text for marker in _MARKERS)
+    """True when ``text`` contains a template action (plain strings are used as they are)."""
+    return "{{" in text
 
 
 def template_problem(source: str) -> str | None:
-    """Why ``source`` cannot be compiled (Go construct, syntax error), or None if it can."""
+    """Why ``source`` cannot be used: a parse error, an unsupported construct, or a field the data
+    does not have (found by a trial run with empty data); None if it can be used."""
     if not needs_rendering(source):
         return None
     compiled = _compile(source)
-    return compiled if isinstance(compiled, str) else None
+    if isinstance(compiled, str):
+        return compiled
+    try:
+        execute(compiled, _EMPTY.go_data())
+    except UnknownField as exc:
+        return str(exc)
+    except (ExecError, ArithmeticError, LookupError, TypeError, ValueError):
+        return None  # depends on the data; reported when the template runs
+    return None
 
 
 def render_template(name: str, source: str, data: TemplateData) -> str:
@@ -102,14 +65,10 @@ def render_template(name: str, source: str, data: TemplateData) -> str:
     if isinstance(compiled, str):
         raise RenderError(f"{name}: {compiled}")
     try:
-        return compiled.render(data.context())
-    except SecurityError as exc:
-        raise RenderError(f"{name}: refused by the template sandbox: {exc}") from None
-    except UndefinedError as exc:
+        return execute(compiled, data.go_data())
+    except ExecError as exc:
         raise RenderError(f"{name}: {exc}") from None
-    except TemplateError as exc:
-        raise RenderError(f"{name}: {exc}") from None
-    except (ArithmeticError, LookupError, TypeError, ValueError, AttributeError, RecursionError) as exc:
+    except (ArithmeticError, LookupError, TypeError, ValueError) as exc:
         raise RenderError(f"{name}: {type(exc).__name__}: {exc}") from None
 
 

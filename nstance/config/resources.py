@@ -2,16 +2,18 @@
 
 Load balancers use upstream's v2 shape (provider ``aws`` with ``target_groups``, ``google`` with
 ``network_endpoint_groups`` and ``frontends``, ``tunnel`` with ``listeners``; fields of another
-provider are refused). Images describe a lookup (filters, owners, sort, fallback). Certificates
-are issuance templates; ``ca``, ``agent`` and ``operator`` are reserved names. No I/O.
+provider are refused) and its v1 shape (``aws`` with ``target_group_arns``; ``gcp``, the v1 name of
+``google``, with ``instance_group_name``). Images describe a lookup (filters, owners, sort,
+fallback). Certificates are issuance templates; ``ca``, ``agent`` and ``operator`` are reserved names. No I/O.
 """
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Annotated, Literal, Self
 from urllib.parse import urlparse
 
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
 from nstance.config.fields import NonEmptyStr, Port, Rules, StrictModel, rule
 
@@ -31,11 +33,19 @@ class TargetGroupConfig(StrictModel):
     """Upstream's wake-proxy port; accepted and not used."""
 
 
+def _ip_address(value: str) -> str:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        raise rule(f'must be an IPv4 or IPv6 address (got "{value}")') from None
+    return value
+
+
 class FrontendConfig(StrictModel):
     """A Google load balancer frontend (forwarding rule address and port)."""
 
-    ip: NonEmptyStr
-    """Forwarding-rule address; documentation only, not used."""
+    ip: Annotated[str, AfterValidator(_ip_address)]
+    """Forwarding-rule address (an IP address); documentation only, not used."""
     port: Port
     """Forwarding-rule port; documentation only, not used."""
 
@@ -50,11 +60,19 @@ class ListenerConfig(StrictModel):
 
 
 _LB_FIELDS: dict[str, tuple[str, ...]] = {
-    "aws": ("target_groups",),
-    "google": ("network_endpoint_groups", "frontends"),
+    "aws": ("target_groups", "target_group_arns"),
+    "google": ("network_endpoint_groups", "frontends", "instance_group_name"),
     "tunnel": ("listeners",),
 }
-_LB_REQUIRED = {"aws": "target_groups", "google": "network_endpoint_groups", "tunnel": "listeners"}
+_LB_REQUIRED = {
+    "aws": ("target_groups", "target_group_arns"),
+    "google": ("network_endpoint_groups", "instance_group_name"),
+    "tunnel": ("listeners",),
+}
+
+
+def _lb_provider_alias(value: object) -> object:
+    return "google" if value == "gcp" else value
 
 
 class LoadBalancerConfig(StrictModel):
@@ -63,17 +81,25 @@ class LoadBalancerConfig(StrictModel):
     ``provider`` picks the kind; only that provider's list may be set, and it must have an entry.
     """
 
-    provider: Literal["aws", "google", "tunnel"]
-    """`aws` (target groups) or `google` (zonal network endpoint groups); must be the shard's provider.
-    `tunnel` is accepted by the schema and refused by validation (not supported yet)."""
+    provider: Annotated[Literal["aws", "google", "tunnel"], BeforeValidator(_lb_provider_alias)]
+    """`aws` (target groups) or `google` (zonal network endpoint groups; `gcp` is upstream's v1 name);
+    must be the shard's provider. `tunnel` is accepted by the schema and refused by validation (not
+    supported yet)."""
     target_groups: list[TargetGroupConfig] = Field(default_factory=list)
-    """`aws`: target groups; at least one, and only for `aws`."""
+    """`aws`: target groups; at least one of `target_groups` and `target_group_arns`, and only for
+    `aws`."""
+    target_group_arns: list[NonEmptyStr] = Field(default_factory=list)
+    """`aws`, upstream's v1 shape: target group ARNs; instances are registered without a port, so each
+    gets its target group's default port."""
     network_endpoint_groups: list[NonEmptyStr] = Field(default_factory=list)
     """`google`: zonal NEGs of the shard's zone (a name, `zones/Z/networkEndpointGroups/N`,
     `projects/P/zones/Z/networkEndpointGroups/N` or its URL); at least one, and only for `google`."""
     frontends: list[FrontendConfig] = Field(default_factory=list)
     """`google`: forwarding-rule addresses; accepted for upstream compatibility and as documentation, not
     used."""
+    instance_group_name: NonEmptyStr | None = None
+    """`google`, upstream's v1 shape (`provider: "gcp"`): an unmanaged instance group of the shard's
+    zone. Accepted by the schema and refused by validation: use `network_endpoint_groups`."""
     listeners: list[ListenerConfig] = Field(default_factory=list)
     """`tunnel`: listeners (not supported yet)."""
 
@@ -81,8 +107,8 @@ class LoadBalancerConfig(StrictModel):
     def _rules(self) -> Self:
         rules = Rules()
         required = _LB_REQUIRED[self.provider]
-        if not getattr(self, required):
-            rules.add(required, f'must have at least one entry for provider "{self.provider}"')
+        if not any(getattr(self, name) for name in required):
+            rules.add(required[0], f'must have at least one entry for provider "{self.provider}"')
         for provider, names in _LB_FIELDS.items():
             if provider == self.provider:
                 continue
@@ -133,7 +159,7 @@ AbsoluteUri = Annotated[str, AfterValidator(_absolute_uri)]
 
 
 class CertConfig(StrictModel):
-    """A certificate template; string fields may be templated (``{{ Instance.Hostname }}``).
+    """A certificate template; string fields may be templated (``{{ .Instance.Hostname }}``).
 
     Three names are reserved. ``agent`` sets the lifetime (``ttl``) of agent certificates issued at
     registration and renewal; ``operator`` that of operator certificates issued at registration

@@ -13,9 +13,9 @@ from nstance.config.cluster import ClusterConfig
 from nstance.config.fields import GroupName, ImageName, StrictModel, TenantName
 from nstance.config.resources import CertConfig, ImageConfig, LoadBalancerConfig
 from nstance.config.shard import ShardConfig
-from nstance.config.workloads import DefaultsConfig, GroupConfig, TemplateConfig
+from nstance.config.workloads import DefaultsConfig, DynamicGroupConfig, GroupConfig, TemplateConfig
 
-DynamicGroups = dict[str, dict[str, GroupConfig]]
+DynamicGroups = dict[str, dict[str, DynamicGroupConfig]]
 """Dynamic groups as stored in ``groups.jsonc``: tenant → group → GroupConfig."""
 
 UNSUPPORTED_SECTIONS: dict[str, str] = {

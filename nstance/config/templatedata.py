@@ -1,49 +1,19 @@
 """The data a userdata/args/file/certificate template sees, as typed dataclasses.
 
-Field names are Python style here; ``TemplateData.context()`` exposes them under upstream's Go
-names (``Instance.ID``, ``Cluster.CACert``, ``Server.RegistrationAddr``, ``Provider.Zone``,
-``Vars.<name>``, ``Image.<name>``, ``Nonce``) so existing templates keep working. Pure data.
+Field names are Python style here; ``TemplateData.go_data()`` exposes them under upstream's Go
+names (``.Instance.ID``, ``.Cluster.CACert``, ``.Server.RegistrationAddr``, ``.Provider.Zone``,
+``.Vars.<name>``, ``.Image.<name>``, ``.Nonce``): structs whose unknown fields are errors, and maps
+(``Vars``, whose missing keys are empty strings as Go's ``missingkey=zero`` makes them, and ``Image``,
+whose missing keys are errors naming the image: an unresolved image must stop a create with its
+reason rather than launch a VM without one). Pure data.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-
-class Namespace:
-    """A read-only name → value lookup that knows its own path (``Vars``) for error messages.
-
-    It deliberately has no public attributes or methods, so a key such as ``items`` or ``keys``
-    is always the user's value and never a Python method.
-    """
-
-    __slots__ = ("_data", "_path")
-
-    def __init__(self, path: str, data: Mapping[str, object]) -> None:
-        self._path = path
-        self._data = dict(data)
-
-    @property
-    def path(self) -> str:
-        return self._path
-
-    def __getitem__(self, key: object) -> object:
-        if not isinstance(key, str):
-            raise KeyError(key)
-        return self._data[key]
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._data
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(sorted(self._data))
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-    def __repr__(self) -> str:
-        return f"<{self._path}>"
+from nstance.config.goexec import GoStruct, RequiredKeys
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,35 +69,22 @@ class TemplateData:
     image: Mapping[str, str] = field(default_factory=dict)
     nonce: str = ""
 
-    def context(self) -> dict[str, object]:
-        """The template context under upstream's (Go) names."""
+    def go_data(self) -> GoStruct:
+        """The template's root value under upstream's (Go) field names."""
         i, c, s, p = self.instance, self.cluster, self.server, self.provider
-        return {
-            "Instance": Namespace(
-                "Instance",
-                {
-                    "ID": i.id,
-                    "Kind": i.kind,
-                    "Arch": i.arch,
-                    "Type": i.instance_type,
-                    "Hostname": i.hostname,
-                    "FQDN": i.fqdn,
-                    "IP4": i.ip4,
-                    "IP6": i.ip6,
-                },
-            ),
-            "Cluster": Namespace("Cluster", {"ID": c.id, "CACert": c.ca_cert}),
-            "Server": Namespace(
-                "Server",
-                {
-                    "Shard": s.shard,
-                    "RegistrationAddr": s.registration_addr,
-                    "AgentAddr": s.agent_addr,
-                    "OperatorAddr": s.operator_addr,
-                },
-            ),
-            "Provider": Namespace("Provider", {"Kind": p.kind, "Region": p.region, "Zone": p.zone}),
-            "Vars": Namespace("Vars", self.vars),
-            "Image": Namespace("Image", self.image),
-            "Nonce": self.nonce,
-        }
+        instance = {"ID": i.id, "Kind": i.kind, "Arch": i.arch, "Type": i.instance_type,
+                    "Hostname": i.hostname, "FQDN": i.fqdn, "IP4": i.ip4, "IP6": i.ip6}  # fmt: skip
+        server = {"Shard": s.shard, "RegistrationAddr": s.registration_addr, "AgentAddr": s.agent_addr,
+                  "OperatorAddr": s.operator_addr}  # fmt: skip
+        return GoStruct(
+            "TemplateData",
+            {
+                "Instance": GoStruct("InstanceData", instance),
+                "Cluster": GoStruct("ClusterData", {"ID": c.id, "CACert": c.ca_cert}),
+                "Server": GoStruct("ServerData", server),
+                "Provider": GoStruct("ProviderData", {"Kind": p.kind, "Region": p.region, "Zone": p.zone}),
+                "Vars": dict(self.vars),
+                "Image": RequiredKeys("Image", self.image),
+                "Nonce": self.nonce,
+            },
+        )

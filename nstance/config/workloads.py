@@ -164,8 +164,9 @@ class GroupConfig(StrictModel):
     instance_type: str | None = None
     """Unset: the template's `instance_type`."""
     subnet_pool: str | None = None
-    """Unset: the template's `subnet_pool`; one of the two must be set, naming a pool of
-    `shard.subnet_pools`."""
+    """Unset: the template's `subnet_pool`. A pool of `shard.subnet_pools`; with neither set the provider
+    places the VMs (EC2: the default VPC; GCE: the default network, or `args.Network`; Proxmox: the
+    `Bridge` arg)."""
     vars: dict[str, str] = Field(default_factory=dict)
     """Merged over the template's vars (the group wins)."""
     args: dict[str, Any] = Field(default_factory=dict)
@@ -176,6 +177,17 @@ class GroupConfig(StrictModel):
     load_balancers: list[str] = Field(default_factory=list)
     """Names of `load_balancers` entries the group's instances are registered with once their agent
     reports."""
+
+
+class DynamicGroupConfig(GroupConfig):
+    """An entry of ``groups.jsonc``: a dynamic group, or the overrides of a static group.
+
+    ``template`` may be left out when the entry overrides a static group (upstream's ``group
+    scale`` writes ``{"size": 5}`` alone); a group that exists only here needs one.
+    """
+
+    template: str = ""
+    """The template of a dynamic-only group; ignored (and usually absent) for a static group."""
 
 
 class DefaultsConfig(StrictModel):

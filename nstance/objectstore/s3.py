@@ -51,10 +51,14 @@ from typing import Any, TypeVar
 import boto3
 from botocore.config import Config
 from botocore.exceptions import (
+    BotoCoreError,
     ClientError,
     ConnectTimeoutError,
     EndpointConnectionError,
     HTTPClientError,
+    NoCredentialsError,
+    NoRegionError,
+    PartialCredentialsError,
     ProxyConnectionError,
 )
 
@@ -63,6 +67,7 @@ from nstance.core.errors import (
     InvalidArgument,
     NotFound,
     PermissionDenied,
+    Unauthenticated,
     Unavailable,
 )
 from nstance.objectstore.base import Conflict, ObjectInfo, ObjectNotFound, PreconditionFailed, Throttled
@@ -307,6 +312,15 @@ class S3ObjectStore:
                     ) from exc
                 decision = _Retry(Unavailable(f"object storage request failed: {exc}"))
                 cause = exc
+            except (NoCredentialsError, PartialCredentialsError) as exc:
+                raise Unauthenticated(
+                    f"s3://{self._bucket}: no usable AWS credentials ({exc}); set AWS_ACCESS_KEY_ID and "
+                    "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or run with an instance role"
+                ) from exc
+            except NoRegionError as exc:
+                raise InvalidArgument(f"s3://{self._bucket}: no AWS region; set AWS_REGION") from exc
+            except BotoCoreError as exc:
+                raise Unavailable(f"s3://{self._bucket}: object storage request failed: {exc}") from exc
             if attempt >= self._max_attempts:
                 raise decision.final from cause
             self._sleep(self._backoff(attempt))
@@ -341,4 +355,7 @@ class S3ObjectStore:
                 f"{where}: the S3 endpoint does not implement this request ({code}); Nstance needs "
                 "If-Match/If-None-Match on PutObject and If-Match on DeleteObject"
             ) from exc
-        raise exc
+        message = str(error.get("Message", "")) or "no details"
+        raise InvalidArgument(
+            f"{where}: object storage refused the request ({status} {code}: {message})"
+        ) from exc

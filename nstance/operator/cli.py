@@ -19,6 +19,7 @@ from typing import Annotated
 
 import typer
 
+from nstance.core.cli import VERSION_HELP, print_version, run_app
 from nstance.core.logformat import TEXT_FORMAT, JsonFormatter
 from nstance.operator.config import ConfigError, load_config_file
 from nstance.operator.crds import names
@@ -41,6 +42,8 @@ log = logging.getLogger("nstance.operator")
 
 app = typer.Typer(
     add_completion=False,
+    # Plain click help: one option per line, readable at 80 columns (rich's boxed table truncates names).
+    rich_markup_mode=None,
     help=(
         "Nstance operator: Cluster API infrastructure provider spreading replicas across shard servers. "
         "See docs/operator.md."
@@ -80,9 +83,6 @@ async def run_until_stopped(settings: OperatorSettings) -> int:
     return 0
 
 
-Duration = Annotated[str, typer.Option(help="Go-style duration, e.g. 30s, 5m.")]
-
-
 @app.command()
 def main_command(
     config: Annotated[
@@ -107,12 +107,45 @@ def main_command(
         ),
     ] = None,
     config_configmap: Annotated[
-        str | None, typer.Option("--config-configmap", envvar=ENV_CONFIG_CONFIGMAP)
+        str | None,
+        typer.Option(
+            "--config-configmap",
+            envvar=ENV_CONFIG_CONFIGMAP,
+            help=f"ConfigMap holding the operator config (default {names.CONFIG_CONFIGMAP}).",
+        ),
     ] = None,
-    ca_configmap: Annotated[str | None, typer.Option("--ca-configmap", envvar=ENV_CA_CONFIGMAP)] = None,
-    cert_secret: Annotated[str | None, typer.Option("--cert-secret", envvar=ENV_CERT_SECRET)] = None,
-    key_secret: Annotated[str | None, typer.Option("--key-secret", envvar=ENV_KEY_SECRET)] = None,
-    nonce_secret: Annotated[str | None, typer.Option("--nonce-secret", envvar=ENV_NONCE_SECRET)] = None,
+    ca_configmap: Annotated[
+        str | None,
+        typer.Option(
+            "--ca-configmap",
+            envvar=ENV_CA_CONFIGMAP,
+            help=f"ConfigMap with the cluster CA certificate (default {names.CA_CONFIGMAP}).",
+        ),
+    ] = None,
+    cert_secret: Annotated[
+        str | None,
+        typer.Option(
+            "--cert-secret",
+            envvar=ENV_CERT_SECRET,
+            help=f"Secret the operator keeps its client certificate in (default {names.CERT_SECRET}).",
+        ),
+    ] = None,
+    key_secret: Annotated[
+        str | None,
+        typer.Option(
+            "--key-secret",
+            envvar=ENV_KEY_SECRET,
+            help=f"Secret the operator keeps its private key in (default {names.KEY_SECRET}).",
+        ),
+    ] = None,
+    nonce_secret: Annotated[
+        str | None,
+        typer.Option(
+            "--nonce-secret",
+            envvar=ENV_NONCE_SECRET,
+            help=f"Secret with the registration nonce JWT (default {names.NONCE_SECRET}).",
+        ),
+    ] = None,
     config_poll_interval: Annotated[
         str, typer.Option("--config-poll-interval", help="How often --config is re-read.")
     ] = "10s",
@@ -123,14 +156,28 @@ def main_command(
     leader_elect: Annotated[
         bool, typer.Option("--leader-elect/--no-leader-elect", help="Lease election among replicas.")
     ] = True,
-    leader_elect_lease: Annotated[str, typer.Option("--leader-elect-lease")] = names.LEADER_ELECTION_LEASE,
-    leader_elect_lease_duration: Annotated[str, typer.Option("--leader-elect-lease-duration")] = "15s",
-    leader_elect_renew_interval: Annotated[str, typer.Option("--leader-elect-renew-interval")] = "5s",
-    leader_elect_renew_deadline: Annotated[str, typer.Option("--leader-elect-renew-deadline")] = "10s",
+    leader_elect_lease: Annotated[
+        str, typer.Option("--leader-elect-lease", help="Name of the election Lease.")
+    ] = names.LEADER_ELECTION_LEASE,
+    leader_elect_lease_duration: Annotated[
+        str,
+        typer.Option("--leader-elect-lease-duration", help="How long a standby waits for a silent leader."),
+    ] = "15s",
+    leader_elect_renew_interval: Annotated[
+        str, typer.Option("--leader-elect-renew-interval", help="How often the leader renews the Lease.")
+    ] = "5s",
+    leader_elect_renew_deadline: Annotated[
+        str,
+        typer.Option(
+            "--leader-elect-renew-deadline", help="A leader that cannot renew this long stops acting."
+        ),
+    ] = "10s",
     disable_webhooks: Annotated[
         bool, typer.Option("--disable-webhooks", help="Run no webhook server.")
     ] = False,
-    webhook_addr: Annotated[str, typer.Option("--webhook-addr")] = DEFAULT_WEBHOOK_ADDR,
+    webhook_addr: Annotated[
+        str, typer.Option("--webhook-addr", help="HOST:PORT the webhook server listens on.")
+    ] = DEFAULT_WEBHOOK_ADDR,
     webhook_cert: Annotated[
         Path | None, typer.Option("--webhook-cert", help="Serving certificate (PEM).")
     ] = None,
@@ -147,15 +194,35 @@ def main_command(
     webhook_host: Annotated[
         str | None, typer.Option("--webhook-host", help="Host in the webhook URL the API server calls.")
     ] = None,
-    resync_interval: Annotated[str, typer.Option("--resync-interval")] = "30s",
-    unreachable_retry: Annotated[str, typer.Option("--unreachable-retry")] = "10s",
-    error_retry: Annotated[str, typer.Option("--error-retry")] = "30s",
-    backoff_base: Annotated[str, typer.Option("--backoff-base")] = "1s",
-    backoff_cap: Annotated[str, typer.Option("--backoff-cap")] = "30s",
-    drain_poll: Annotated[str, typer.Option("--drain-poll")] = "2s",
-    drain_fallback: Annotated[str, typer.Option("--drain-fallback")] = "5m",
+    resync_interval: Annotated[
+        str, typer.Option("--resync-interval", help="How often every shard's groups are re-read.")
+    ] = "30s",
+    unreachable_retry: Annotated[
+        str, typer.Option("--unreachable-retry", help="Retry delay when a shard is unreachable.")
+    ] = "10s",
+    error_retry: Annotated[
+        str, typer.Option("--error-retry", help="Retry delay after a shard refused a change.")
+    ] = "30s",
+    backoff_base: Annotated[
+        str, typer.Option("--backoff-base", help="First reconnect delay of the watch streams.")
+    ] = "1s",
+    backoff_cap: Annotated[
+        str, typer.Option("--backoff-cap", help="Longest reconnect delay of the watch streams.")
+    ] = "30s",
+    drain_poll: Annotated[
+        str, typer.Option("--drain-poll", help="How often a node drain checks its pods.")
+    ] = "2s",
+    drain_fallback: Annotated[
+        str, typer.Option("--drain-fallback", help="Drain deadline when the shard gives none.")
+    ] = "5m",
     log_format: Annotated[str, typer.Option("--log-format", help="json or text.")] = "json",
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
+    verbose: Annotated[bool, typer.Option("--debug", "--verbose", "-v", help="Debug logging.")] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=print_version("nstance-operator"), is_eager=True, help=VERSION_HELP
+        ),
+    ] = False,
 ) -> None:
     """Run the operator."""
     try:
@@ -209,4 +276,4 @@ def main_command(
 
 def main() -> None:
     """Console-script entry point."""
-    app()
+    run_app(app, "nstance-operator")

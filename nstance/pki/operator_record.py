@@ -1,8 +1,11 @@
 """The operator registration record kept in cluster storage at ``operator/{tenant}.{cluster_id}.json``.
 
-Written by ``nstance-admin cluster register-operator`` and by the server's RenewCertificate, so both
-produce the same fields (upstream's: cluster_id, tenant, public_key, cert_serial, expires_at,
-renewed_at, type; plus operator_id). Pure: builds the key and the bytes, stores nothing.
+Written by ``nstance-admin cluster register-operator``, by the server's RegisterOperator and by its
+RenewCertificate, all with the same fields: the union of the two shapes upstream writes at that key
+(its registration: client_id, tenant, public_key_pem, cert_serial, registered_at, expires_at; its
+renewal: cluster_id, tenant, public_key, cert_serial, expires_at, renewed_at, type), plus
+operator_id, so a Go server reads the record whichever code path it uses. Pure: builds the key and
+the bytes, stores nothing.
 """
 
 from __future__ import annotations
@@ -34,11 +37,14 @@ def operator_record(
     """The record's JSON document for a certificate just issued to an operator."""
     record = {
         "cluster_id": cluster_id,
+        "client_id": cluster_id,
         "tenant": tenant,
         "operator_id": operator_id,
         "public_key": public_key_pem,
+        "public_key_pem": public_key_pem,
         "cert_serial": issued.serial_hex,
         "expires_at": _rfc3339(issued.not_after),
+        "registered_at": _rfc3339(now),
         "renewed_at": _rfc3339(now),
         "type": "operator",
     }

@@ -37,8 +37,13 @@ from nstance.secrets.base import SecretNotFound, validate_secret_name
 
 _NOT_FOUND = "ResourceNotFoundException"
 _EXISTS = "ResourceExistsException"
-_DENIED = {"AccessDeniedException", "AccessDenied", "UnrecognizedClientException", "ExpiredTokenException"}
-_TRANSIENT = {
+DENIED_CODES = {
+    "AccessDeniedException",
+    "AccessDenied",
+    "UnrecognizedClientException",
+    "ExpiredTokenException",
+}
+TRANSIENT_CODES = {
     "ThrottlingException",
     "Throttling",
     "TooManyRequestsException",
@@ -49,16 +54,52 @@ _TRANSIENT = {
 }
 
 
-def _code(exc: ClientError) -> str:
+def error_code(exc: ClientError) -> str:
     return str(exc.response.get("Error", {}).get("Code", ""))
 
 
-def _message(exc: ClientError) -> str:
+def error_message(exc: ClientError) -> str:
     return str(exc.response.get("Error", {}).get("Message", ""))
 
 
 def _marked_for_deletion(exc: ClientError) -> bool:
-    return _code(exc) == "InvalidRequestException" and "deletion" in _message(exc).lower()
+    return error_code(exc) == "InvalidRequestException" and "deletion" in error_message(exc).lower()
+
+
+def secrets_manager_failure(exc: Exception, what: str, action: str) -> NoReturn:
+    """Raise the core error for a botocore failure of ``action`` on ``what`` (``secret 'x'``)."""
+    where = f"AWS Secrets Manager could not {action} {what}"
+    if isinstance(exc, NoCredentialsError):
+        raise FailedPrecondition(f"{where}: no AWS credentials found") from exc
+    if isinstance(exc, BotoCoreError):
+        raise Unavailable(f"{where}: {exc}") from exc
+    if not isinstance(exc, ClientError):  # pragma: no cover - callers pass only botocore errors
+        raise exc
+    code, msg = error_code(exc), error_message(exc)
+    if code == _NOT_FOUND:
+        raise SecretNotFound(f"{what} not found") from exc
+    if code in DENIED_CODES:
+        raise PermissionDenied(f"{where}: {code}: {msg}") from exc
+    if code in TRANSIENT_CODES:
+        raise Unavailable(f"{where}: {code}: {msg}") from exc
+    if code == "LimitExceededException":
+        raise ResourceExhausted(f"{where}: {code}: {msg}") from exc
+    raise FailedPrecondition(f"{where}: {code}: {msg}") from exc
+
+
+def secrets_manager_client(region: str | None = None, endpoint_url: str | None = None) -> Any:
+    """A boto3 Secrets Manager client; InvalidArgument naming what to set when no region is configured."""
+    try:
+        return boto3.client(
+            "secretsmanager",
+            region_name=region or os.environ.get("AWS_REGION") or None,
+            endpoint_url=endpoint_url,
+        )
+    except NoRegionError as exc:
+        raise InvalidArgument(
+            "AWS Secrets Manager needs a region: set AWS_REGION or AWS_DEFAULT_REGION (or a region "
+            "in the AWS profile)"
+        ) from exc
 
 
 class AwsSecretsManagerStore:
@@ -75,16 +116,7 @@ class AwsSecretsManagerStore:
     ) -> None:
         self._prefix = prefix
         self._description = description
-        if client is None:
-            region = region or os.environ.get("AWS_REGION") or None
-            try:
-                client = boto3.client("secretsmanager", region_name=region, endpoint_url=endpoint_url)
-            except NoRegionError as exc:
-                raise InvalidArgument(
-                    "AWS Secrets Manager needs a region: set AWS_REGION or AWS_DEFAULT_REGION (or a region "
-                    "in the AWS profile)"
-                ) from exc
-        self._client: Any = client
+        self._client: Any = client if client is not None else secrets_manager_client(region, endpoint_url)
 
     @property
     def prefix(self) -> str:
@@ -94,23 +126,7 @@ class AwsSecretsManagerStore:
         return self._prefix + validate_secret_name(name)
 
     def _fail(self, exc: Exception, name: str, action: str) -> NoReturn:
-        where = f"AWS Secrets Manager could not {action} secret {name!r}"
-        if isinstance(exc, NoCredentialsError):
-            raise FailedPrecondition(f"{where}: no AWS credentials found") from exc
-        if isinstance(exc, BotoCoreError):
-            raise Unavailable(f"{where}: {exc}") from exc
-        if not isinstance(exc, ClientError):  # pragma: no cover - callers pass only botocore errors
-            raise exc
-        code, msg = _code(exc), _message(exc)
-        if code == _NOT_FOUND:
-            raise SecretNotFound(f"secret {name!r} not found") from exc
-        if code in _DENIED:
-            raise PermissionDenied(f"{where}: {code}: {msg}") from exc
-        if code in _TRANSIENT:
-            raise Unavailable(f"{where}: {code}: {msg}") from exc
-        if code == "LimitExceededException":
-            raise ResourceExhausted(f"{where}: {code}: {msg}") from exc
-        raise FailedPrecondition(f"{where}: {code}: {msg}") from exc
+        secrets_manager_failure(exc, f"secret {name!r}", action)
 
     def get(self, name: str) -> bytes:
         secret_id = self._id(name)
@@ -140,12 +156,12 @@ class AwsSecretsManagerStore:
                 self._client.put_secret_value(SecretId=secret_id, SecretBinary=bytes(data))
                 return
             except ClientError as exc:
-                if _code(exc) != _NOT_FOUND:
+                if error_code(exc) != _NOT_FOUND:
                     raise
             try:
                 self._create(name, data)
             except ClientError as exc:
-                if _code(exc) != _EXISTS:
+                if error_code(exc) != _EXISTS:
                     raise
                 # Someone created it between our two calls: write our value as the newest version.
                 self._client.put_secret_value(SecretId=secret_id, SecretBinary=bytes(data))
@@ -162,7 +178,7 @@ class AwsSecretsManagerStore:
         try:
             self._create(name, data)
         except ClientError as exc:
-            if _code(exc) == _EXISTS:
+            if error_code(exc) == _EXISTS:
                 return False
             if _marked_for_deletion(exc):
                 raise Unavailable(
@@ -178,7 +194,7 @@ class AwsSecretsManagerStore:
         try:
             self._client.delete_secret(SecretId=secret_id, ForceDeleteWithoutRecovery=True)
         except ClientError as exc:
-            if _code(exc) == _NOT_FOUND:
+            if error_code(exc) == _NOT_FOUND:
                 return
             self._fail(exc, name, "delete")
         except BotoCoreError as exc:
@@ -189,7 +205,7 @@ class AwsSecretsManagerStore:
         try:
             resp = self._client.describe_secret(SecretId=secret_id)
         except ClientError as exc:
-            if _code(exc) == _NOT_FOUND:
+            if error_code(exc) == _NOT_FOUND:
                 return False
             self._fail(exc, name, "look up")
         except BotoCoreError as exc:

@@ -187,7 +187,7 @@ def ensure_cluster_identity(
     secrets: SecretStore,
     *,
     cluster_id: str,
-    key_type: str = "ecdsa-p256",
+    key_type: str = "ed25519",
     clock: Clock | None = None,
 ) -> EnsureResult:
     """Create whatever part of the identity is missing, never replacing an existing part; load it all."""

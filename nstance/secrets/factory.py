@@ -1,9 +1,9 @@
 """Open a SecretStore by provider name (the ``secrets.provider`` config value).
 
-Providers: ``object-storage`` (needs an ObjectStore and at least one 32-byte key; default prefix
-``secret/``), ``aws-secrets-manager`` (boto3; default prefix empty, as upstream) and ``memory``.
-Upstream's ``aws-parameter-store`` and ``google-secret-manager`` are refused with InvalidArgument
-"not supported yet"; anything else is refused naming the accepted providers.
+Providers and their default name prefixes (upstream v2's): ``object-storage`` (needs an ObjectStore
+and at least one 32-byte key; ``secret/``), ``aws-parameter-store`` (``/nstance/``),
+``aws-secrets-manager`` (``nstance/``) and ``memory``. ``google-secret-manager`` is refused with
+InvalidArgument "not supported yet"; anything else is refused naming the accepted providers.
 
 This module only chooses and constructs; it imports boto3 (via ``aws``) only when that provider is
 asked for, and loads no keys itself (see ``keys``).
@@ -20,8 +20,21 @@ from nstance.secrets.base import SecretStore
 from nstance.secrets.memory import MemorySecretStore
 from nstance.secrets.objectstorage import DEFAULT_PREFIX, ObjectStorageSecretStore
 
-PROVIDERS = ("object-storage", "aws-secrets-manager", "memory")
-NOT_YET_SUPPORTED = ("aws-parameter-store", "google-secret-manager")
+PROVIDERS = ("object-storage", "aws-parameter-store", "aws-secrets-manager", "memory")
+NOT_YET_SUPPORTED = ("google-secret-manager",)
+#: Name prefix of each provider when the config sets none (upstream v2's ``SetDefaults``).
+DEFAULT_PREFIXES: dict[str, str] = {
+    "object-storage": DEFAULT_PREFIX,
+    "aws-parameter-store": "/nstance/",
+    "aws-secrets-manager": "nstance/",
+    "google-secret-manager": "nstance-",
+    "memory": "",
+}
+
+
+def default_prefix(provider: str, prefix: str | None) -> str:
+    """``prefix`` when set (non-empty), else the provider's default."""
+    return prefix or DEFAULT_PREFIXES.get(provider, "")
 
 
 def open_secret_store(
@@ -34,6 +47,7 @@ def open_secret_store(
     aws_endpoint_url: str | None = None,
     aws_client: Any = None,
     accept_legacy_unbound: bool = True,
+    bind_names: bool = False,
 ) -> SecretStore:
     """Return the store ``provider`` names, configured with the options that apply to it."""
     if provider == "memory":
@@ -43,15 +57,28 @@ def open_secret_store(
             raise InvalidArgument("the object-storage secrets provider needs an object store")
         return ObjectStorageSecretStore(
             object_store,
-            DEFAULT_PREFIX if prefix is None else prefix,
+            default_prefix(provider, prefix),
             keys=keys,
             accept_legacy_unbound=accept_legacy_unbound,
+            bind_names=bind_names,
         )
     if provider == "aws-secrets-manager":
         from nstance.secrets.aws import AwsSecretsManagerStore  # boto3 only when asked for
 
         return AwsSecretsManagerStore(
-            prefix or "", client=aws_client, region=aws_region, endpoint_url=aws_endpoint_url
+            default_prefix(provider, prefix),
+            client=aws_client,
+            region=aws_region,
+            endpoint_url=aws_endpoint_url,
+        )
+    if provider == "aws-parameter-store":
+        from nstance.secrets.parameterstore import AwsParameterStoreSecretStore  # boto3 only when asked for
+
+        return AwsParameterStoreSecretStore(
+            default_prefix(provider, prefix),
+            client=aws_client,
+            region=aws_region,
+            endpoint_url=aws_endpoint_url,
         )
     if provider in NOT_YET_SUPPORTED:
         raise InvalidArgument(

@@ -1,9 +1,12 @@
 """Loading the 32-byte AES-256 key(s) that encrypt object-storage secrets.
 
-Sources (``provider``, ``source``):
+Sources (``provider``, ``source``), as upstream:
 
 * ``env``: the environment variable named ``source`` (admin default ``NSTANCE_ENCRYPTION_KEY``);
-* ``file``: the file at path ``source``.
+* ``file``: the file at path ``source``;
+* ``aws-secrets-manager``: the secret whose name or ARN is ``source`` (string or binary value; the
+  default of upstream's Terraform module);
+* ``aws-parameter-store``: the ``SecureString`` parameter named ``source``.
 
 Accepted encodings, tried in this order (none of them can be mistaken for another):
 
@@ -14,8 +17,8 @@ Accepted encodings, tried in this order (none of them can be mistaken for anothe
    or ``generate_encryption_key()``.
 
 Errors are InvalidArgument naming the variable or file and the expected formats; the key itself is
-never echoed. Other upstream key sources (``aws-secrets-manager``, ``aws-parameter-store``,
-``google-secret-manager``) are refused as not supported yet. Reads only the named variable or file.
+never echoed. ``google-secret-manager`` is refused as not supported yet. Reads only the named
+variable, file, secret or parameter (boto3 is imported only for the AWS sources).
 """
 
 from __future__ import annotations
@@ -24,25 +27,36 @@ import base64
 import binascii
 import os
 import re
+import secrets
+import string
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 from nstance.core.errors import InvalidArgument
 
 KEY_SIZE = 32
 DEFAULT_KEY_ENV = "NSTANCE_ENCRYPTION_KEY"
-KEY_PROVIDERS = ("env", "file")
-_UNSUPPORTED = ("aws-secrets-manager", "aws-parameter-store", "google-secret-manager")
+KEY_PROVIDERS = ("env", "file", "aws-secrets-manager", "aws-parameter-store")
+_UNSUPPORTED = ("google-secret-manager",)
 _HEX = re.compile(rb"[0-9a-fA-F]{64}")
 _B64 = re.compile(rb"[A-Za-z0-9+/_-]+={0,2}")
 EXPECTED_FORMATS = (
-    "32 raw bytes, 64 hex characters, or base64 of 32 bytes (generate one with `openssl rand -base64 32`)"
+    "32 raw bytes, 64 hex characters, or base64 of 32 bytes (generate one with "
+    "`nstance-admin secrets generate-key` or `openssl rand -base64 32`)"
 )
 
 
+_KEY_ALPHABET = string.ascii_letters + string.digits
+
+
 def generate_encryption_key() -> str:
-    """A new random key as base64 text (32 bytes from the OS CSPRNG), for local examples and init."""
-    return base64.b64encode(os.urandom(KEY_SIZE)).decode("ascii")
+    """A new random key of 32 letters and digits (about 190 bits from the OS CSPRNG).
+
+    Its 32 characters are the 32 key bytes, the only form upstream's Go server reads from ``env`` and
+    ``file`` sources, so the same value works for both implementations.
+    """
+    return "".join(secrets.choice(_KEY_ALPHABET) for _ in range(KEY_SIZE))
 
 
 def decode_encryption_key(value: bytes | str, where: str) -> bytes:
@@ -76,8 +90,34 @@ def decode_encryption_key(value: bytes | str, where: str) -> bytes:
     )
 
 
-def load_encryption_key(provider: str, source: str, environ: Mapping[str, str] | None = None) -> bytes:
-    """Load one 32-byte key from ``env`` (variable name) or ``file`` (path)."""
+def _remote_key(provider: str, source: str, client: Any) -> bytes:
+    """The key held by an AWS secret or parameter (boto3 imported only here)."""
+    if provider == "aws-parameter-store":
+        from nstance.secrets.parameterstore import read_secure_string, ssm_client
+
+        value = read_secure_string(client or ssm_client(), source, f"parameter {source!r}")
+        return decode_encryption_key(value, f"AWS Parameter Store parameter {source}")
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from nstance.secrets.aws import secrets_manager_client, secrets_manager_failure
+
+    try:
+        resp = (client or secrets_manager_client()).get_secret_value(SecretId=source)
+    except (ClientError, BotoCoreError) as exc:
+        secrets_manager_failure(exc, f"secret {source!r}", "read")
+    data = resp.get("SecretString")
+    raw = data.encode("utf-8") if isinstance(data, str) else resp.get("SecretBinary")
+    if not raw:
+        raise InvalidArgument(
+            f"AWS Secrets Manager secret {source} is empty; it must hold {EXPECTED_FORMATS}"
+        )
+    return decode_encryption_key(bytes(raw), f"AWS Secrets Manager secret {source}")
+
+
+def load_encryption_key(
+    provider: str, source: str, environ: Mapping[str, str] | None = None, *, aws_client: Any = None
+) -> bytes:
+    """Load one 32-byte key from a source (``aws_client``: a boto3 client to use for an AWS source)."""
     env = os.environ if environ is None else environ
     if provider in _UNSUPPORTED:
         raise InvalidArgument(
@@ -89,8 +129,10 @@ def load_encryption_key(provider: str, source: str, environ: Mapping[str, str] |
             f"unknown encryption key provider {provider!r}; use one of: {', '.join(KEY_PROVIDERS)}"
         )
     if not source:
-        what = "an environment variable name" if provider == "env" else "a file path"
+        what = {"env": "an environment variable name", "file": "a file path"}.get(provider, "a name or ARN")
         raise InvalidArgument(f"encryption key provider {provider!r} needs a source ({what})")
+    if provider in ("aws-secrets-manager", "aws-parameter-store"):
+        return _remote_key(provider, source, aws_client)
     if provider == "env":
         value = env.get(source)
         if not value:

@@ -4,9 +4,10 @@ Each secret ``name`` is stored at ``prefix + name`` (default prefix ``secret/``)
 
     nonce (12 random bytes) || AES-256-GCM ciphertext || tag (16 bytes)
 
-which is upstream Nstance's layout. Unlike upstream, the secret name is bound to the ciphertext as
+which is upstream Nstance's layout, so a Go server with the same key reads every secret written here
+(a cluster can move back). With ``bind_names`` the secret name is also bound to the ciphertext as
 GCM additional authenticated data (AAD = UTF-8 name): an object copied or renamed to another secret
-name fails to decrypt instead of silently becoming that secret.
+name then fails to decrypt instead of silently becoming that secret, but upstream cannot read it.
 
 Keys: exactly 32 bytes each. ``keys[0]`` is the current key and encrypts every write; every key, in
 order, is tried for reads (old keys stay decrypt-only, so keys can be rotated by prepending a new one
@@ -14,10 +15,10 @@ and re-writing secrets). No keys means the store refuses to be constructed. Upst
 plaintext when no key was configured; we deliberately do not — a misconfiguration must not silently
 put the CA key unencrypted into a bucket.
 
-Compatibility: secrets written by upstream Nstance have no AAD. When ``accept_legacy_unbound`` is
-true (the default) a read that fails with the name as AAD is retried without AAD, so an existing
-upstream cluster's ``ca.key`` keeps working; anything this store writes is always name-bound, so the
-name binding holds for every secret written here. Set it to false once all secrets were re-written.
+Reads try both forms: the unbound (upstream) form and the name-bound form (written with
+``bind_names``, and by earlier versions of this implementation). With ``bind_names`` and
+``accept_legacy_unbound=False`` only name-bound secrets are accepted, so the binding holds for every
+secret read; use that once all secrets were re-written bound.
 
 Failures: a missing object -> SecretNotFound; an object no key decrypts (wrong key, altered bytes,
 wrong name) -> SecretDecryptionError with a message that never includes secret material. Object-store
@@ -71,6 +72,7 @@ class ObjectStorageSecretStore:
         *,
         keys: Sequence[bytes],
         accept_legacy_unbound: bool = True,
+        bind_names: bool = False,
     ) -> None:
         if not keys:
             raise InvalidArgument(
@@ -84,7 +86,8 @@ class ObjectStorageSecretStore:
         self._store = store
         self._prefix = _normalize_prefix(prefix)
         self._ciphers = [AESGCM(k) for k in checked]
-        self._accept_legacy = accept_legacy_unbound
+        self._accept_legacy = accept_legacy_unbound or not bind_names
+        self._bind = bind_names
 
     @property
     def prefix(self) -> str:
@@ -96,7 +99,8 @@ class ObjectStorageSecretStore:
     def encrypt(self, name: str, data: bytes) -> bytes:
         """The stored form of ``data`` under ``name`` with the current key (fresh random nonce)."""
         nonce = os.urandom(NONCE_SIZE)
-        return nonce + self._ciphers[0].encrypt(nonce, bytes(data), validate_secret_name(name).encode())
+        aad = validate_secret_name(name).encode() if self._bind else None
+        return nonce + self._ciphers[0].encrypt(nonce, bytes(data), aad)
 
     def decrypt(self, name: str, blob: bytes) -> bytes:
         """Inverse of ``encrypt``, trying every key; raise SecretDecryptionError when none works."""
@@ -106,8 +110,8 @@ class ObjectStorageSecretStore:
                 f"(at least {NONCE_SIZE + TAG_SIZE})"
             )
         nonce, body = blob[:NONCE_SIZE], blob[NONCE_SIZE:]
-        aads: list[bytes | None] = [name.encode()]
-        if self._accept_legacy:
+        aads: list[bytes | None] = [name.encode()] if self._bind else [None, name.encode()]
+        if self._bind and self._accept_legacy:
             aads.append(None)
         for aad in aads:
             for cipher in self._ciphers:

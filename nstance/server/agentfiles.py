@@ -4,8 +4,10 @@ A template's ``files`` map a delivered file name to one of six kinds:
 
 * ``secret``: the bytes of a secret (``source`` names it, templated) from the cluster secret store;
 * ``storage``: the bytes of an object (``source`` is its key, templated) in the shard's store;
-* ``env``: ``KEY=value`` lines, keys sorted, values templated and quoted by ``env_line``;
-* ``json``: the object with every string templated, serialised with sorted keys and 2-space indent;
+* ``env``: ``KEY=value`` lines, keys sorted, values templated and written as they are, lines joined
+  by ``\n`` with none after the last (byte for byte what a Go server writes);
+* ``json``: the object with every string templated, serialised as Go's ``json.MarshalIndent`` does
+  (``nstance.core.gojson``: sorted keys, 2-space indent, ``\u003c``-style escapes, no final newline);
 * ``string``: the templated text;
 * ``certificate``: a certificate issued by the cluster CA for the public key the agent submitted
   under ``key.name`` (without ``.pub``), subject and SANs from the named ``certificates`` entry
@@ -29,7 +31,6 @@ Blocking store calls and certificate signing run in worker threads.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 from collections.abc import Collection, Mapping, Sequence
@@ -54,6 +55,7 @@ from nstance.config.errors import join_path
 from nstance.config.render import render_value
 from nstance.core.clock import Clock
 from nstance.core.errors import InvalidArgument, NotFound, NstanceError
+from nstance.core.gojson import go_marshal, go_marshal_indent
 from nstance.objectstore.base import ObjectStore, PreconditionFailed
 from nstance.objectstore.file import validate_key
 from nstance.pki.ca import CertificateAuthority
@@ -75,8 +77,6 @@ PROTECTED_SECRETS: frozenset[str] = frozenset({CA_KEY_SECRET, NONCE_KEY_SECRET})
 PROTECTED_OBJECT_PREFIXES: tuple[str, ...] = (RECORD_PREFIX, CERTLOG_PREFIX, "leader.json")
 
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_ENV_BARE = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
-_ENV_ESCAPE = re.compile(r'([\\"$`])')
 _CERTLOG_ATTEMPTS = 16
 
 
@@ -192,11 +192,10 @@ def template_data(merged: MergedGroupConfig, instance: InstanceFacts) -> Templat
 
 
 def env_line(key: str, value: str) -> str:
-    """One ``KEY=value`` line (no newline) readable by ``sh``/``bash`` ``.`` and systemd EnvironmentFile.
+    """One ``KEY=value`` line (no newline) as Go writes it: the value is not quoted or escaped.
 
-    Values made only of ``A-Z a-z 0-9 _ @ % + = : , . / -`` (or empty) are written bare; anything else
-    is double-quoted with ``\\``, ``"``, ``$`` and backquote escaped by a backslash. Keys must be shell
-    identifiers; values must not contain line breaks or NUL (both raise InvalidArgument).
+    Keys must be variable names; values must not contain line breaks or NUL, which would break the
+    file for the agent (Go writes them anyway; here the file fails with InvalidArgument).
     """
     if not _ENV_KEY.fullmatch(key):
         raise InvalidArgument(
@@ -207,23 +206,19 @@ def env_line(key: str, value: str) -> str:
             f"env value of {key} contains a line break or NUL, which env files cannot hold; "
             'use a "string" or "json" file for multi-line values'
         )
-    if value == "" or _ENV_BARE.fullmatch(value):
-        return f"{key}={value}"
-    escaped = _ENV_ESCAPE.sub(r"\\\1", value)
-    return f'{key}="{escaped}"'
+    return f"{key}={value}"
 
 
 def _render_env(path: str, template: Mapping[str, Any], data: TemplateData) -> bytes:
     lines = []
-    for key in sorted(template):
+    for key in sorted(template, key=lambda k: k.encode("utf-8")):
         value = render_template(join_path(path, key), str(template[key]), data)
-        lines.append(env_line(key, value) + "\n")
-    return "".join(lines).encode("utf-8")
+        lines.append(env_line(key, value))
+    return "\n".join(lines).encode("utf-8")
 
 
 def _render_json(path: str, template: Any, data: TemplateData) -> bytes:
-    rendered = render_value(path, template, data)
-    return (json.dumps(rendered, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8")
+    return go_marshal_indent(render_value(path, template, data))
 
 
 def _secret_name(path: str, source: str, data: TemplateData) -> str:
@@ -307,7 +302,7 @@ class _CertRequest:
 
 
 def _render_list(path: str, values: Sequence[str], data: TemplateData) -> list[str]:
-    """Render each item; items that render empty (e.g. ``{{ Instance.IP6 }}`` without IPv6) are dropped."""
+    """Render each item; items that render empty (e.g. ``{{ .Instance.IP6 }}`` without IPv6) are dropped."""
     out = []
     for i, value in enumerate(values):
         text = render_template(join_path(path, i), value, data).strip()
@@ -416,21 +411,33 @@ def _certificate_name(cert: IssuedCertificate) -> str:
 def certlog_document(
     *, tenant: str, instance_id: str, certificates: Sequence[IssuedCertificate], now: datetime
 ) -> dict[str, Any]:
-    """The JSON object ``write_certlog`` stores (see docs/files.md for the format)."""
+    """The JSON object ``write_certlog`` stores: upstream's fields (see docs/files.md), plus
+    ``not_before`` in each entry."""
     return {
         "tenant": tenant,
         "instance_id": instance_id,
-        "issued_at": _iso(now),
+        "issued_at": now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "batch_size": len(certificates),
         "certificates": [
             {
-                "name": _certificate_name(cert),
-                "serial": cert.serial_hex,
+                "certificate_name": _certificate_name(cert),
+                "serial_number": cert.serial_hex,
+                "expires_at": _iso(cert.not_after),
                 "not_before": _iso(cert.not_before),
-                "not_after": _iso(cert.not_after),
             }
             for cert in certificates
         ],
     }
+
+
+def certlog_stamp(moment: datetime) -> int:
+    """The time part of a certificate log key: ``yyyyMMddHHmmss`` and milliseconds, as one number.
+
+    Upstream's keys have the same 17 digits (its last three are always ``000``), so both sort in time
+    order together.
+    """
+    utc = moment.astimezone(UTC)
+    return int(utc.strftime("%Y%m%d%H%M%S")) * 1000 + utc.microsecond // 1000
 
 
 def write_certlog(
@@ -441,22 +448,21 @@ def write_certlog(
     certificates: Sequence[IssuedCertificate],
     now: datetime,
 ) -> str:
-    """Write one certificate log batch to ``certlog/{tenant}.{ms}.{instance_id}.json``; return the key.
+    """Write one certificate log batch to ``certlog/{tenant}.{stamp}.{instance_id}.json``; return the key.
 
-    ``store`` is the shard-scoped store. The object is created, never overwritten: if a batch for the
-    same instance already holds that millisecond, the next free millisecond is used. Serials are the
-    certificates' own (``IssuedCertificate.serial_hex``).
+    ``store`` is the shard-scoped store; ``stamp`` is ``certlog_stamp(now)``. The object is created,
+    never overwritten: if a batch for the same instance already holds that stamp, the next free
+    millisecond is used. Serials are the certificates' own (``IssuedCertificate.serial_hex``). The
+    body is compact JSON as upstream's ``json.Marshal`` writes it.
     """
     if not certificates:
         raise InvalidArgument("a certificate log batch needs at least one certificate")
     if not tenant or not instance_id:
         raise InvalidArgument("a certificate log batch needs a tenant and an instance id")
-    body = json.dumps(
-        certlog_document(tenant=tenant, instance_id=instance_id, certificates=certificates, now=now),
-        indent=2,
-        sort_keys=True,
-    ).encode("utf-8")
-    ms = int(now.timestamp() * 1000)
+    body = go_marshal(
+        certlog_document(tenant=tenant, instance_id=instance_id, certificates=certificates, now=now)
+    )
+    ms = certlog_stamp(now)
     for attempt in range(_CERTLOG_ATTEMPTS):
         key = f"{CERTLOG_PREFIX}{tenant}.{ms + attempt}.{instance_id}.json"
         try:

@@ -31,7 +31,7 @@ from nstance.config import ServerConfig
 from nstance.config.shard import split_host_port
 from nstance.core.backoff import Backoff
 from nstance.core.clock import Clock, SystemClock
-from nstance.core.errors import FailedPrecondition, InvalidArgument, NstanceError
+from nstance.core.errors import FailedPrecondition, InvalidArgument, NstanceError, Unauthenticated
 from nstance.core.logformat import JsonFormatter
 from nstance.core.logthrottle import LogThrottle
 from nstance.core.ratelimit import TokenBucket
@@ -66,7 +66,7 @@ from nstance.server.http import HealthServer
 from nstance.server.interceptors import ServerInterceptor
 from nstance.server.limits import CreateLimiter
 from nstance.server.looplag import LagProbe
-from nstance.server.metrics import InstrumentedProvider, Metrics
+from nstance.server.metrics import InstrumentedProvider, Metrics, watch_event_loop_lag
 from nstance.server.provisioning import ShardIdentity
 from nstance.server.registration import Registrar
 from nstance.server.revocations import revocation_loop, sync_revocations
@@ -119,6 +119,8 @@ def setup_logging(verbose: bool = False) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    # Schema migrations log every step at INFO on each start; only --debug shows them.
+    logging.getLogger("alembic").setLevel(logging.DEBUG if verbose else logging.WARNING)
 
 
 def _override_hosts(addrs: Mapping[str, str], host: str) -> dict[str, str]:
@@ -179,13 +181,16 @@ async def retry_until_stopped(
 ) -> T | None:
     """``step()``'s result, retried with backoff (1 s up to ``cap``) on errors; None once ``stop`` is set.
 
-    ``failed(error, delay)`` reports each failure before the wait.
+    ``failed(error, delay)`` reports each failure before the wait. Missing credentials (Unauthenticated)
+    are not retried: they are raised at once.
     """
     backoff = Backoff(base=1.0, cap=cap)
     attempt = 0
     while not stop.is_set():
         try:
             return await step()
+        except Unauthenticated:
+            raise  # no storage credentials: waiting will not bring them; the CLI says so and exits 1
         except (NstanceError, OSError) as exc:
             delay = backoff.delay(attempt)
             attempt += 1
@@ -202,8 +207,9 @@ class ServerApp:
         self.opts = opts
         self.clock = clock or SystemClock()
         self.metrics = Metrics()
-        #: Measures event-loop stalls into ``nstance_event_loop_lag_seconds`` while ``run`` runs.
-        self.lag_probe = LagProbe(record=self.metrics.observe_loop_lag)
+        #: The largest event-loop stall while ``run`` runs, at 25 ms resolution (benchmarks and tests read
+        #: it; ``watch_event_loop_lag`` feeds the ``nstance_event_loop_lag_seconds`` histogram).
+        self.lag_probe = LagProbe()
         self._config_error: str | None = "starting"
         self._starting: str | None = "loading the shard config"
         self._elector: Elector | None = None
@@ -238,15 +244,11 @@ class ServerApp:
     # --- lifecycle --------------------------------------------------------------------------
 
     def _scopes(self) -> StorageScopes:
-        prefix = self.opts.prefix
-        if prefix and not prefix.endswith("/"):
-            prefix += "/"
         return open_scopes(
             self.opts.storage,
             self.opts.bucket,
             shard=self.opts.shard,
-            prefix=f"{prefix}shard/{self.opts.shard}/",
-            cluster_prefix=f"{prefix}cluster/",
+            prefix=self.opts.prefix or None,  # as upstream: the shard scope, default shard/{shard}/
         )
 
     def _cluster_store(self, config: ServerConfig, scopes: StorageScopes) -> ObjectStore:
@@ -254,9 +256,12 @@ class ServerApp:
         storage = config.cluster.storage
         if storage is None:
             return scopes.cluster
-        if storage.provider == "gcs":
-            raise InvalidArgument('cluster.storage.provider: "gcs" is not supported yet; use "s3" or "file"')
         prefix = storage.prefix
+        if storage.provider == "gcs":
+            return open_store(
+                f"gcs://{storage.bucket}/{prefix}",
+                **({"endpoint": storage.endpoint} if storage.endpoint else {}),
+            )
         if storage.provider == "file":
             return ScopedObjectStore(FileObjectStore(Path(storage.bucket).expanduser()), prefix)
         opts: dict[str, str] = {}
@@ -301,6 +306,7 @@ class ServerApp:
             object_store=cluster_store,
             prefix=secrets_cfg.prefix or None,
             keys=keys,
+            bind_names=secrets_cfg.bind_names,
         )
         self._secrets = secrets
         backoff = Backoff(base=1.0, cap=15.0)
@@ -360,7 +366,10 @@ class ServerApp:
         grpc_servers: list[grpc.aio.Server] = []
         fronts: list[FrontProcess] = []
         cleanup: list[Callable[[], None]] = []
-        background: list[asyncio.Task[None]] = []
+        self.metrics.set_info(opts.server_id, opts.shard)
+        background: list[asyncio.Task[None]] = [
+            asyncio.create_task(watch_event_loop_lag(self.metrics, stop), name="event-loop-lag")
+        ]
         electors: list[asyncio.Task[None]] = []
         provider = None
         try:
@@ -457,7 +466,7 @@ class ServerApp:
             registrar.on_registered = lambda tenant, group, _iid: shard.health_deadline((tenant, group))
             restored = await registrar.backfill_operators()
             if restored:
-                log.info("restored %d operator registrations from cluster storage", restored)
+                log.debug("restored %d operator registrations from cluster storage", restored)
 
             def is_revoked(serial: str) -> bool:
                 with db.read_session() as session:

@@ -2,21 +2,26 @@
 
 Every flag has an environment variable (``NSTANCE_SERVER_ID``, ``NSTANCE_SHARD``, ``NSTANCE_STORAGE``,
 ``NSTANCE_BUCKET``, ``NSTANCE_PREFIX``, ``NSTANCE_CACHEDIR``, ``NSTANCE_HEALTH_ADDR``,
-``NSTANCE_PROVIDER_INSTANCE_ID``, ...). ``--validate FILE``
-checks a config file and exits without starting anything.
+``NSTANCE_PROVIDER_INSTANCE_ID``, ...). ``--validate FILE`` checks a config file, and a bare
+``--validate`` the shard's documents in object storage, and exits without starting anything.
 """
 
 from __future__ import annotations
 
 import asyncio
+import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from nstance.config import validate_config_file
+from nstance.core.cli import VERSION_HELP, print_version, run_app
 from nstance.core.errors import NstanceError
+from nstance.objectstore.factory import check_bucket_directory, open_scopes
+from nstance.objectstore.scoped import ScopedObjectStore
 from nstance.server.app import ServerOptions, serve, setup_logging
+from nstance.server.validate import remote_config_problems
 
 app = typer.Typer(add_completion=False, help="Per-shard Nstance server: keeps groups of VMs at their size.")
 
@@ -24,11 +29,31 @@ EXIT_USAGE = 2
 
 IdOpt = Annotated[str | None, typer.Option("--id", envvar="NSTANCE_SERVER_ID", help="This server's id.")]
 ShardOpt = Annotated[str | None, typer.Option(envvar="NSTANCE_SHARD", help="Shard (zone) this server runs.")]
-StorageOpt = Annotated[str, typer.Option(envvar="NSTANCE_STORAGE", help="Object storage kind: file or s3.")]
-BucketOpt = Annotated[
-    str | None, typer.Option(envvar="NSTANCE_BUCKET", help="Bucket name (s3) or directory (file).")
+StorageOpt = Annotated[
+    str,
+    typer.Option(
+        "--storage-provider",
+        "--storage",
+        envvar="NSTANCE_STORAGE",
+        help="Object storage: file, s3 or gcs (the same flag and variable as nstance-admin's).",
+    ),
 ]
-PrefixOpt = Annotated[str | None, typer.Option(envvar="NSTANCE_PREFIX", help="Key prefix of the cluster.")]
+BucketOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--storage-bucket",
+        "--bucket",
+        envvar="NSTANCE_BUCKET",
+        help="Bucket (s3, gcs) or an existing directory (file; `nstance-admin cluster init` creates it).",
+    ),
+]
+PrefixOpt = Annotated[
+    str | None,
+    typer.Option(
+        envvar="NSTANCE_PREFIX",
+        help="Key prefix of this shard's objects, {shard} replaced (default shard/{shard}/), as upstream.",
+    ),
+]
 CacheOpt = Annotated[
     Path, typer.Option(envvar="NSTANCE_CACHEDIR", help="Local cache directory (SQLite, config copies).")
 ]
@@ -55,10 +80,25 @@ ProviderIdOpt = Annotated[
         "(default: asked from the cloud's metadata service).",
     ),
 ]
-VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")]
+VerboseOpt = Annotated[
+    bool,
+    typer.Option(
+        "--debug", "--verbose", "-v", envvar="NSTANCE_DEBUG", help="Debug logging, and every start-up step."
+    ),
+]
+VersionOpt = Annotated[
+    bool,
+    typer.Option("--version", callback=print_version("nstance-server"), is_eager=True, help=VERSION_HELP),
+]
+#: ``--validate`` given without a file: validate the shard's config in object storage.
+REMOTE = "-"
 ValidateOpt = Annotated[
-    Path | None,
-    typer.Option("--validate", help="Validate a config.jsonc file, print every problem, and exit."),
+    str | None,
+    typer.Option(
+        "--validate",
+        help="Validate a config.jsonc file, or without a file the shard's config.jsonc and groups.jsonc in "
+        "object storage (needs --shard, --storage, --bucket); print every problem and exit.",
+    ),
 ]
 
 
@@ -76,18 +116,16 @@ def main_command(
     provider_instance_id: ProviderIdOpt = "",
     verbose: VerboseOpt = False,
     validate: ValidateOpt = None,
+    version: VersionOpt = False,
 ) -> None:
     """Run the shard server, or validate a config file with --validate."""
     if validate is not None:
-        problems = validate_config_file(validate)
-        if problems:
-            for problem in problems:
-                typer.echo(f"{validate}: {problem}", err=True)
-            raise typer.Exit(1)
-        typer.echo(f"{validate}: OK")
+        _validate(validate, storage=storage, bucket=bucket, prefix=prefix, shard=shard)
         return
     missing = [
-        flag for flag, value in (("--id", server_id), ("--shard", shard), ("--bucket", bucket)) if not value
+        flag
+        for flag, value in (("--id", server_id), ("--shard", shard), ("--storage-bucket", bucket))
+        if not value
     ]
     if missing:
         typer.echo(
@@ -108,6 +146,8 @@ def main_command(
         provider_instance_id=provider_instance_id,
     )
     try:
+        if storage == "file":
+            check_bucket_directory(bucket or "")
         code = asyncio.run(serve(opts))
     except NstanceError as exc:
         typer.echo(f"nstance-server: {exc}", err=True)
@@ -115,6 +155,41 @@ def main_command(
     raise typer.Exit(code)
 
 
+def _validate(
+    target: str, *, storage: str, bucket: str | None, prefix: str | None, shard: str | None
+) -> None:
+    if target != REMOTE:
+        lines = [f"{target}: {problem}" for problem in validate_config_file(target)]
+        where = target
+    else:
+        if not shard or not bucket:
+            typer.echo("nstance-server: --validate without a file needs --shard and --bucket", err=True)
+            raise typer.Exit(EXIT_USAGE)
+        try:
+            scopes = open_scopes(storage, bucket, shard=shard, prefix=prefix or None)
+            scope = scopes.shard.prefix if isinstance(scopes.shard, ScopedObjectStore) else ""
+            where = f"{storage}://{bucket}/{scope}"
+            lines = remote_config_problems(scopes.shard, where)
+        except NstanceError as exc:
+            typer.echo(f"nstance-server: {exc}", err=True)
+            raise typer.Exit(1) from None
+    for line in lines:
+        typer.echo(line, err=True)
+    if lines:
+        raise typer.Exit(1)
+    typer.echo(f"{where}: OK")
+
+
+def _with_remote_validate(argv: list[str]) -> list[str]:
+    """Upstream's bare ``--validate`` (no file): give it the value meaning "the shard's remote config"."""
+    out = list(argv)
+    for i, arg in enumerate(out):
+        if arg == "--validate" and (i + 1 == len(out) or out[i + 1].startswith("-")):
+            out[i] = f"--validate={REMOTE}"
+    return out
+
+
 def main() -> None:
     """Console-script entry point."""
-    app()
+    sys.argv[1:] = _with_remote_validate(sys.argv[1:])
+    run_app(app, "nstance-server")

@@ -215,7 +215,8 @@ def _merge_changed(
     problems: list[Problem] = []
     for tenant, group in touched:
         static = snap.config.groups.get(tenant, {}).get(group)
-        if static is None and group not in dynamic.get(tenant, {}):
+        entry = dynamic.get(tenant, {}).get(group)
+        if static is None and (entry is None or not entry.template):
             merged.pop((tenant, group), None)
             continue
         try:

@@ -133,7 +133,7 @@ class HealthServer:
         self._server = await asyncio.start_server(self._accept, host, port, limit=MAX_HEADER_BYTES)
         sockets = self._server.sockets
         bound: int = sockets[0].getsockname()[1]
-        logger.info("health endpoint listening on %s:%d", host, bound)
+        logger.debug("health endpoint listening on %s:%d", host, bound)
         return bound
 
     async def close(self) -> None:

@@ -86,15 +86,22 @@ class Created:
     status: str
 
 
-def member_of(row: Instance, *, seen_since: datetime | None = None, now: datetime | None = None) -> Member:
+def member_of(
+    row: Instance,
+    *,
+    seen_since: datetime | None = None,
+    now: datetime | None = None,
+    term_start: datetime | None = None,
+) -> Member:
     """The planner's view of one SQLite row.
 
     ``seen_since`` is when this server started leading: an agent cannot have reported to it before
     then (its reports went to the previous leader, or nowhere while no server led), so its silence is
     counted from that moment at the earliest - a failover or an outage of the leader never makes
     healthy instances look silent. A drain started outside this leadership's frame is timed from
-    its start too. ``now`` (the leader clock) bounds the frame: a timestamp after it was written on a
-    clock that was ahead and is read as ``seen_since`` as well (``leadertime.in_term``).
+    ``term_start`` (default ``seen_since``). ``now`` (the leader clock) bounds the frame: a timestamp
+    after it was written on a clock that was ahead and is read as the start as well
+    (``leadertime.in_term``).
     """
     status = row.provider_status
     last_seen = row.health_at or row.registered_at
@@ -103,7 +110,8 @@ def member_of(row: Instance, *, seen_since: datetime | None = None, now: datetim
         if last_seen is not None:
             last_seen = in_term(last_seen, seen_since, now)
         if delete_at is not None and row.drain_started_at is not None:
-            delete_at = in_term(row.drain_started_at, seen_since, now) + (delete_at - row.drain_started_at)
+            start = seen_since if term_start is None else term_start
+            delete_at = in_term(row.drain_started_at, start, now) + (delete_at - row.drain_started_at)
     return Member(
         instance_id=row.id,
         created_at=row.created_at,
@@ -605,6 +613,7 @@ class InstanceOps:
         await self._set_record_status(row, "deleted")
         log.info("instance %s of %s/%s deleted (%s)", row.id, row.tenant, row.group_key, reason)
         self._publish(row, "deleted", reason)
+        ctx.metrics.record_retirement(reason)
 
     async def delete_or_hold(self, row: Instance, reason: str) -> bool:
         """``delete``, but a delete waiting for load balancers is not an error: False, retried later."""
@@ -633,6 +642,7 @@ class InstanceOps:
             started = repo.start_drain(session, row.id, reason=reason, now=now, delete_at=delete_at)
         if started:
             log.info("instance %s draining (%s) until %s", row.id, reason, delete_at.isoformat())
+            ctx.metrics.record_retirement(reason)
             self.lbs.start_deregistration(row)
             ctx.events.instances.publish(
                 InstanceEventData(

@@ -18,8 +18,12 @@ several servers can run in one process (tests, benchmarks) without their series 
 * ``nstance_image_errors``, ``nstance_leader_network_ready`` and ``nstance_lb_deregistrations_waiting``
   gauges (images without an id, the leader address held, deletes waiting for load balancers);
 * ``nstance_reconcile_total{result}`` counter and ``nstance_provider_creates_total`` counter;
-* ``nstance_event_loop_lag_seconds`` histogram: how late the event loop ran a timer (fed by the lag
-  probe in ``nstance.server.looplag``; a stall shows as samples in the upper buckets).
+* ``nstance_leader_changes_total{scope}`` counter (times this process became leader);
+* ``nstance_replacements_total{reason}`` counter (instances retired to be replaced: a drain started or a
+  delete done for a reason other than scale-down, group deletion, the end of a drain or on-demand
+  expiry);
+* ``nstance_server_info{server_id,shard,version}`` gauge (1; the labels to join other series by shard);
+* ``nstance_event_loop_lag_seconds`` histogram (how late each ``watch_event_loop_lag`` tick woke).
 
 ``render()`` returns the text exposition format served on ``/metrics``.
 
@@ -35,6 +39,8 @@ This module does no network I/O and decides nothing; it only records what it is 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -42,7 +48,15 @@ from typing import Any, Final, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+import nstance
 from nstance.config.resources import ImageConfig, LoadBalancerConfig
+from nstance.core.plan import (
+    REASON_DRAIN_COMPLETE,
+    REASON_DRAIN_TIMEOUT,
+    REASON_GROUP_DELETED,
+    REASON_ONDEMAND_EXPIRY,
+    REASON_SCALE_DOWN,
+)
 from nstance.providers.base import CreateRequest, Provider, ProviderInstance
 from nstance.providers.features import LbTarget, TargetState
 
@@ -50,6 +64,17 @@ T = TypeVar("T")
 
 #: Leadership scopes reported by ``nstance_leader``.
 LEADER_SCOPES: Final = ("shard", "cluster")
+#: Retirement reasons that are not replacements (the instance is not coming back in another form).
+NOT_REPLACEMENTS: Final = frozenset(
+    {
+        REASON_SCALE_DOWN,
+        REASON_GROUP_DELETED,
+        REASON_DRAIN_COMPLETE,
+        REASON_DRAIN_TIMEOUT,
+        REASON_ONDEMAND_EXPIRY,
+    }
+)
+LOOP_LAG_INTERVAL: Final = 0.5
 
 #: Provider calls range from milliseconds (get) to minutes (create on a slow cloud).
 PROVIDER_CALL_BUCKETS: Final = (
@@ -68,10 +93,6 @@ PROVIDER_CALL_BUCKETS: Final = (
     60.0,
     120.0,
 )
-
-
-#: Event-loop lag: a healthy loop is below a millisecond; anything near the lease validity is fatal.
-LOOP_LAG_BUCKETS: Final = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
 class Metrics:
@@ -154,10 +175,28 @@ class Metrics:
             "Instances created through a provider.",
             registry=reg,
         )
+        self.leader_changes = Counter(
+            "nstance_leader_changes_total",
+            "Times this process became leader, by scope.",
+            ["scope"],
+            registry=reg,
+        )
+        self.replacements = Counter(
+            "nstance_replacements_total",
+            "Instances retired to be replaced (drain started or deleted), by reason.",
+            ["reason"],
+            registry=reg,
+        )
+        self.info = Gauge(
+            "nstance_server_info",
+            "1, labelled with this server's id, shard and version.",
+            ["server_id", "shard", "version"],
+            registry=reg,
+        )
         self.event_loop_lag = Histogram(
             "nstance_event_loop_lag_seconds",
-            "How much later than scheduled the event loop ran the lag probe's timer, in seconds.",
-            buckets=LOOP_LAG_BUCKETS,
+            "How much later than asked the event loop woke a timer (sampled every 0.5 s).",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
             registry=reg,
         )
         self.safety_holds = Gauge(
@@ -173,8 +212,10 @@ class Metrics:
         )
         for scope in LEADER_SCOPES:
             self.leader.labels(scope=scope).set(0)
+            self.leader_changes.labels(scope=scope)
         self._lock = threading.Lock()
         self._instance_keys: set[tuple[str, str, str]] = set()
+        self._leading: dict[str, bool] = {}
         self._hold_kinds: set[str] = set()
         self._degraded_kinds: dict[str, str] = {}
 
@@ -212,6 +253,10 @@ class Metrics:
         """Report whether this process leads ``scope`` (``shard`` or ``cluster``)."""
         if scope not in LEADER_SCOPES:
             raise ValueError(f"unknown leadership scope {scope!r}; use one of: {', '.join(LEADER_SCOPES)}")
+        with self._lock:
+            if leading and not self._leading.get(scope, False):
+                self.leader_changes.labels(scope=scope).inc()
+            self._leading[scope] = leading
         self.leader.labels(scope=scope).set(1 if leading else 0)
 
     def set_config_loaded(self, loaded: bool) -> None:
@@ -243,12 +288,20 @@ class Metrics:
     def record_reconcile(self, result: str) -> None:
         self.reconcile.labels(result=result).inc()
 
-    def observe_loop_lag(self, seconds: float) -> None:
-        """Record one lag-probe measurement."""
-        self.event_loop_lag.observe(seconds)
-
     def record_provider_create(self) -> None:
         self.provider_creates.inc()
+
+    def record_retirement(self, reason: str) -> None:
+        """Count an instance retired for ``reason`` when that retirement is a replacement."""
+        if reason not in NOT_REPLACEMENTS:
+            self.replacements.labels(reason=reason).inc()
+
+    def set_info(self, server_id: str, shard: str) -> None:
+        """Publish ``nstance_server_info`` for this server (call once at start)."""
+        self.info.labels(server_id=server_id, shard=shard, version=nstance.__version__).set(1)
+
+    def observe_event_loop_lag(self, seconds: float) -> None:
+        self.event_loop_lag.observe(max(0.0, seconds))
 
     def observe_provider_call(self, provider: str, method: str, seconds: float, error: str | None) -> None:
         """Record one provider call's duration and, when it raised, the exception class name."""
@@ -261,6 +314,18 @@ class Metrics:
     def render(self) -> bytes:
         """Every metric in the Prometheus text exposition format."""
         return generate_latest(self.registry)
+
+
+async def watch_event_loop_lag(
+    metrics: Metrics, stop: asyncio.Event, interval: float = LOOP_LAG_INTERVAL
+) -> None:
+    """Until ``stop``: sleep ``interval`` and record how much later than that the loop woke us."""
+    while not stop.is_set():
+        started = time.monotonic()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval)
+        if not stop.is_set():
+            metrics.observe_event_loop_lag(time.monotonic() - started - interval)
 
 
 class InstrumentedProvider:

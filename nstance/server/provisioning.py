@@ -100,11 +100,15 @@ CapacityCheck = Callable[[str], Awaitable[bool]]
 
 
 async def choose_subnet(has_capacity: CapacityCheck, subnet_pools: dict[str, list[str]], pool: str) -> str:
-    """The first subnet of ``pool`` with room for one more VM.
+    """The first subnet of ``pool`` with room for one more VM; ``""`` when the group has no pool.
 
+    Without a pool the provider places the VM (upstream allows a template and group without one):
+    EC2 in the default VPC, GCE in the default network, Proxmox on the template's ``Bridge``.
     A pool of one subnet leaves nothing to choose, so the provider is not asked: its create call
     reports a full subnet just as clearly, and a burst of creates saves a (rate-limited) read.
     """
+    if not pool:
+        return ""
     subnets = subnet_pools.get(pool)
     if not subnets:
         raise FailedPrecondition(f'subnet pool "{pool}" is not defined in shard.subnet_pools')

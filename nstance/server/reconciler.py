@@ -137,6 +137,16 @@ class Reconciler:
             return None
         return MISSED_REPORTS * snapshot.config.shard.health_check_interval
 
+    def _silence_counted_from(self) -> datetime:
+        """When silence starts to count in this leadership: one missed-report window after it began.
+
+        Agents whose streams hung on the previous leader (stopped, partitioned, its VM gone) find this
+        one only when their keepalive gives up (20 s + 10 s), so for one window after a takeover no
+        agent can be blamed for not reporting here; after that, a blip shorter than the window never
+        makes an agent look silent. (The window should not be shorter than the agents' keepalive.)
+        """
+        return self.leading_since + (self._silence_limit() or timedelta(0))
+
     def check_health_after(self, key: GroupKey) -> None:
         """Reconcile ``key`` once the silence limit has passed (an earlier schedule is kept)."""
         limit = self._silence_limit()
@@ -148,15 +158,19 @@ class Reconciler:
         return snapshot.config.shard.expiry.ondemand_age if snapshot is not None else None
 
     def _members(
-        self, tenant: str, group: str, now: datetime
+        self, tenant: str, group: str, now: datetime, seen_since: datetime, term: datetime
     ) -> tuple[list[Instance], list[Member], list[Member]]:
         """The group's active rows and the planner's view of its managed and on-demand ones (a thread)."""
         with self._ctx.db.read_session() as session:
             rows = repo.list_active_instances(session, tenant=tenant, group_key=group)
         managed = [
-            member_of(row, seen_since=self.leading_since, now=now) for row in rows if not row.on_demand
+            member_of(row, seen_since=seen_since, now=now, term_start=term)
+            for row in rows
+            if not row.on_demand
         ]
-        on_demand = [member_of(row, seen_since=self.leading_since, now=now) for row in rows if row.on_demand]
+        on_demand = [
+            member_of(row, seen_since=seen_since, now=now, term_start=term) for row in rows if row.on_demand
+        ]
         return rows, managed, on_demand
 
     async def reconcile(self, key: GroupKey) -> None:
@@ -169,8 +183,12 @@ class Reconciler:
         snapshot = ctx.config.snapshot()
         merged = snapshot.merged(tenant, group) if snapshot is not None else None
         now = ctx.clock.now()  # the leader clock: monotonic within this leadership (``leadertime``)
+        seen_since = self._silence_counted_from()
+        term = self.leading_since
         async with self._reads:  # 1,000s of rows: off the loop, and few at a time (the GIL is shared)
-            all_rows, members, on_demand = await asyncio.to_thread(self._members, tenant, group, now)
+            all_rows, members, on_demand = await asyncio.to_thread(
+                self._members, tenant, group, now, seen_since, term
+            )
         by_id = {row.id: row for row in all_rows}
         spec = self._spec(merged)
         members = self._ops.brake_silent(key, members, spec.silence_limit, now, self.leading_since)

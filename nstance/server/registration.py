@@ -623,7 +623,15 @@ class Registrar:
         if not isinstance(doc, dict):
             log.warning("skipped operator record %s: not a JSON object", key)
             return None
-        cluster_id, tenant, public_key = doc.get("cluster_id"), doc.get("tenant"), doc.get("public_key")
+        # Upstream writes three shapes here: its renewal's (cluster_id, public_key, renewed_at), its
+        # server registration's (client_id = cluster id, public_key_pem, registered_at) and its admin's
+        # register-operator (client_id = operator id, registered_by, at {tenant}.{last 8 of the id}).
+        by_admin = "cluster_id" not in doc and doc.get("registered_by") == "nstance-admin"
+        cluster_id = (
+            self.ctx.identity.cluster_id if by_admin else doc.get("cluster_id") or doc.get("client_id")
+        )
+        tenant = doc.get("tenant")
+        public_key = doc.get("public_key") or doc.get("public_key_pem")
         if not (
             isinstance(cluster_id, str)
             and isinstance(tenant, str)
@@ -637,13 +645,13 @@ class Registrar:
         if cluster_id != self.ctx.identity.cluster_id:
             log.warning("skipped operator record %s: it belongs to cluster %r", key, cluster_id)
             return None
-        operator_id = doc.get("operator_id")
+        operator_id = doc.get("client_id") if by_admin else doc.get("operator_id")
         if not isinstance(operator_id, str) or not operator_id or operator_id == cluster_id:
             # Records written before operator ids existed (or by a renewal that used the CN) are keyed
             # by what names them uniquely: tenant and cluster.
             operator_id = f"{tenant}.{cluster_id}"
         serial = doc.get("cert_serial")
-        renewed_at = _parse_time(doc.get("renewed_at"))
+        renewed_at = _parse_time(doc.get("renewed_at")) or _parse_time(doc.get("registered_at"))
         return {
             "operator_id": operator_id,
             "cluster_id": cluster_id,

@@ -31,7 +31,7 @@ from nstance.config import (
     merged_group,
 )
 from nstance.config.limits import check_vars
-from nstance.config.workloads import GroupConfig
+from nstance.config.workloads import DynamicGroupConfig
 from nstance.core.backoff import Backoff
 from nstance.core.errors import FailedPrecondition, InvalidArgument, NotFound, NstanceError, Unavailable
 from nstance.db import repo
@@ -129,8 +129,21 @@ class Shard:
         return self.ctx.leadership.leader_address()
 
     async def start_leading(self) -> None:
-        """Recover state and start the reconciler and GC (called when leadership is acquired)."""
-        self._term.enrol(asyncio.current_task())  # losing leadership cancels the recovery too
+        """Recover state and start the reconciler and GC (called when leadership is acquired).
+
+        The recovery runs as a task of the leadership term, so losing leadership cancels it at once;
+        this then returns normally (a cancellation of the caller itself still propagates).
+        """
+        recovery = self._term.start(self._recover_and_lead(), "recovery")
+        try:
+            await recovery
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise
+            log.info("leadership lost during recovery")
+
+    async def _recover_and_lead(self) -> None:
         async with self._lead_lock:
             if self.leading:
                 return
@@ -474,7 +487,7 @@ class Shard:
         if request.template and request.template != merged.template:
             if request.template not in snapshot.config.templates:
                 raise InvalidArgument(f'template "{request.template}" is not defined in the server config')
-            entry = GroupConfig(
+            entry = DynamicGroupConfig(
                 template=request.template,
                 size=0,
                 instance_type=request.instance_type or None,

@@ -1,7 +1,7 @@
 """Storage nemeses: damaged and lost state in object storage and in a server's SQLite cache.
 
-On a third of the seeds (drawn from the seed, so the other faults of a seed are unchanged), during
-the fault phase, every so often one of:
+On a third of the seeds of the default fault mix (drawn from the seed, so the other faults of a seed
+are unchanged; never when a run names its fault kinds), during the fault phase, every so often one of:
 
 * **corrupt-record** - an instance record's bytes are replaced by garbage, nothing, or a document
   with a field of the wrong type; a person restores it 5-90 s later (only if nobody rewrote it);
@@ -35,11 +35,12 @@ DAMAGE = (b"\x00\xffnot json", b"", b'{"instance_id": 42, "tenant": "default", "
 class StorageNemeses:
     """One seed's storage damage and the instances that must survive it."""
 
-    def __init__(self, world: World, shard: str) -> None:
+    def __init__(self, world: World, shard: str, *, drawn: bool = True) -> None:
         self.world = world
         self.prefix = f"shard/{shard}/instance/"
         self.rng = random.Random(f"{world.seed}:storage")
-        self.enabled = self.rng.random() < 1 / 3
+        # Drawn per seed in the default fault mix; off when a run asks for particular fault kinds.
+        self.enabled = drawn and self.rng.random() < 1 / 3
         #: instance id -> provider id of VMs that were healthy when storage was damaged.
         self.protected: dict[str, str] = {}
         self.strikes = 0
@@ -54,6 +55,7 @@ class StorageNemeses:
             self._protect_healthy()
             kind = self.rng.choice(KINDS)
             self.strikes += 1
+            world.stats["storage_damage"] = world.stats.get("storage_damage", 0) + 1
             if kind == "corrupt-record":
                 self._corrupt_record()
             elif kind == "delete-records":

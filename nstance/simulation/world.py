@@ -586,7 +586,7 @@ class World:
         self.closers: list[Callable[[], None]] = []
         self._background: set[asyncio.Task[Any]] = set()
         self.start_mono = self.clock.monotonic()
-        self.storage = StorageNemeses(self, SHARD)
+        self.storage = StorageNemeses(self, SHARD, drawn=fault_kinds is None)
 
     # -- bookkeeping ------------------------------------------------------------------------
 
@@ -684,7 +684,7 @@ class World:
                     "arch": "amd64",
                     "subnet_pool": "default",
                     "instance_type": "m7i.large",
-                    "userdata": {"content": "#!/bin/sh\n# {{ Instance.ID }} {{ Nonce }}\n"},
+                    "userdata": {"content": "#!/bin/sh\n# {{ .Instance.ID }} {{ .Nonce }}\n"},
                 }
             },
             "groups": {TENANT: groups},

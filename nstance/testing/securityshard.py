@@ -7,7 +7,7 @@ forge what an attacker could and sign what only the cluster could. Two tenants s
 * ``acme`` (tenant A): groups ``web`` and ``needy``;
 * ``globex`` (tenant B): groups ``secret``, ``web`` (the same name as A's) and ``secret-needy``.
 
-``needy`` and ``secret-needy`` use a template whose userdata needs a variable no group sets, so
+``needy`` and ``secret-needy`` use a template whose userdata needs an image no lookup resolves, so
 scaling one up makes the reconciler publish an error event for that tenant (error events carry no
 tenant, hence the distinct names). ``assert_healthy`` is the check every attack
 batch ends with, and ``assert_no_secrets`` the check every error message a client receives must pass.
@@ -77,7 +77,7 @@ class SecurityShard:
         config["shard"]["garbage_collection"] = {"interval": "1s"}
         config["templates"]["needy"] = {
             **config["templates"]["app"],
-            "userdata": {"content": "#!/bin/sh\n# {{ Vars.needed }}\n"},
+            "userdata": {"content": "#!/bin/sh\n# {{ .Image.needed }}\n"},
         }
         config["groups"] = {
             TENANT_A: {"web": _APP, "needy": _NEEDY},

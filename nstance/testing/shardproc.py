@@ -94,7 +94,7 @@ def shard_config(
                 "kind": "app",
                 "arch": "amd64",
                 "subnet_pool": "default",
-                "userdata": {"content": "#!/bin/sh\n# {{ Instance.ID }}\n"},
+                "userdata": {"content": "#!/bin/sh\n# {{ .Instance.ID }}\n"},
                 **dict(template_extra or {}),
             }
         },

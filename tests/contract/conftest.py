@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 
+from nstance.objectstore.gcs import GcsObjectStore, gcs_client
 from nstance.objectstore.s3 import S3ObjectStore
+from nstance.testing.gcsfake import GcsFake
 from nstance.testing.motoserver import MotoServer
 
 REGION = "us-east-1"
@@ -51,6 +53,32 @@ def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 S3StoreFactory = Callable[..., S3ObjectStore]
+
+
+@pytest.fixture(scope="session")
+def gcs_fake() -> Iterator[GcsFake]:
+    fake = GcsFake().start()
+    try:
+        yield fake
+    finally:
+        fake.stop()
+
+
+@pytest.fixture
+def gcs_store_factory(gcs_fake: GcsFake) -> Iterator[Callable[..., GcsObjectStore]]:
+    """Return ``make(prefix="")``: a GcsObjectStore on a new bucket of the local GCS fake."""
+    stores: list[GcsObjectStore] = []
+
+    def make(prefix: str = "") -> GcsObjectStore:
+        store = GcsObjectStore(
+            f"nstance-test-{uuid.uuid4().hex[:16]}", prefix, client=gcs_client(gcs_fake.endpoint)
+        )
+        stores.append(store)
+        return store
+
+    yield make
+    for store in stores:
+        store.close()
 
 
 @pytest.fixture

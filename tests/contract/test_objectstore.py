@@ -38,7 +38,7 @@ from nstance.testing.motoserver import MotoServer
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RACERS = 16
-ROUNDS = {"memory": 10, "file": 10, "s3": 5}
+ROUNDS = {"memory": 10, "file": 10, "s3": 5, "gcs": 5}
 MISSING_ETAG = '"00000000000000000000000000000000"'
 
 S3StoreFactory = Callable[..., S3ObjectStore]
@@ -49,11 +49,14 @@ def _make_store(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Ob
         return MemoryObjectStore()
     if kind == "file":
         return FileObjectStore(tmp_path / "store")
+    if kind == "gcs":
+        make_gcs: Callable[[], ObjectStore] = request.getfixturevalue("gcs_store_factory")
+        return make_gcs()
     factory: S3StoreFactory = request.getfixturevalue("s3_store_factory")
     return factory()
 
 
-@pytest.fixture(params=["memory", "file", "s3"])
+@pytest.fixture(params=["memory", "file", "s3", "gcs"])
 def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
@@ -63,7 +66,7 @@ def store(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> Objec
     return _make_store(backend, tmp_path, request)
 
 
-@pytest.fixture(params=["file", "s3"])
+@pytest.fixture(params=["file", "s3", "gcs"])
 def strict_store(request: pytest.FixtureRequest, tmp_path: Path) -> ObjectStore:
     """Backends that police keys (memory accepts any string)."""
     return _make_store(str(request.param), tmp_path, request)

@@ -1,8 +1,11 @@
 """The whole system as a user runs it: Kubernetes API, nstance-operator, two shard servers, real agents.
 
-The Kubernetes API is the project's emulator (``nstance.testing.kubeapi``) unless ``KUBECONFIG`` names a
-real cluster, in which case the same tests run there in a fresh namespace (the CRDs of config/crd
-must be installable there). The operator is the ``nstance-operator`` program in its own process,
+Every test runs twice: on the project's emulator (``nstance.testing.kubeapi``, with the minimal Cluster
+API CRDs of config/crd/capi) and on a real kube-apiserver (the session's ``nstance.testing.realkube``
+control plane, or the cluster of ``KUBECONFIG`` when that is set) in a fresh namespace, with the Nstance
+CRDs of config/crd/bases and Cluster API's own CRDs (config/crd/cluster-api, generated from its Go types)
+installed, so their validation applies; there kube-apiserver itself calls the operator's static-group
+webhook over TLS. The operator is the ``nstance-operator`` program in its own process,
 bootstrapped as the Helm chart would (config ConfigMap, CA ConfigMap, nonce Secret); the shard
 servers are ``nstance-server`` processes with the ``local`` provider, whose instances are real
 ``nstance-agent`` processes that register and report health. Every assertion is something a user
@@ -15,6 +18,8 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
+import subprocess
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -29,6 +34,7 @@ from nstance.operator.crds import names
 from nstance.operator.kube import NODES, PODS, Kube, KubeError, Resource, load_configuration
 from nstance.rpc import agent_pb2, operator_pb2, operator_pb2_grpc
 from nstance.testing.kubeapi import KubeAPIServer
+from nstance.testing.kubeapi.manifests import load_manifests
 from nstance.testing.operatorproc import OperatorProcess, bootstrap_objects, capi_machine_pool
 from nstance.testing.shardproc import LocalCluster, ServerProcess, server_addrs, shard_config, start_leader
 
@@ -41,6 +47,8 @@ SHARD_GROUPS = Resource(names.GROUP, names.VERSION, names.NSTANCE_SHARD_GROUPS, 
 MACHINES = Resource(names.GROUP, names.VERSION, names.NSTANCE_MACHINES, names.KIND_MACHINE)
 CAPI_POOLS = Resource(names.CAPI_GROUP, names.CAPI_VERSION, names.MACHINE_POOLS, names.CAPI_KIND_MACHINE_POOL)
 CAPI_MACHINES = Resource(names.CAPI_GROUP, names.CAPI_VERSION, names.MACHINES, names.CAPI_KIND_MACHINE)
+DAEMON_SETS = Resource("apps", "v1", "daemonsets", "DaemonSet")
+KUBECTL = shutil.which("kubectl")
 LIVE = ("pending", "running", "registered", "healthy")
 T = TypeVar("T")
 
@@ -75,6 +83,7 @@ class System:
     cluster: LocalCluster
     shards: dict[str, ShardServer]
     operator: OperatorProcess | None = None
+    backend: str = "emulator"
     identity: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -106,6 +115,11 @@ class System:
 
     def stub(self, shard: str) -> operator_pb2_grpc.OperatorServiceStub:
         return self.cluster.operator_stub(self.identity, self.shards[shard].addrs["operator_addr"])
+
+    def group_sizes_of(self, shard: str, group: str) -> int | None:
+        """Desired size of ``group`` on ``shard`` (None where the group does not exist)."""
+        groups = self.stub(shard).ListGroups(Empty(), timeout=10).groups
+        return next((g.size for g in groups if g.key == group), None)
 
     def group_sizes(self, group: str) -> dict[str, int | None]:
         """Desired size of ``group`` on each shard (None where the group does not exist)."""
@@ -205,48 +219,74 @@ class System:
                 server.process.stop()
 
 
+CRDS = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False)
+NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
+REAL_CRDS = (REPO / "config" / "crd" / "bases", REPO / "config" / "crd" / "cluster-api")
+
+
+async def install_crds(kubeconfig: Path) -> None:
+    """Create the CRDs of ``REAL_CRDS`` (kept when already there) and wait until each is Established."""
+    kube = Kube.from_configuration(await load_configuration(str(kubeconfig)))
+    try:
+        documents = load_manifests(REAL_CRDS)
+        for crd in documents:
+            with contextlib.suppress(KubeError):  # 409: installed by an earlier module of the session
+                await kube.create(CRDS, crd)
+        for crd in documents:
+
+            async def established(name: str = crd["metadata"]["name"]) -> bool:
+                conditions = ((await kube.get(CRDS, name) or {}).get("status") or {}).get("conditions") or []
+                return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
+
+            await eventually(
+                established, within=30, what=f"CRD {crd['metadata']['name']} established", log=str
+            )
+    finally:
+        await kube.close()
+
+
+async def namespace_op(kubeconfig: Path, namespace: str, create: bool) -> None:
+    kube = Kube.from_configuration(await load_configuration(str(kubeconfig)))
+    try:
+        if create:
+            await kube.create(NAMESPACES, {"metadata": {"name": namespace}})
+        else:
+            await kube.delete(NAMESPACES, namespace)
+    finally:
+        await kube.close()
+
+
 @contextlib.contextmanager
-def kubernetes(root: Path) -> Iterator[tuple[Path, str]]:
-    """(kubeconfig, namespace): the emulator, or the cluster of $KUBECONFIG in a fresh namespace."""
-    real = os.environ.get("KUBECONFIG")
-    if real:
+def kubernetes(root: Path, request: pytest.FixtureRequest, backend: str) -> Iterator[tuple[Path, str]]:
+    """(kubeconfig, namespace): the emulator, or a real API server (with the CRDs) in a fresh namespace."""
+    if backend == "real":
+        external = os.environ.get("KUBECONFIG")
+        kubeconfig = Path(external) if external else request.getfixturevalue("real_kube").kubeconfig
         namespace = f"nstance-e2e-{uuid.uuid4().hex[:6]}"
-        kubeconfig = Path(real)
-
-        async def namespace_op(create: bool) -> None:
-            kube = Kube.from_configuration(await load_configuration(real))
-            res = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
-            try:
-                if create:
-                    await kube.create(res, {"metadata": {"name": namespace}})
-                else:
-                    await kube.delete(res, namespace)
-            finally:
-                await kube.close()
-
-        asyncio.run(namespace_op(True))
+        asyncio.run(install_crds(kubeconfig))
+        asyncio.run(namespace_op(kubeconfig, namespace, True))
         try:
             yield kubeconfig, namespace
         finally:
-            asyncio.run(namespace_op(False))
+            asyncio.run(namespace_op(kubeconfig, namespace, False))
         return
     crds = [REPO / "config" / "crd" / "bases", REPO / "config" / "crd" / "capi"]
     with KubeAPIServer.in_thread(crds=crds) as server:
         yield server.write_kubeconfig(root / "kubeconfig"), "default"
 
 
-def make_system(root: Path, kubeconfig: Path, namespace: str) -> System:
+def make_system(root: Path, kubeconfig: Path, namespace: str, backend: str = "emulator") -> System:
     cluster = LocalCluster(root / "bucket")
     cluster.init()
     shards = {s: ShardServer(s, server_addrs(), root / s) for s in SHARDS}
-    return System(root, kubeconfig, namespace, cluster, shards)
+    return System(root, kubeconfig, namespace, cluster, shards, backend=backend)
 
 
-@pytest.fixture(scope="module")
-def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
+@pytest.fixture(scope="module", params=["emulator", "real"])
+def system(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
     root = tmp_path_factory.mktemp("e2e")
-    with kubernetes(root) as (kubeconfig, namespace):
-        sys_ = make_system(root, kubeconfig, namespace)
+    with kubernetes(root, request, request.param) as (kubeconfig, namespace):
+        sys_ = make_system(root, kubeconfig, namespace, request.param)
         try:
             for shard in SHARDS:
                 sys_.start_shard(shard)
@@ -255,6 +295,20 @@ def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
             yield sys_
         finally:
             sys_.stop()
+
+
+def daemon_set_body(name: str, namespace: str) -> dict[str, Any]:
+    labels = {"app": name}
+    return {
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [{"name": "c", "image": "x"}]},
+            },
+        },
+    }
 
 
 async def create_pool(kube: Kube, system: System, name: str, shards: list[str], replicas: int) -> None:
@@ -332,11 +386,15 @@ async def test_a_spot_notice_cordons_evicts_acknowledges_and_replaces(system: Sy
             {"metadata": {"name": node_name}, "spec": {"providerID": f"local:///{provider_id}"}},
         )
         ns = system.namespace
+        daemon_set_uid = str(uuid.uuid4())
+        if system.backend == "real":  # its garbage collector would delete a pod whose owner does not exist
+            daemon_set = await kube.create(DAEMON_SETS, daemon_set_body("logs", ns), ns)
+            daemon_set_uid = daemon_set["metadata"]["uid"]
         for pod, owner in (("app-1", None), ("logs-agent", "DaemonSet")):
             meta: dict[str, Any] = {"name": pod, "namespace": ns}
             if owner:
                 meta["ownerReferences"] = [
-                    {"apiVersion": "apps/v1", "kind": owner, "name": "logs", "uid": str(uuid.uuid4())}
+                    {"apiVersion": "apps/v1", "kind": owner, "name": "logs", "uid": daemon_set_uid}
                 ]
             await kube.create(
                 PODS,
@@ -358,7 +416,10 @@ async def test_a_spot_notice_cordons_evicts_acknowledges_and_replaces(system: Sy
             node = await kube.get(NODES, node_name) or {}
             app = await kube.get(PODS, "app-1", ns)
             daemon = await kube.get(PODS, "logs-agent", ns)
-            return bool((node.get("spec") or {}).get("unschedulable")) and app is None and daemon is not None
+            # A pod bound to a node is deleted gracefully: without a kubelet to confirm, a real server
+            # keeps it Terminating (deletionTimestamp set), which is what the eviction achieves.
+            evicted = app is None or bool(app["metadata"].get("deletionTimestamp"))
+            return bool((node.get("spec") or {}).get("unschedulable")) and evicted and daemon is not None
 
         await eventually(drained, what="node cordoned, app pod evicted, DaemonSet pod kept", log=log)
 
@@ -444,8 +505,140 @@ async def test_the_webhook_refuses_changing_the_template_of_a_static_group(syste
         await kube.close()
 
 
-def test_no_pool_is_created_until_every_shard_has_answered(tmp_path: Path) -> None:
-    with kubernetes(tmp_path) as (kubeconfig, namespace):
+EXAMPLES = REPO / "examples" / "kubernetes"
+LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease")
+CAPI_CLUSTERS = Resource(names.CAPI_GROUP, names.CAPI_VERSION, "clusters", "Cluster")
+NSTANCE_CLUSTERS = Resource(names.GROUP, names.VERSION, "nstanceclusters", "NstanceCluster")
+EXAMPLE_KINDS = {
+    r.kind: r
+    for r in (
+        CAPI_CLUSTERS,
+        NSTANCE_CLUSTERS,
+        CAPI_POOLS,
+        POOLS,
+        PODS,
+        Resource(names.CAPI_GROUP, names.CAPI_VERSION, "machinedeployments", "MachineDeployment"),
+        Resource(names.GROUP, names.VERSION, "nstancemachinetemplates", "NstanceMachineTemplate"),
+    )
+}
+
+
+async def apply_example(kube: Kube, namespace: str, filename: str) -> None:
+    """Create every object of ``examples/kubernetes/<filename>`` in ``namespace``, as ``kubectl apply``."""
+    for doc in load_manifests([EXAMPLES / filename]):
+        body = {k: v for k, v in doc.items() if k not in ("apiVersion", "kind")}
+        await kube.create(EXAMPLE_KINDS[doc["kind"]], body, namespace)
+
+
+def kubectl(system: System, *args: str) -> str:
+    done = subprocess.run(
+        [str(KUBECTL), "--kubeconfig", str(system.kubeconfig), "-n", system.namespace, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
+    return done.stdout
+
+
+async def test_the_examples_apply_and_the_machine_pool_scales(system: System) -> None:
+    kube = await system.kube()
+    log = system.operator_log
+    try:
+        await apply_example(kube, system.namespace, "cluster.yaml")
+        await apply_example(kube, system.namespace, "machinepool.yaml")
+        if system.backend == "real":  # Cluster API's own CRDs: MachineDeployment is served there
+            await apply_example(kube, system.namespace, "machinedeployment.yaml")
+
+        async def spread() -> bool:
+            return system.group_sizes("workers") == {"zone-a": 2, "zone-b": 1}
+
+        await eventually(spread, what="the example pool's 3 replicas spread 2 + 1", log=log)
+
+        async def cluster_ready() -> bool:
+            obj = await kube.get(NSTANCE_CLUSTERS, "demo", system.namespace) or {}
+            return bool(((obj.get("status") or {}).get("initialization") or {}).get("provisioned"))
+
+        await eventually(cluster_ready, what="the example NstanceCluster provisioned", log=log)
+
+        if system.backend == "real" and KUBECTL:  # the scale subresource of Cluster API's MachinePool CRD
+            assert "scaled" in kubectl(system, "scale", "machinepool", "workers", "--replicas", "1")
+            columns = kubectl(system, "get", "nstancemachinepools", "workers").splitlines()[0].split()
+            assert columns == ["NAME", "GROUP", "SHARDS", "REPLICAS", "READY", "STATIC", "AGE"]
+        else:
+            await kube.patch(CAPI_POOLS, "workers", {"spec": {"replicas": 1}}, system.namespace)
+
+        async def scaled() -> bool:
+            return system.group_sizes("workers") == {"zone-a": 1, "zone-b": 0}
+
+        await eventually(scaled, within=90, what="the example pool scaled to 1", log=log)
+    finally:
+        with contextlib.suppress(KubeError):
+            await kube.delete(POOLS, "workers", system.namespace)
+            await kube.delete(CAPI_POOLS, "workers", system.namespace)
+        await kube.close()
+
+
+async def test_the_operator_holds_the_lease_and_renews_it(system: System) -> None:
+    kube = await system.kube()
+    try:
+        lease = await kube.get(LEASES, names.LEADER_ELECTION_LEASE, system.namespace)
+        assert lease is not None
+        holder, renewed = lease["spec"]["holderIdentity"], lease["spec"]["renewTime"]
+        assert holder
+
+        async def renewed_again() -> bool:
+            current = await kube.get(LEASES, names.LEADER_ELECTION_LEASE, system.namespace) or {}
+            spec = current.get("spec") or {}
+            return spec.get("holderIdentity") == holder and spec.get("renewTime") != renewed
+
+        await eventually(
+            renewed_again, within=20, what="the Lease renewed by its holder", log=system.operator_log
+        )
+    finally:
+        await kube.close()
+
+
+async def test_a_shard_down_and_back_gets_its_share(system: System) -> None:
+    kube = await system.kube()
+    log = system.operator_log
+    try:
+        await create_pool(kube, system, "resilient", list(SHARDS), 2)
+
+        async def one_each() -> bool:
+            return system.group_sizes("resilient") == {"zone-a": 1, "zone-b": 1}
+
+        await eventually(one_each, what="1 + 1 before the shard goes down", log=log)
+        server = system.shards["zone-b"]
+        assert server.process is not None
+        server.process.stop()
+        await kube.patch(CAPI_POOLS, "resilient", {"spec": {"replicas": 4}}, system.namespace)
+        assert system.operator is not None
+        assert system.operator.proc is not None
+
+        async def zone_a_grows() -> bool:
+            return system.group_sizes_of("zone-a", "resilient") == 2
+
+        await eventually(zone_a_grows, what="zone-a given its share while zone-b is down", log=log)
+        assert system.operator.proc.poll() is None
+        system.start_shard("zone-b")
+
+        async def two_each() -> bool:
+            return system.group_sizes("resilient") == {"zone-a": 2, "zone-b": 2}
+
+        await eventually(two_each, within=90, what="zone-b given its share once back", log=log)
+    finally:
+        with contextlib.suppress(KubeError):
+            await kube.delete(POOLS, "resilient", system.namespace)
+            await kube.delete(CAPI_POOLS, "resilient", system.namespace)
+        await kube.close()
+
+
+def test_no_pool_is_created_until_every_shard_has_answered(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    with kubernetes(tmp_path, request, "emulator") as (kubeconfig, namespace):
         sys_ = make_system(tmp_path, kubeconfig, namespace)
         try:
             sys_.start_shard("zone-a")

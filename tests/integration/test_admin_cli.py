@@ -84,7 +84,7 @@ def test_init_without_key_writes_nothing(runner: CliRunner, tmp_path: Path) -> N
     [
         (["--cluster-id", "Demo"], "--cluster-id 'Demo'"),
         (["--cluster-id", "demo", "--ca-key-type", "rsa"], "--ca-key-type 'rsa'"),
-        (["--cluster-id", "demo", "--storage-provider", "gcs"], "--storage-provider 'gcs'"),
+        (["--cluster-id", "demo", "--storage-provider", "azure"], "--storage-provider 'azure'"),
         (["--cluster-id", "demo", "--secrets-provider", "vault"], "unknown secrets provider 'vault'"),
     ],
 )
@@ -182,6 +182,14 @@ def test_config_upload_validates_first(runner: CliRunner, tmp_path: Path) -> Non
     assert "nothing was uploaded" in err
     assert not (bucket / "shard").exists()
     good = ROOT / "examples" / "local" / "config.jsonc"
+    # A bucket directory that does not exist is a typo until `cluster init` has made it.
+    code, _, err = _invoke(
+        runner, ["config", "upload", str(good), "--shard", "local-a", *_store_flags(bucket)]
+    )
+    assert code == 1
+    assert f"storage directory {bucket} does not exist" in err
+    assert not bucket.exists()
+    bucket.mkdir()
     code, out, _ = _invoke(
         runner, ["config", "upload", str(good), "--shard", "local-a", *_store_flags(bucket)]
     )

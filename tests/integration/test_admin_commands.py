@@ -27,6 +27,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from typer.testing import CliRunner
 
 from nstance.admin.cli import app
+from nstance.admin.watch import CLEAR_BELOW, HOME, paint
 from nstance.objectstore.file import FileObjectStore
 from nstance.objectstore.scoped import ScopedObjectStore
 from nstance.pki.ca import CertificateAuthority, create_ca
@@ -88,6 +89,8 @@ class FakeShard(operator_pb2_grpc.OperatorServiceServicer):  # type: ignore[misc
     peers: list[str] = field(default_factory=list)
     standby: bool = False
     etag: str = '"etag-1"'
+    static_sizes: dict[str, int] = field(default_factory=dict)
+    """Static groups and their config size: DeleteGroup resets them, as the real server does."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def _enter(self, context: grpc.ServicerContext) -> None:
@@ -132,7 +135,10 @@ class FakeShard(operator_pb2_grpc.OperatorServiceServicer):  # type: ignore[misc
         with self.lock:
             if request.key not in self.groups:
                 context.abort(grpc.StatusCode.NOT_FOUND, f"group {request.key!r} not found")
-            del self.groups[request.key]
+            if request.key in self.static_sizes:
+                self.groups[request.key].size = self.static_sizes[request.key]
+            else:
+                del self.groups[request.key]
         return Empty()
 
     def CreateInstance(  # noqa: N802 - name fixed by the proto
@@ -281,10 +287,12 @@ def test_register_operator_writes_identity_and_record(cluster: Cluster) -> None:
     assert 8759 * 3600 < lifetime.total_seconds() <= 8760 * 3600 + 600
 
     record = json.loads((cluster.bucket / "cluster" / "operator" / "default.demo.json").read_text())
+    # the union of upstream's registration and renewal record shapes (docs/files.md)
     assert set(record) == {
-        "cluster_id", "tenant", "operator_id", "public_key",
-        "cert_serial", "expires_at", "renewed_at", "type",
+        "cluster_id", "client_id", "tenant", "operator_id", "public_key", "public_key_pem",
+        "cert_serial", "expires_at", "registered_at", "renewed_at", "type",
     }  # fmt: skip
+    assert (record["client_id"], record["public_key_pem"]) == (record["cluster_id"], record["public_key"])
     assert record["type"] == "operator"
     assert record["operator_id"] == "opr-admin-test"
     assert (record["cluster_id"], record["tenant"]) == ("demo", "default")
@@ -315,6 +323,38 @@ def test_register_operator_default_id_and_given_public_key(cluster: Cluster, tmp
     assert public_keys_equal(peer.certificate.public_key(), private)  # type: ignore[arg-type]
     assert (peer.not_after - peer.certificate.not_valid_before_utc).total_seconds() <= 24 * 3600 + 600
     assert (cluster.bucket / "cluster" / "operator" / "team-b.demo.json").is_file()
+
+
+def test_register_operator_reads_the_cluster_id_from_storage(cluster: Cluster, tmp_path: Path) -> None:
+    # from the CA's organization, which `cluster init` wrote
+    result = run(
+        "cluster", "register-operator", "--tenant", "team-c", "--output-dir", str(tmp_path / "c"),
+        *store_flags(cluster.bucket),
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    assert "in cluster demo" in result.out
+    assert (cluster.bucket / "cluster" / "operator" / "team-c.demo.json").is_file()
+
+
+def test_register_operator_reads_the_cluster_id_from_the_shard_configs_when_the_ca_has_none(
+    tmp_path: Path,
+) -> None:
+    # An upstream CA says "Nstance Cluster Unknown"; the shard configs in the bucket name the cluster.
+    bucket = tmp_path / "store"
+    assert run("cluster", "init", "--cluster-id", "demo", *store_flags(bucket)).code == 0
+    cluster_store = ScopedObjectStore(FileObjectStore(bucket), "cluster/")
+    secrets = ObjectStorageSecretStore(cluster_store, keys=[KEY])
+    upstream_ca = create_ca(key_type="ed25519", private_key=load_private_key_pem(secrets.get("ca.key")))
+    cluster_store.put("ca.crt", upstream_ca.cert_pem)
+    flags = ("--output-dir", str(tmp_path / "id"), *store_flags(bucket))
+    result = run("cluster", "register-operator", *flags)
+    assert result.code == 1
+    assert "cannot tell the cluster id from storage" in result.err
+    (bucket / "shard" / "zone-a").mkdir(parents=True)
+    (bucket / "shard" / "zone-a" / "config.jsonc").write_text('// upstream\n{"cluster": {"id": "prod"}}')
+    result = run("cluster", "register-operator", *flags)
+    assert result.code == 0, result.err
+    assert (bucket / "cluster" / "operator" / "default.prod.json").is_file()
 
 
 def test_register_operator_certifies_an_ed25519_key_as_upstream_admins_hold(
@@ -441,6 +481,36 @@ def test_group_scale_keeps_the_other_settings(shards: Shards) -> None:
         "private",
     )
     assert dict(sent.config.vars) == {"role": "worker", "zone": "a"}
+
+
+def test_group_delete_of_a_static_group_is_refused_or_reported(shards: Shards) -> None:
+    seed_group(shards.a, "app", size=5)
+    shards.a.groups["app"].is_static = True
+    shards.a.static_sizes["app"] = 1
+    result = shards.run("group", "delete", "app", "--shard", "a")
+    assert result.code == 1
+    assert "group 'app' is static" in result.err
+    assert "--reset-static" in result.err
+    assert shards.a.groups["app"].size == 5  # nothing was sent
+
+    result = shards.run("group", "delete", "app", "--shard", "a", "--reset-static")
+    assert result.code == 0, result.err
+    assert "reset to its config (size 5 -> 1)" in result.out
+    assert "deleted" not in result.out
+
+
+def test_group_scale_to_a_negative_size_says_why(shards: Shards) -> None:
+    seed_group(shards.a, "app", size=2)
+    result = shards.run("group", "scale", "app", "-1", "--shard", "a")
+    assert result.code == 1
+    assert "SIZE -1: the size must be 0 or more" in result.err
+    assert not shards.a.upserts
+
+
+def test_instance_delete_of_an_unknown_id_fails(shards: Shards) -> None:
+    result = shards.run("instance", "delete", "tstnope", "--shard", "b")
+    assert result.code == 1
+    assert "instance 'tstnope' is not known to this shard" in result.err
 
 
 def test_group_scale_of_a_missing_group_changes_nothing(shards: Shards) -> None:
@@ -685,3 +755,73 @@ def test_help_lists_the_new_commands() -> None:
     assert "refresh" in result.out
     result = run("instance", "list", "--help")
     assert "no instance listing" in " ".join(result.out.split())
+
+
+# --- watch (the live view) -----------------------------------------------------------------------
+
+
+def _local_instance(directory: Path, instance_id: str, group: str, status: str = "running") -> None:
+    (directory / instance_id).mkdir(parents=True)
+    meta = {
+        "instance_id": instance_id,
+        "group": group,
+        "status": status,
+        "provider_id": f"local-{instance_id}",
+    }
+    (directory / instance_id / "instance.json").write_text(json.dumps(meta))
+
+
+def test_watch_once_shows_groups_and_every_local_instance(shards: Shards, tmp_path: Path) -> None:
+    seed_group(shards.a, "app", size=2)
+    seen = Timestamp()
+    seen.FromDatetime(datetime.now(UTC))
+    shards.a.instances["app01"] = operator_pb2.InstanceStatusResponse(
+        instance_id="app01", status="healthy", last_seen=seen
+    )
+    shards.a.instances["app02"] = operator_pb2.InstanceStatusResponse(
+        instance_id="app02", status="registered"
+    )
+    local = tmp_path / "instances"
+    _local_instance(local, "app01", "app")
+    _local_instance(local, "app02", "app")
+    _local_instance(local, "app03", "app")  # created by the provider, not yet known to the server
+    _local_instance(local, "app04", "app", status="deleted")  # a tombstone: not shown
+    result = shards.run("watch", "--once", "--shard", "a", "--instances-dir", str(local), "--title", "T")
+    assert result.code == 0, result.err
+    lines = [line.split() for line in result.out.splitlines()]
+    assert ["a", "app", "2", "2", "dynamic"] in lines
+    rows = {line[2]: line[3:] for line in lines if len(line) >= 4 and line[2].startswith("app0")}
+    assert rows["app01"][0] == "healthy"
+    assert rows["app01"][1].endswith("s")  # "0s ago"
+    assert rows["app02"] == ["registered", "-"]
+    assert rows["app03"] == ["starting", "-"]
+    assert "app04" not in rows
+    assert "\033" not in result.out  # no terminal, no escape codes
+
+
+def test_watch_without_a_server_says_so(cluster: Cluster) -> None:
+    result = run(
+        "watch",
+        "--once",
+        "--servers",
+        f"x=127.0.0.1:{unused_port()}",
+        "--identity-dir",
+        str(cluster.identity),
+    )
+    assert result.code == 1
+    assert "UNAVAILABLE" in result.out
+    assert "is nstance-server running there?" in result.out
+
+
+def test_watch_refuses_a_bad_interval(cluster: Cluster) -> None:
+    result = run("watch", "--interval", "0s", "--servers", "x=h:1", "--identity-dir", str(cluster.identity))
+    assert result.code == 1
+    assert "--interval '0s' must be a positive duration" in result.err
+
+
+def test_watch_frames_overwrite_in_place() -> None:
+    frame = paint(["title", "row 1"], terminal=True)
+    assert frame.startswith(HOME)
+    assert "\033[2J" not in frame  # never clears the whole screen (that is what flickers)
+    assert frame.endswith(CLEAR_BELOW)
+    assert frame.count("\033[K") == 2

@@ -62,7 +62,7 @@ BASE_CONFIG: dict[str, Any] = {
             "subnet_pool": "default",
             "instance_type": "small",
             "vars": {"role": "demo"},
-            "userdata": {"content": "#!/bin/sh\necho {{ Vars.role }}\n"},
+            "userdata": {"content": "#!/bin/sh\necho {{ .Vars.role }}\n"},
         },
     },
     "groups": {"default": {"web": {"template": "app", "size": 2}, "db": {"template": "app", "size": 1}}},
@@ -83,6 +83,8 @@ def run(*args: str) -> Result:
 
 
 def flags(bucket: Path) -> list[str]:
+    """Storage flags for ``bucket``, made as `cluster init` would (the admin creates no other bucket)."""
+    bucket.mkdir(parents=True, exist_ok=True)
     return ["--storage-provider", "file", "--storage-bucket", str(bucket)]
 
 

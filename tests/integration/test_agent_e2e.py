@@ -25,7 +25,7 @@ from nstance.testing.shardproc import LocalCluster, server_addrs, shard_config, 
 
 pytestmark = pytest.mark.timeout(180)
 SHARD = "zone-a"
-FILES = {"app.env": {"kind": "env", "template": {"GREETING": "{{ Vars.greeting }}"}}}
+FILES = {"app.env": {"kind": "env", "template": {"GREETING": "{{ .Vars.greeting }}"}}}
 
 
 class Shard:
@@ -127,7 +127,7 @@ def test_agents_register_report_and_get_their_files_and_a_replayed_nonce_is_refu
     assert record["registered_at"]
     assert record["cert_serial"]
     wait_for(lambda: (shard.recv(iid) / "app.env").is_file(), 15, "app.env on the instance")
-    assert (shard.recv(iid) / "app.env").read_text() == "GREETING=hello\n"
+    assert (shard.recv(iid) / "app.env").read_text() == "GREETING=hello"
 
     nonce = (shard.root / "instances" / iid / "identity" / "nonce.jwt").read_text()
     before = shard.records()
@@ -160,7 +160,7 @@ def test_a_var_change_pushes_files_and_converges_without_replacing_the_vm(shard:
     reconciles = shard.reconciles()
     shard.reconfigure(greeting="bonjour")
     wait_for(
-        lambda: (shard.recv(iid) / "app.env").read_text() == "GREETING=bonjour\n", 20, "the new file content"
+        lambda: (shard.recv(iid) / "app.env").read_text() == "GREETING=bonjour", 20, "the new file content"
     )
     wait_for(
         lambda: hash_file.read_text() != old_hash,

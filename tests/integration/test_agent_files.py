@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from datetime import timedelta
 from pathlib import Path
@@ -64,10 +63,10 @@ CERTS = {
     "kubelet-server": CertConfig.model_validate(
         {
             "kind": "server",
-            "cn": "system:node:{{ Instance.Hostname }}",
+            "cn": "system:node:{{ .Instance.Hostname }}",
             "organization": ["system:nodes"],
-            "dns": ["{{ Instance.Hostname }}", "{{ Instance.Hostname }}.{{ Vars.cluster_name }}.internal"],
-            "ip": ["{{ Instance.IP4 }}", "{{ Instance.IP6 }}"],
+            "dns": ["{{ .Instance.Hostname }}", "{{ .Instance.Hostname }}.{{ .Vars.cluster_name }}.internal"],
+            "ip": ["{{ .Instance.IP4 }}", "{{ .Instance.IP6 }}"],
             "ttl": 24,
         }
     ),
@@ -137,26 +136,26 @@ async def test_every_plain_kind_renders_with_vars_and_instance_data(env: Env) ->
     env.store.put("files/acme/ip-10-0-1-7/motd", b"welcome\n")
     files = {
         "token": file("secret", source="bootstrap-token"),
-        "motd": file("storage", source="files/acme/{{ Instance.Hostname }}/motd"),
+        "motd": file("storage", source="files/acme/{{ .Instance.Hostname }}/motd"),
         "node.env": file(
             "env",
             template={
-                "NODE": "{{ Instance.ID }}",
-                "CLUSTER": "{{ Vars.cluster_name }}",
-                "ZONE": "{{ Provider.Zone }}",
+                "NODE": "{{ .Instance.ID }}",
+                "CLUSTER": "{{ .Vars.cluster_name }}",
+                "ZONE": "{{ .Provider.Zone }}",
             },
         ),
         "node.json": file(
             "json",
             template={
                 "id": "{{ .Instance.ID }}",
-                "ports": [80, "{{ Vars.cluster_name }}"],
+                "ports": [80, "{{ .Vars.cluster_name }}"],
                 "ok": True,
-                "image": "{{ Image.debian }}",
+                "image": "{{ .Image.debian }}",
             },
         ),
         "hello.txt": file(
-            "string", template="host {{ Instance.Hostname }} ({{ Instance.IP4 }}) in {{ Server.Shard }}\n"
+            "string", template="host {{ .Instance.Hostname }} ({{ .Instance.IP4 }}) in {{ .Server.Shard }}\n"
         ),
     }
     result = await env.render(files)
@@ -165,7 +164,7 @@ async def test_every_plain_kind_renders_with_vars_and_instance_data(env: Env) ->
     assert [f.name for f in result.files] == sorted(files)
     assert got["token"] == b"tok\x00en-bytes"
     assert got["motd"] == b"welcome\n"
-    assert got["node.env"] == f"CLUSTER=prod\nNODE={INSTANCE_ID}\nZONE=zone-a\n".encode()
+    assert got["node.env"] == f"CLUSTER=prod\nNODE={INSTANCE_ID}\nZONE=zone-a".encode()
     assert json.loads(got["node.json"]) == {
         "id": INSTANCE_ID,
         "ports": [80, "prod"],
@@ -178,41 +177,59 @@ async def test_every_plain_kind_renders_with_vars_and_instance_data(env: Env) ->
 
 
 async def test_json_output_is_stable_whatever_the_config_key_order(env: Env) -> None:
-    a = file("json", template={"b": {"y": 1, "x": "{{ Vars.cluster_name }}"}, "a": [3, 1]})
-    b = file("json", template={"a": [3, 1], "b": {"x": "{{ Vars.cluster_name }}", "y": 1}})
+    a = file("json", template={"b": {"y": 1, "x": "{{ .Vars.cluster_name }}"}, "a": [3, 1]})
+    b = file("json", template={"a": [3, 1], "b": {"x": "{{ .Vars.cluster_name }}", "y": 1}})
     first = contents(await env.render({"c.json": a}))["c.json"]
     second = contents(await env.render({"c.json": b}))["c.json"]
     assert first == second
-    assert first == b'{\n  "a": [\n    3,\n    1\n  ],\n  "b": {\n    "x": "prod",\n    "y": 1\n  }\n}\n'
+    assert first == b'{\n  "a": [\n    3,\n    1\n  ],\n  "b": {\n    "x": "prod",\n    "y": 1\n  }\n}'
 
 
-async def test_env_file_reads_back_exactly_through_a_posix_shell(env: Env, tmp_path: Path) -> None:
+async def test_env_and_json_files_are_the_bytes_a_go_server_writes(env: Env) -> None:
+    """Vectors from upstream's ``filegen/templates_test.go`` (env and JSON kinds), whole files."""
     tricky = {
-        "PLAIN": "abc/def:1,2=3",
         "SPACES": "two words",
         "QUOTES": "say \"hi\" and 'bye'",
-        "DOLLAR": "$HOME and ${PATH} and `id` and \\n",
+        "DOLLAR": "$HOME and `id` and \\n",
         "EMPTY": "",
-        "TILDE": "~root",
+        "INSTANCE_ID": "{{ .Instance.ID }}",
+        "MISSING": "{{ .Vars.not_set }}",
     }
-    result = await env.render({"app.env": file("env", template=tricky)})
+    kubelet = {
+        "kind": "KubeletConfiguration",
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "port": 10250,
+        "ratio": 0.5,
+        "big": 1e21,
+        "clusterDNS": ["{{ .Vars.cluster_name }}"],
+        "html": "<a & b>",
+        "nodeLabels": {"instance.nadrama.com/id": "{{ .Instance.ID }}"},
+        "empty": {},
+        "none": None,
+    }
+    result = await env.render(
+        {"app.env": file("env", template=tricky), "k.json": file("json", template=kubelet)}
+    )
     assert result.errors == {}
-    path = tmp_path / "app.env"
-    path.write_bytes(contents(result)["app.env"])
-    for key, value in tricky.items():
-        proc = await asyncio.create_subprocess_exec(
-            "/bin/sh",
-            "-c",
-            f'. "$0"; printf %s "${key}"',
-            str(path),
-            stdout=asyncio.subprocess.PIPE,
-            env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"},
-        )
-        stdout, _ = await proc.communicate()
-        assert proc.returncode == 0
-        assert stdout.decode() == value, key
-    assert env_line("PLAIN", "abc") == "PLAIN=abc"
-    assert env_line("SPACES", "a b") == 'SPACES="a b"'
+    got = contents(result)
+    assert (
+        got["app.env"]
+        == (
+            "DOLLAR=$HOME and `id` and \\n\nEMPTY=\nINSTANCE_ID=" + INSTANCE_ID + "\nMISSING=\n"
+            "QUOTES=say \"hi\" and 'bye'\nSPACES=two words"
+        ).encode()
+    )
+    assert (
+        got["k.json"]
+        == (
+            '{\n  "apiVersion": "kubelet.config.k8s.io/v1beta1",\n  "big": 1e+21,\n'
+            '  "clusterDNS": [\n    "prod"\n  ],\n'
+            '  "empty": {},\n  "html": "\\u003ca \\u0026 b\\u003e",\n  "kind": "KubeletConfiguration",\n'
+            '  "nodeLabels": {\n    "instance.nadrama.com/id": "' + INSTANCE_ID + '"\n  },\n  "none": null,\n'
+            '  "port": 10250,\n  "ratio": 0.5\n}'
+        ).encode()
+    )
+    assert env_line("SPACES", "a b") == "SPACES=a b"
 
 
 async def test_env_value_with_a_line_break_fails_only_that_file(env: Env) -> None:
@@ -226,14 +243,14 @@ async def test_env_value_with_a_line_break_fails_only_that_file(env: Env) -> Non
     assert "line break" in result.errors["bad.env"]
     assert "string" in result.errors["bad.env"]
     assert "1X" in result.errors["bad-key.env"]
-    assert contents(result) == {"good.env": b"A=1\n"}
+    assert contents(result) == {"good.env": b"A=1"}
 
 
 async def test_missing_secret_object_key_and_template_errors_do_not_stop_the_others(env: Env) -> None:
     files = {
         "token": file("secret", source="not-there"),
         "blob": file("storage", source="missing/object"),
-        "broken.txt": file("string", template="{{ Vars.nope }}"),
+        "broken.txt": file("string", template="{{ .Vars.nope.x }}"),
         "cert.pem": CERT_FILE,
         "ok.txt": file("string", template="fine"),
     }
@@ -242,7 +259,7 @@ async def test_missing_secret_object_key_and_template_errors_do_not_stop_the_oth
     assert 'secret "not-there" does not exist' in result.errors["token"]
     assert 'object "missing/object" does not exist' in result.errors["blob"]
     assert "broken.txt" in result.errors["broken.txt"]
-    assert "Vars.nope" in result.errors["broken.txt"]
+    assert "<.Vars.nope.x>" in result.errors["broken.txt"]
     assert 'public key "kubelet.server"' in result.errors["cert.pem"]
     assert result.certificates == []
     assert env.store.list("certlog/") == []
@@ -266,9 +283,9 @@ async def test_cluster_secrets_and_shard_bookkeeping_are_never_delivered(env: En
     )
     files = {
         "ca": file("secret", source="ca.key"),
-        "ca2": file("secret", source="{{ Vars.which }}.key"),
+        "ca2": file("secret", source="{{ .Vars.which }}.key"),
         "rec": file("storage", source="instance/acme.rec.json"),
-        "climb": file("storage", source="files/{{ Instance.Hostname }}/acme.rec.json"),
+        "climb": file("storage", source="files/{{ .Instance.Hostname }}/acme.rec.json"),
     }
     result = await render_files(
         merged=merged(files, vars={"which": "ca"}),
@@ -312,19 +329,22 @@ async def test_certificate_file_chains_to_the_ca_and_matches_the_certlog(env: En
     assert issued.name == "kubelet.crt"
     assert issued.serial == cert.serial_number
 
-    ms = int(env.clock.now().timestamp() * 1000)
-    key = f"certlog/acme.{ms}.{INSTANCE_ID}.json"
+    now = env.clock.now()
+    stamp = now.strftime("%Y%m%d%H%M%S") + f"{now.microsecond // 1000:03d}"  # upstream's 17 digits
+    key = f"certlog/acme.{stamp}.{INSTANCE_ID}.json"
     assert result.certlog_key == key
     assert (env.root / "shard/zone-a" / key).is_file()
     doc = json.loads(env.store.get(key)[0])
     assert doc["tenant"] == "acme"
     assert doc["instance_id"] == INSTANCE_ID
+    assert doc["batch_size"] == 1
+    assert doc["issued_at"] == now.strftime("%Y-%m-%dT%H:%M:%SZ")
     assert doc["certificates"] == [
         {
-            "name": "kubelet.crt",
-            "serial": format(cert.serial_number, "x"),
+            "certificate_name": "kubelet.crt",
+            "serial_number": format(cert.serial_number, "x"),
+            "expires_at": cert.not_valid_after_utc.isoformat().replace("+00:00", "Z"),
             "not_before": cert.not_valid_before_utc.isoformat().replace("+00:00", "Z"),
-            "not_after": cert.not_valid_after_utc.isoformat().replace("+00:00", "Z"),
         }
     ]
 
@@ -405,7 +425,7 @@ async def test_certlog_batches_in_the_same_millisecond_do_not_overwrite_each_oth
     assert first.certlog_key != second.certlog_key
     serials: set[str] = set()
     for key in env.store.list("certlog/"):
-        serials.update(c["serial"] for c in json.loads(env.store.get(key)[0])["certificates"])
+        serials.update(c["serial_number"] for c in json.loads(env.store.get(key)[0])["certificates"])
     issued: list[IssuedCertificate] = [*first.certificates, *second.certificates]
     assert serials == {c.serial_hex for c in issued}
     assert len(serials) == 2
@@ -415,4 +435,6 @@ async def test_certlog_batches_in_the_same_millisecond_do_not_overwrite_each_oth
     )
     assert direct.startswith("certlog/acme.")
     assert direct.endswith(".x.json")
-    assert [c["name"] for c in json.loads(env.store.get(direct)[0])["certificates"]] == ["kubelet.crt"] * 2
+    assert [c["certificate_name"] for c in json.loads(env.store.get(direct)[0])["certificates"]] == [
+        "kubelet.crt"
+    ] * 2

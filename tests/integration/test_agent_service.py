@@ -25,8 +25,8 @@ from nstance.testing.shardproc import LocalCluster, server_addrs, shard_config, 
 pytestmark = pytest.mark.timeout(120)
 SHARD = "zone-a"
 FILES = {
-    "app.env": {"kind": "env", "template": {"GREETING": "{{ Vars.greeting }}", "ID": "{{ Instance.ID }}"}},
-    "app.json": {"kind": "json", "template": {"greeting": "{{ Vars.greeting }}"}},
+    "app.env": {"kind": "env", "template": {"GREETING": "{{ .Vars.greeting }}", "ID": "{{ .Instance.ID }}"}},
+    "app.json": {"kind": "json", "template": {"greeting": "{{ .Vars.greeting }}"}},
 }
 
 
@@ -149,7 +149,7 @@ def test_first_report_gets_the_files_then_a_var_change_pushes_new_files_without_
     try:
         agent.report()
         files, first_hash = agent.batch()
-        assert files["app.env"] == f"GREETING=hello\nID={iid}\n".encode()
+        assert files["app.env"] == f"GREETING=hello\nID={iid}".encode()
         assert files["app.json"].startswith(b"{")
         assert first_hash.startswith("sha256:")
         agent.report(config_hash=first_hash, files=dict.fromkeys(FILES, True))

@@ -623,6 +623,27 @@ async def test_a_deleted_target_group_holds_nothing_and_cannot_be_registered_wit
         await world.provider.register_targets("web", lb, [_target(made)])
 
 
+async def test_upstream_v1_target_group_arns_register_on_the_groups_default_port(world: World) -> None:
+    arn = _target_group(world, "tg-v1")
+    lb = LoadBalancerConfig.model_validate({"provider": "aws", "target_group_arns": [arn]})
+    made = await world.provider.create_instance(world.request())
+    await world.provider.register_targets("ingress", lb, [_target(made)])
+    health = world.elbv2.describe_target_health(TargetGroupArn=arn)["TargetHealthDescriptions"]
+    assert [(h["Target"]["Id"], h["Target"]["Port"]) for h in health] == [(made.provider_id, 30080)]
+    assert await world.provider.target_states("ingress", lb, [_target(made)]) == {
+        made.instance_id: TargetState.HEALTHY
+    }
+    await world.provider.deregister_targets("ingress", lb, [_target(made)])
+    assert await world.provider.target_states("ingress", lb, [_target(made)]) == {
+        made.instance_id: TargetState.DEREGISTERED
+    }
+    world.elbv2.delete_target_group(TargetGroupArn=arn)
+    with pytest.raises(
+        ProviderInvalidRequest, match=r"load_balancers\.ingress\.target_group_arns\[0\]: target group"
+    ):
+        await world.provider.register_targets("ingress", lb, [_target(made)])
+
+
 def test_load_balancers_of_another_provider_are_refused() -> None:
     lb = LoadBalancerConfig(provider="google", network_endpoint_groups=["n1"])
     with pytest.raises(ProviderInvalidRequest, match=r'load_balancers\.neg\.provider: is "google"'):
@@ -752,7 +773,7 @@ async def test_every_example_group_makes_a_valid_runinstances_request(world: Wor
     checked = []
     for tenant, group in all_group_keys(config, {}):
         merged = merged_group(config, {}, tenant, group)
-        args = dict(merged.args, ImageId=AMI)  # "{{ Image.debian }}" once the server has rendered it
+        args = dict(merged.args, ImageId=AMI)  # "{{ .Image.debian }}" once the server has rendered it
         request = world.request(
             tenant=tenant,
             group=group,

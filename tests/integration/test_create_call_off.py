@@ -56,12 +56,12 @@ async def test_a_smaller_group_calls_off_queued_creates_within_a_second(h: Harne
         else:
             await h.shard.upsert_group(*BURST, GroupUpdate(size=10))
         sent_when_told = len(h.vms.requests)
-        told = time.monotonic()
-        await eventually(lambda: not h.shard.ops.in_flight, within=1.0, what="creates called off")
-        assert time.monotonic() - told <= 1.0
-        assert len(h.vms.requests) <= sent_when_told + MAX_IN_FLIGHT  # only those already sent finished
+        # The call-off itself is immediate (checked before every provider call, polled every 250 ms);
+        # the wait is generous only because a loaded CI machine can stall this test's own event loop.
+        await eventually(lambda: not h.shard.ops.in_flight, within=5.0, what="creates called off")
+        assert len(h.vms.requests) == sent_when_told  # not one provider create started after the change
         want = 0 if how == "delete-group" else 10
-        await eventually(lambda: len(h.live()) == want, within=10, what=f"the group settled at {want}")
+        await eventually(lambda: len(h.live()) == want, within=30, what=f"the group settled at {want}")
         assert not [e for e in h.errors if "called off" in e.error]  # a smaller group is not an error
     finally:
         await h.shard.stop_leading(grace=1)
@@ -72,8 +72,8 @@ async def test_losing_leadership_calls_off_queued_creates(h: Harness) -> None:
     try:
         h.leader.leading = False
         sent_when_lost = len(h.vms.requests)
-        await eventually(lambda: not h.shard.ops.in_flight, within=1.0, what="creates called off")
-        assert len(h.vms.requests) <= sent_when_lost + MAX_IN_FLIGHT
+        await eventually(lambda: not h.shard.ops.in_flight, within=5.0, what="creates called off")
+        assert len(h.vms.requests) == sent_when_lost
     finally:
         await h.shard.stop_leading(grace=1)
 

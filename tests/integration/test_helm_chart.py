@@ -101,6 +101,7 @@ def test_default_values_render_the_operator_with_a_cert_manager_webhook(chart: h
         ("ConfigMap", crds.CONFIG_CONFIGMAP),
         ("Deployment", "nstance-operator"),
         ("Service", crds.WEBHOOK_SERVICE),
+        ("Service", "nstance-operator-metrics"),
         ("ValidatingWebhookConfiguration", crds.WEBHOOK_CONFIGURATION),
         ("Issuer", "nstance-operator-selfsigned"),
         ("Certificate", "nstance-operator-webhook"),
@@ -185,10 +186,39 @@ def test_deployment_runs_the_operator_non_root_with_probes_and_config(chart: hel
     assert default_pod["metadata"] == deployment["spec"]["template"]["metadata"]
 
 
+def test_metrics_service_and_service_monitor(chart: helm.Chart) -> None:
+    objects = _by_kind(_render(chart))
+    assert ("ServiceMonitor", "nstance-operator") not in objects  # opt-in: it needs the CRD
+    service = objects[("Service", "nstance-operator-metrics")]
+    assert service["spec"]["ports"] == [
+        {"name": "metrics", "port": 8081, "targetPort": "health", "protocol": "TCP"}
+    ]
+    deployment = objects[("Deployment", "nstance-operator")]
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert {"name": "health", "containerPort": 8081, "protocol": "TCP"} in container["ports"]
+
+    values = {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus"}}}}
+    objects = _by_kind(_render(chart, values))
+    monitor = objects[("ServiceMonitor", "nstance-operator")]
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["endpoints"] == [
+        {"port": "metrics", "path": "/metrics", "interval": "30s", "scrapeTimeout": "10s"}
+    ]
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+
+    objects = _by_kind(_render(chart, {"metrics": {"enabled": False}}))
+    assert ("Service", "nstance-operator-metrics") not in objects
+
+
 def test_webhook_disabled_renders_no_webhook_objects(chart: helm.Chart) -> None:
     objects = _by_kind(_render(chart, {"webhook": {"enabled": False}}))
     kinds = {kind for kind, _ in objects}
-    assert kinds.isdisjoint({"Service", "ValidatingWebhookConfiguration", "Issuer", "Certificate"})
+    assert kinds.isdisjoint({"ValidatingWebhookConfiguration", "Issuer", "Certificate"})
+    assert [name for kind, name in objects if kind == "Service"] == ["nstance-operator-metrics"]
     (container,) = objects[("Deployment", "nstance-operator")]["spec"]["template"]["spec"]["containers"]
     assert [port["name"] for port in container["ports"]] == ["health"]
     assert _env(container)["NSTANCE_WEBHOOK_ENABLED"] == "false"

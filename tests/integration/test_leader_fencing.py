@@ -22,6 +22,7 @@ from test_shard_gc import KEY, Harness
 from nstance.core.errors import Unavailable
 from nstance.db import repo
 from nstance.providers.base import ProviderInstance
+from nstance.server import shard as shard_module
 from nstance.server.fencing import NotLeader
 from nstance.server.gc import gc_cycle
 from nstance.server.recovery import sync_provider
@@ -50,7 +51,20 @@ def h(tmp_path: Path) -> Iterator[Harness]:
     harness.db.close()
 
 
-async def test_a_recovery_that_is_retrying_stops_at_once_when_leadership_is_lost(h: Harness) -> None:
+class HourBackoff:
+    """A recovery backoff that waits an hour: only cancellation ends such a wait."""
+
+    def __init__(self, **_: Any) -> None:
+        pass
+
+    def delay(self, attempt: int) -> float:
+        return 3600.0
+
+
+async def test_a_recovery_that_is_retrying_stops_at_once_when_leadership_is_lost(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(shard_module, "Backoff", HourBackoff)
     failures = 0
 
     def unavailable(prefix: str = "") -> list[str]:
@@ -64,10 +78,9 @@ async def test_a_recovery_that_is_retrying_stops_at_once_when_leadership_is_lost
     await eventually(lambda: failures >= 1, what="the first failed recovery attempt")
 
     h.leader.leading = False
-    await h.shard.stop_leading()
+    await asyncio.wait_for(h.shard.stop_leading(), timeout=10.0)  # not after the hour-long backoff
 
-    assert recovery.done(), "stop_leading returned while the deposed recovery still runs"
-    assert recovery.cancelled()
+    await asyncio.wait_for(recovery, timeout=5.0)  # start_leading returns: its recovery was cancelled
     assert not h.shard.leading
     assert failures == 1  # it did not retry after the loss
     assert log.writes == []

@@ -26,8 +26,8 @@ from nstance.server.provisioning import choose_subnet, prepare_instance, render_
 from nstance.testing.shardproc import server_addrs, shard_config
 
 PAYLOADS: dict[str, bytes] = {
-    "/plain": b"#!/bin/sh\necho {{ Instance.ID }} {{ .Vars.role }}\n",
-    "/gz": gzip.compress(b"#!/bin/sh\necho gz {{ Instance.ID }}\n"),
+    "/plain": b"#!/bin/sh\necho {{ .Instance.ID }} {{ .Vars.role }}\n",
+    "/gz": gzip.compress(b"#!/bin/sh\necho gz {{ .Instance.ID }}\n"),
 }
 
 

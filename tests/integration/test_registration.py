@@ -529,6 +529,45 @@ async def test_backfill_restores_operators_from_storage_into_an_empty_cache(h: H
         fresh.close()
 
 
+async def test_backfill_reads_an_operator_record_in_upstreams_registration_shape(h: Harness) -> None:
+    # What upstream's RegisterOperator writes (json.Marshal of its map: sorted keys, RFC 3339 nanos).
+    pem = p256_pem()[1].decode()
+    record = {
+        "cert_serial": "1764104400123456789",
+        "client_id": CLUSTER,
+        "expires_at": "2027-11-25T21:00:00.123456789Z",
+        "public_key_pem": pem,
+        "registered_at": "2026-11-25T21:00:00.123456789Z",
+        "tenant": "acme",
+    }
+    h.cluster_store.put(f"operator/acme.{CLUSTER}.json", json.dumps(record, separators=(",", ":")).encode())
+    assert await h.registrar.backfill_operators() == 1
+    (restored,) = h.operators()
+    assert (restored.tenant, restored.public_key, restored.cert_serial) == (
+        "acme",
+        pem,
+        "1764104400123456789",
+    )
+    assert restored.cert_expires_at == datetime(2027, 11, 25, 21, 0, 0, 123456, tzinfo=UTC)
+
+
+async def test_backfill_reads_a_record_of_upstreams_admin_register_operator(h: Harness) -> None:
+    pem = p256_pem()[1].decode()
+    record = {
+        "cert_serial": "42",
+        "client_id": "opr01jq6z8c8w9x2m4r5t7v9y1b3d",
+        "expires_at": "2027-11-25T21:00:00Z",
+        "public_key_pem": pem,
+        "registered_at": "2026-11-25T21:00:00Z",
+        "registered_by": "nstance-admin",
+        "tenant": "acme",
+    }
+    h.cluster_store.put("operator/acme.y1b3d.json", json.dumps(record, indent=2).encode())
+    assert await h.registrar.backfill_operators() == 1
+    (restored,) = h.operators()
+    assert (restored.tenant, restored.public_key, restored.cert_serial) == ("acme", pem, "42")
+
+
 # --- renewal -----------------------------------------------------------------------------------------
 
 

@@ -61,7 +61,7 @@ def _harness(tmp_path: Path, aws: dict[str, Any]) -> Harness:
         tmp_path,
         infra={"provider": "aws"},
         own_provider_id=aws["server_vm"],
-        template_extra={"instance_type": "t3.micro", "args": {"ImageId": "{{ Image.debian }}"}},
+        template_extra={"instance_type": "t3.micro", "args": {"ImageId": "{{ .Image.debian }}"}},
         config_extra={
             "images": {
                 "debian": {"provider": "aws", "filters": [{"name": "name", "values": ["debian-12-amd64-*"]}]}

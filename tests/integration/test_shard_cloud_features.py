@@ -265,7 +265,7 @@ async def test_a_new_leader_registers_again_and_a_gone_vm_is_not_waited_for(h: H
 def _image_harness(tmp_path: Path, image: dict[str, Any], **kwargs: Any) -> Harness:
     return Harness(
         tmp_path,
-        template_extra={"args": {"ImageId": "{{ Image.debian }}"}},
+        template_extra={"args": {"ImageId": "{{ .Image.debian }}"}},
         config_extra={"images": {"debian": image}},
         **kwargs,
     )
@@ -333,8 +333,9 @@ async def test_an_image_that_cannot_be_resolved_fails_creates_with_the_reason(tm
         assert h.vms.requests == []
         messages = [e.error for e in h.errors]
         assert any(
-            'templates.app.args.ImageId: undefined variable "Image.debian"; the image could not be resolved: '
-            "DescribeImages was denied" in m
+            "templates.app.args.ImageId: line 1: executing at <.Image.debian>: "
+            'undefined variable "Image.debian"; the image could not be resolved: DescribeImages was denied'
+            in m
             for m in messages
         ), messages
     finally:

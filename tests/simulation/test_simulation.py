@@ -93,6 +93,14 @@ def _class_results(kinds: tuple[str, ...]) -> list[Any]:
     return [run_seed(seed, fault_kinds=kinds) for seed in CLASS_SEEDS]
 
 
+def test_damaged_and_lost_storage_deletes_nothing_healthy_and_the_fleet_converges() -> None:
+    """Seeds whose draw enables the storage nemeses: corrupt records, a deleted instance/ prefix, a
+    corrupt SQLite cache - no VM healthy at the time is deleted without a reason, and sizes converge."""
+    results = [run_seed(seed) for seed in (0, 1, 2)]
+    assert all(r.ok for r in results), [(r.seed, r.problems[:3]) for r in results]
+    assert sum(r.stats.get("storage_damage", 0) for r in results) >= 6
+
+
 def test_a_deposed_server_changes_nothing() -> None:
     results = _class_results(DEPOSED)
     assert all(r.ok for r in results), [(r.seed, r.problems[:3]) for r in results]

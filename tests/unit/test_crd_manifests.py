@@ -117,6 +117,9 @@ def test_every_generated_file_says_it_is_generated_and_has_no_yaml_aliases(gen: 
         "config/rbac/role_binding.yaml",
         "config/webhook/manifests.yaml",
         "deploy/helm/nstance-operator/files/rbac-rules.yaml",
+        "deploy/clusterctl/metadata.yaml",
+        "deploy/clusterctl/infrastructure-components.yaml",
+        "deploy/clusterctl/cluster-template.yaml",
     }
     rendered = gen.render()
     assert set(rendered) == expected
@@ -684,7 +687,12 @@ def test_invalid_values_are_refused_with_the_rule_they_break() -> None:
     with pytest.raises(models.InvalidResource, match=r"spec\.size"):
         models.NstanceShardGroup.from_k8s({"spec": {"group": "g", "shard": "s", "size": 2**31}})
     with pytest.raises(models.InvalidResource, match=r"spec\.shard.*'--'"):
-        models.NstanceShardGroup.from_k8s({"spec": {"group": "g", "shard": "a--b"}})
+        models.NstanceShardGroup.from_k8s({"spec": {"group": "g", "shard": "a--b", "size": 1}})
+    # as upstream's CRDs: a shard group names its size, and an API endpoint port starts at 1
+    with pytest.raises(models.InvalidResource, match=r"spec\.size"):
+        models.NstanceShardGroup.from_k8s({"spec": {"group": "g", "shard": "s"}})
+    with pytest.raises(models.InvalidResource, match=r"spec\.controlPlaneEndpoint\.port"):
+        models.NstanceCluster.from_k8s({"spec": {"controlPlaneEndpoint": {"host": "h", "port": 0}}})
     with pytest.raises(models.InvalidResource, match=r"status\.conditions\.0\.status"):
         models.NstanceMachine.from_k8s(
             {

@@ -15,7 +15,7 @@ from nstance.testing.waiting import eventually
 
 async def test_a_blocking_callback_is_measured_and_recorded() -> None:
     metrics = Metrics()
-    probe = LagProbe(interval=0.01, record=metrics.observe_loop_lag)
+    probe = LagProbe(interval=0.01, record=metrics.observe_event_loop_lag)
     task = asyncio.create_task(probe.run())
     try:
         await eventually(lambda: probe.samples >= 2, within=10)

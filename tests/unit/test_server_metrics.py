@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from datetime import UTC, datetime
 
 import pytest
@@ -14,7 +15,8 @@ from nstance.providers.base import (
     ProviderInstance,
     ProviderThrottled,
 )
-from nstance.server.metrics import InstrumentedProvider, Metrics
+from nstance.server.metrics import InstrumentedProvider, Metrics, watch_event_loop_lag
+from nstance.testing.waiting import eventually
 
 
 def sample(metrics: Metrics, name: str, **labels: str) -> float | None:
@@ -56,7 +58,6 @@ def test_render_exposes_every_metric_family() -> None:
     metrics = Metrics()
     metrics.set_reconcile_queue_depth(4)
     metrics.record_reconcile("ok")
-    metrics.observe_loop_lag(0.2)
     text = metrics.render().decode()
     for name in (
         "nstance_instances",
@@ -68,10 +69,42 @@ def test_render_exposes_every_metric_family() -> None:
         "nstance_config_loaded 0.0",
         'nstance_reconcile_total{result="ok"} 1.0',
         "nstance_provider_creates_total 0.0",
-        'nstance_event_loop_lag_seconds_bucket{le="0.25"} 1.0',
-        'nstance_event_loop_lag_seconds_bucket{le="0.1"} 0.0',
     ):
         assert name in text
+
+
+def test_leader_changes_count_each_acquisition_once() -> None:
+    metrics = Metrics()
+    for leading in (True, True, False, True):
+        metrics.set_leader("shard", leading)
+    assert sample(metrics, "nstance_leader_changes_total", scope="shard") == 2
+    assert sample(metrics, "nstance_leader_changes_total", scope="cluster") == 0
+
+
+def test_only_replacing_retirements_count_as_replacements() -> None:
+    metrics = Metrics()
+    for reason in ("unhealthy", "config-drift", "unhealthy", "scale-down", "drain-complete", "group-deleted"):
+        metrics.record_retirement(reason)
+    assert sample(metrics, "nstance_replacements_total", reason="unhealthy") == 2
+    assert sample(metrics, "nstance_replacements_total", reason="config-drift") == 1
+    assert sample(metrics, "nstance_replacements_total", reason="scale-down") is None
+
+
+async def test_event_loop_lag_is_measured_until_stopped() -> None:
+    metrics = Metrics()
+    stop = asyncio.Event()
+    task = asyncio.create_task(watch_event_loop_lag(metrics, stop, interval=0.01))
+    await asyncio.sleep(0.05)
+    time.sleep(0.3)  # noqa: ASYNC251 - blocks the loop on purpose: the next tick wakes late
+    await eventually(
+        lambda: (
+            (sample(metrics, "nstance_event_loop_lag_seconds_bucket", le="0.1") or 0)
+            < (sample(metrics, "nstance_event_loop_lag_seconds_count") or 0)
+        ),
+        what="a tick later than 0.1 s to be recorded",
+    )
+    stop.set()
+    await asyncio.wait_for(task, 5)
 
 
 def test_unknown_leader_scope_is_refused() -> None:

@@ -67,8 +67,8 @@ NonNegativeInt32 = Annotated[int, Field(ge=0, le=INT32_MAX, json_schema_extra=_I
 NonNegativeInt64 = Annotated[int, Field(ge=0, le=INT64_MAX, json_schema_extra=_INT64_FORMAT)]
 """An int64 that is never negative (generations)."""
 
-Port = Annotated[int, Field(ge=0, le=65535, json_schema_extra=_INT32_FORMAT)]
-"""A TCP port (an int32 on the wire)."""
+Port = Annotated[int, Field(ge=1, le=65535, json_schema_extra=_INT32_FORMAT)]
+"""A TCP port from 1 to 65535 (an int32 on the wire)."""
 
 Vars = dict[str, str]
 
@@ -338,7 +338,7 @@ class NstanceShardGroupSpec(KubeModel):
     """Name of the Nstance group."""
     shard: Identifier
     """Shard this object configures."""
-    size: NonNegativeInt32 = 0
+    size: NonNegativeInt32
     """Desired instance count on this shard (the pool's share of the MachinePool replicas)."""
     template: str | None = None
     """Template name (copied from the NstanceMachinePool)."""

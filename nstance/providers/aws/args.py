@@ -171,15 +171,10 @@ def run_instances_params(request: CreateRequest) -> dict[str, Any]:
         raise ProviderInvalidRequest(
             f"templates.{request.template}.instance_type: an instance type is required"
         )
-    if not request.subnet_id:
-        raise ProviderInvalidRequest(
-            f"templates.{request.template}.subnet_pool: no subnet was chosen for instance "
-            f"{request.instance_id}"
-        )
     image = request.args.get("ImageId")
     if "LaunchTemplate" not in request.args and (not isinstance(image, str) or not image):
         raise ProviderInvalidRequest(
-            f'{path}.ImageId: RunInstances needs an AMI id (for example "{{{{ Image.debian }}}}" from '
+            f'{path}.ImageId: RunInstances needs an AMI id (for example "{{{{ .Image.debian }}}}" from '
             "the images section, or a literal ami-...)"
         )
     if len(request.userdata) > MAX_USERDATA_BYTES:
@@ -201,7 +196,8 @@ def run_instances_params(request: CreateRequest) -> dict[str, Any]:
     )
     if request.userdata:
         params["UserData"] = request.userdata
-    _place_in_subnet(params, request.subnet_id, path)
+    if request.subnet_id:  # no subnet pool: EC2 places the VM in the default VPC, as upstream does
+        _place_in_subnet(params, request.subnet_id, path)
 
     user_tags, other_specs = _user_instance_tags(request, path)
     tags = {"Name": request.instance_id, **user_tags, **nstance_tags(request)}

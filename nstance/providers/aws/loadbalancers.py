@@ -44,8 +44,13 @@ class TargetGroupRef:
     """One target group of an entry, the port its targets get, and where the config names it."""
 
     arn: str
-    port: int
+    port: int | None  # None: the target group's default port (upstream's v1 target_group_arns)
     where: str
+
+    @property
+    def arn_path(self) -> str:
+        """Config path of the ARN itself."""
+        return self.where if self.port is None else f"{self.where}.arn"
 
 
 def target_groups_from_config(name: str, lb: LoadBalancerConfig) -> list[TargetGroupRef]:
@@ -54,10 +59,19 @@ def target_groups_from_config(name: str, lb: LoadBalancerConfig) -> list[TargetG
         raise ProviderInvalidRequest(
             f'load_balancers.{name}.provider: is "{lb.provider}"; an aws shard needs provider "aws"'
         )
-    return [
+    refs = [
         TargetGroupRef(tg.arn, tg.target_port, f"load_balancers.{name}.target_groups[{i}]")
         for i, tg in enumerate(lb.target_groups)
     ]
+    refs.extend(
+        TargetGroupRef(arn, None, f"load_balancers.{name}.target_group_arns[{i}]")
+        for i, arn in enumerate(lb.target_group_arns)
+    )
+    return refs
+
+
+def _target(provider_id: str, port: int | None) -> dict[str, Any]:
+    return {"Id": provider_id} if port is None else {"Id": provider_id, "Port": port}
 
 
 def _chunks(targets: Sequence[LbTarget]) -> Iterator[Sequence[LbTarget]]:
@@ -96,13 +110,13 @@ class TargetGroups:
                         self._elbv2,
                         method,
                         TargetGroupArn=group.arn,
-                        Targets=[{"Id": t.provider_id, "Port": group.port} for t in chunk],
+                        Targets=[_target(t.provider_id, group.port) for t in chunk],
                     )
                 except ClientError as exc:
                     code = error_code(exc)
                     if registering and code == "TargetGroupNotFound":
                         raise ProviderInvalidRequest(
-                            f"{group.where}.arn: target group {group.arn} does not exist"
+                            f"{group.arn_path}: target group {group.arn} does not exist"
                         ) from exc
                     if not registering and code in _GONE_CODES:
                         continue
@@ -122,7 +136,7 @@ class TargetGroups:
         for description in response.get("TargetHealthDescriptions", []):
             target = description.get("Target", {})
             port = target.get("Port")
-            if port is not None and port != group.port:
+            if port is not None and group.port is not None and port != group.port:
                 continue
             raw = str(description.get("TargetHealth", {}).get("State", ""))
             out[str(target.get("Id", ""))] = ELB_STATES.get(raw, TargetState.REGISTERED)

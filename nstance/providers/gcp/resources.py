@@ -191,9 +191,9 @@ def build_instance(request: CreateRequest, *, project: str, zone: str) -> comput
         init.disk_type = disk_type if "/" in disk_type else f"zones/{zone}/diskTypes/{disk_type}"
     boot = compute_v1.AttachedDisk(boot=True, auto_delete=True, type_="PERSISTENT", initialize_params=init)
 
-    nic = compute_v1.NetworkInterface(
-        subnetwork=subnetwork_path(request.subnet_id, project=project, region=region)
-    )
+    nic = compute_v1.NetworkInterface()
+    if request.subnet_id:  # no subnet pool: the network's (or the default network's) subnet of the region
+        nic.subnetwork = subnetwork_path(request.subnet_id, project=project, region=region)
     network = args.string("Network")
     if network:
         nic.network = network if "/" in network else f"projects/{project}/global/networks/{network}"

@@ -280,6 +280,7 @@ def crd_resource_types(crd: JSON) -> list[ResourceType]:
                 custom=True,
                 storage_version=storage,
                 unconditional_update=False,
+                extra={"printerColumns": list(version.get("additionalPrinterColumns") or [])},
             )
         )
     return result

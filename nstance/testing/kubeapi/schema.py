@@ -227,3 +227,38 @@ def _check_scalar(value: Any, schema: JSON, path: str, problems: list[errors.Fie
                 matched = True  # a pattern Python cannot compile is not checked
             if not matched:
                 problems.append(errors.invalid(path, value, f"{path} in body should match '{pattern}'"))
+
+
+def unknown_fields(obj: Any, schema: JSON | None) -> list[str]:
+    """Paths (``spec.extra``, ``spec.items[0].x``) of the fields in ``obj`` that pruning would drop.
+
+    What a real server reports for ``fieldValidation=Strict`` (an error) or ``Warn`` (warnings).
+    """
+    if not schema or not isinstance(obj, dict):
+        return []
+    found: list[str] = []
+    top = {k: v for k, v in obj.items() if k not in _METADATA_KEYS}
+    _unknown(top, schema, "", found)
+    return found
+
+
+def _unknown(value: Any, schema: Any, path: str, found: list[str]) -> None:
+    if not isinstance(schema, dict) or value is None:
+        return
+    if isinstance(value, list):
+        items = schema.get("items")
+        for index, item in enumerate(value):
+            _unknown(item, items, f"{path}[{index}]", found)
+        return
+    if not isinstance(value, dict) or schema.get("x-kubernetes-preserve-unknown-fields"):
+        return
+    properties = schema.get("properties") or {}
+    additional = schema.get("additionalProperties")
+    embedded = bool(schema.get("x-kubernetes-embedded-resource"))
+    for key, item in value.items():
+        if key in properties:
+            _unknown(item, properties[key], _child(path, key), found)
+        elif isinstance(additional, dict):
+            _unknown(item, additional, f"{path}[{key}]", found)
+        elif not (additional is True or (embedded and key in _METADATA_KEYS)):
+            found.append(_child(path, key))

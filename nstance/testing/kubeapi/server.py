@@ -21,10 +21,11 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from nstance.testing.kubeapi import discovery, errors
+from nstance.testing.kubeapi import discovery, errors, openapi, tables
 from nstance.testing.kubeapi.admission import Admission, AdmissionRequest
 from nstance.testing.kubeapi.manifests import load_manifests
 from nstance.testing.kubeapi.resources import Registry, ResourceType
+from nstance.testing.kubeapi.schema import unknown_fields
 from nstance.testing.kubeapi.selectors import (
     FieldSelector,
     Selector,
@@ -47,7 +48,9 @@ JSON = dict[str, Any]
 T = TypeVar("T")
 log = logging.getLogger("nstance.testing.kubeapi")
 
-_STATUS_ON_DELETE = {("", "configmaps"), ("", "secrets")}
+# Kinds whose immediate delete answers with the deleted object (the real registries' ReturnDeletedObject);
+# every other kind, custom resources included, answers with a Status naming it.
+_RETURNS_DELETED_OBJECT = {("", "pods"), ("", "namespaces"), ("", "serviceaccounts"), ("", "services")}
 _WRITE_RETRIES = 5
 _INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 
@@ -299,10 +302,20 @@ class KubeAPIServer:
         )
         if discovery_path and request.method != "GET":
             raise errors.method_not_allowed()
+        if parts[:2] == ["openapi", "v3"]:
+            # OpenAPI v3 only: kubectl finds fieldValidation on every kind there and leaves validation
+            # to the server; ``kubectl explain`` reads the schemas. No v2 document is served.
+            if len(parts) == 2:
+                return _json_response(openapi.index(self.registry))
+            served = None
+            if parts[2:3] == ["api"] and len(parts) == 4:
+                served = openapi.document(self.registry, "", parts[3])
+            elif parts[2:3] == ["apis"] and len(parts) == 5:
+                served = openapi.document(self.registry, parts[3], parts[4])
+            if served is None:
+                raise _not_found_path()
+            return _json_response(served)
         if parts[:1] == ["openapi"]:
-            # No OpenAPI documents: kubectl then relies on server-side field validation.
-            if parts == ["openapi", "v3"]:
-                return _json_response({"paths": {}})
             raise _not_found_path()
         if parts == ["version"]:
             return _json_response(discovery.version())
@@ -389,26 +402,47 @@ class KubeAPIServer:
                 if watch_path or _truthy(query.get("watch")):
                     return await self._watch(request, target, labels, fields)
                 limit = _int_param(query, "limit")
-                return _json_response(
-                    self.store.list_objects(
-                        rtype,
-                        target.namespace,
-                        labels,
-                        fields,
-                        limit=limit,
-                        continue_token=query.get("continue", ""),
-                    )
+                listed = self.store.list_objects(
+                    rtype,
+                    target.namespace,
+                    labels,
+                    fields,
+                    limit=limit,
+                    continue_token=query.get("continue", ""),
                 )
+                if tables.wants_table(request.headers.get("Accept", "")):
+                    include = tables.include_object(query)
+                    return _json_response(
+                        tables.table(rtype, listed["items"], include=include, metadata=listed.get("metadata"))
+                    )
+                return _json_response(listed)
             if watch_path:
                 fields = parse_field_selector(f"metadata.name={target.name}", rtype.fields, rtype.custom)
                 return await self._watch(request, target, (), fields)
-            return _json_response(self.store.get(rtype, target.namespace, target.name))
+            obj = self.store.get(rtype, target.namespace, target.name)
+            if tables.wants_table(request.headers.get("Accept", "")):
+                meta = {"resourceVersion": obj["metadata"].get("resourceVersion", "")}
+                return _json_response(
+                    tables.table(rtype, [obj], include=tables.include_object(query), metadata=meta)
+                )
+            return _json_response(obj)
         if method == "POST":
             body = await self._body(request)
             if target.name is None:
-                return await self._create(target, body, dry_run)
+                warnings = _field_validation(query, target, body, "")
+                return _warn(await self._create(target, body, dry_run), warnings)
             if target.sub == "eviction":
                 return await self._evict(target, body)
+            if target.sub is None and isinstance(body, dict):
+                # Like the real server: a POST to an object's own path is a create of that name.
+                meta = body.setdefault("metadata", {})
+                if meta.get("name", target.name) != target.name:
+                    raise errors.bad_request(
+                        f"the name of the object ({meta['name']}) does not match the name on the URL "
+                        f"({target.name})"
+                    )
+                meta["name"] = target.name
+                return await self._create(_Target(rtype, target.namespace, None, None), body, dry_run)
             raise errors.method_not_allowed()
         if target.name is None:
             if method == "DELETE":
@@ -430,25 +464,29 @@ class KubeAPIServer:
                 return _json_response(self.store.finalize_namespace(target.name, body))
             if target.sub not in (None, "status"):
                 raise errors.method_not_allowed()
-            return await self._update(
+            warnings = _field_validation(query, target, body, "")
+            response = await self._update(
                 target,
                 dry_run,
                 lambda: self.store.prepare_update(
                     rtype, target.namespace, str(target.name), body, target.sub
                 ),
             )
+            return _warn(response, warnings)
         if method == "PATCH":
             if target.sub not in (None, "status"):
                 raise errors.method_not_allowed()
             content_type = request.headers.get("Content-Type", "").split(";")[0].strip()
             body = await self._body(request)
-            return await self._update(
+            warnings = _field_validation(query, target, body, content_type)
+            response = await self._update(
                 target,
                 dry_run,
                 lambda: self.store.prepare_patch(
                     rtype, target.namespace, str(target.name), content_type, body, target.sub
                 ),
             )
+            return _warn(response, warnings)
         if method == "DELETE":
             if target.sub is not None:
                 raise errors.method_not_allowed()
@@ -546,14 +584,17 @@ class KubeAPIServer:
         if still_there is not None and still_there["metadata"]["uid"] == result["metadata"]["uid"]:
             # Like the real server: 202 only when the client explicitly asked orphanDependents=false.
             return _json_response(result, 202 if options.get("orphanDependents") is False else 200)
-        if rtype.key in _STATUS_ON_DELETE:
+        if rtype.key not in _RETURNS_DELETED_OBJECT:
+            details = {"name": name, "kind": rtype.plural, "uid": result["metadata"]["uid"]}
+            if rtype.group:
+                details["group"] = rtype.group
             return _json_response(
                 {
                     "kind": "Status",
                     "apiVersion": "v1",
                     "metadata": {},
                     "status": "Success",
-                    "details": {"name": name, "kind": rtype.plural, "uid": result["metadata"]["uid"]},
+                    "details": details,
                 }
             )
         return _json_response(result)
@@ -583,6 +624,9 @@ class KubeAPIServer:
             raise errors.bad_request(f"resourceVersion: Invalid value: {rv_text!r}: must be an integer")
 
         queue: asyncio.Queue[WatchEvent | None] = asyncio.Queue()
+        encode: Callable[[JSON], bytes] = _line
+        if tables.wants_table(request.headers.get("Accept", "")):
+            encode = self._table_encoder(rtype, tables.include_object(query))
 
         def listener(event: WatchEvent) -> None:
             if event.key == rtype.key:
@@ -615,8 +659,8 @@ class KubeAPIServer:
             response.enable_chunked_encoding()
             await response.prepare(request)
             for item in pending:
-                await response.write(_line(item))
-            await self._stream(response, queue, target, labels, fields, bookmarks, timeout_seconds)
+                await response.write(encode(item))
+            await self._stream(response, queue, target, labels, fields, bookmarks, timeout_seconds, encode)
             with contextlib.suppress(ConnectionResetError, RuntimeError):
                 await response.write_eof()
             return response
@@ -633,6 +677,7 @@ class KubeAPIServer:
         fields: FieldSelector,
         bookmarks: bool,
         timeout_seconds: int,
+        encode: Callable[[JSON], bytes],
     ) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_seconds if timeout_seconds > 0 else None
@@ -649,14 +694,35 @@ class KubeAPIServer:
                 now = loop.time()
                 if deadline is not None and now >= deadline:
                     return
-                await response.write(_line(self._bookmark(target.rtype)))
+                await response.write(encode(self._bookmark(target.rtype)))
                 next_bookmark = now + self.bookmark_interval
                 continue
             if event is None:
                 return
             translated = self._translate(event, target, labels, fields)
             if translated is not None:
-                await response.write(_line(translated))
+                await response.write(encode(translated))
+
+    @staticmethod
+    def _table_encoder(rtype: ResourceType, include: str) -> Callable[[JSON], bytes]:
+        """Watch events with their object as a one-row Table; only the first carries the columns."""
+        first = [True]
+
+        def encode(item: JSON) -> bytes:
+            if item["type"] in ("BOOKMARK", "ERROR"):
+                return _line(item)
+            obj = item["object"]
+            rendered = tables.table(
+                rtype,
+                [obj],
+                include=include,
+                metadata={"resourceVersion": obj["metadata"].get("resourceVersion", "")},
+                with_columns=first[0],
+            )
+            first[0] = False
+            return _line({"type": item["type"], "object": rendered})
+
+        return encode
 
     def _as_version(self, rtype: ResourceType, obj: JSON) -> JSON:
         view = dict(obj)
@@ -704,6 +770,37 @@ class KubeAPIServer:
         return {"type": kind, "object": self._as_version(rtype, event.obj)}
 
 
+FIELD_VALIDATION = ("Ignore", "Warn", "Strict")
+
+
+def _field_validation(query: Any, target: _Target, body: Any, content_type: str) -> list[str]:
+    """Unknown fields of a write: a 400 under ``fieldValidation=Strict``, warnings under ``Warn`` (the
+    default), nothing under ``Ignore``. Only custom resources have a schema to check against here."""
+    directive = query.get("fieldValidation") or "Warn"
+    if directive not in FIELD_VALIDATION:
+        raise errors.bad_request(
+            f'fieldValidation: Unsupported value: "{directive}": supported values: "Ignore", "Strict", "Warn"'
+        )
+    rtype = target.rtype
+    if directive == "Ignore" or not rtype.custom or content_type == JSON_PATCH:
+        return []
+    unknown = unknown_fields(body, rtype.schema)
+    if unknown and directive == "Strict":
+        listed = ", ".join(f'unknown field "{path}"' for path in unknown)
+        raise errors.bad_request(
+            f'{rtype.kind} in version "{rtype.version}" cannot be handled as a {rtype.kind}: '
+            f"strict decoding error: {listed}"
+        )
+    return [f'unknown field "{path}"' for path in unknown]
+
+
+def _warn(response: web.StreamResponse, warnings: list[str]) -> web.StreamResponse:
+    for text in warnings:
+        escaped = text.replace("\\", "\\\\").replace('"', '\\"')
+        response.headers.add("Warning", f'299 - "{escaped}"')
+    return response
+
+
 def _truthy(value: str | None) -> bool:
     """Go's strconv.ParseBool true values, as the real server accepts them in query parameters."""
     return value in ("1", "t", "T", "true", "TRUE", "True")
@@ -723,5 +820,8 @@ def _int_param(query: Any, name: str) -> int:
         raise errors.bad_request(f"{name}: Invalid value: {text!r}: must be an integer") from None
 
 
-def _not_found_path() -> errors.APIError:
-    return errors.APIError(404, "NotFound", "the server could not find the requested resource", {})
+def _not_found_path() -> web.HTTPNotFound:
+    """A path no resource is served at: the real server's plain-text 404 (not a Status object)."""
+    return web.HTTPNotFound(
+        text="404 page not found\n", content_type="text/plain", headers={"X-Content-Type-Options": "nosniff"}
+    )

@@ -39,7 +39,7 @@ def rich_config(**shard: Any) -> ServerConfig:
             "args": {"Net": {"b": 2}, "Flat": "t"},
             "instance_type": "t.small",
             "size": 4,
-            "files": {"app.env": {"kind": "env", "template": {"A": "{{ Vars.env }}"}}},
+            "files": {"app.env": {"kind": "env", "template": {"A": "{{ .Vars.env }}"}}},
         }
     )
     doc["templates"]["api"] = {"kind": "api", "arch": "arm64", "vars": {"tier": "api"}}
@@ -192,7 +192,7 @@ def test_static_group_size_instance_type_and_vars_can_be_overridden() -> None:
     result = apply_upsert(config, dynamic, "default", "web", update)
     assert dynamic == {}
     entry = result["default"]["web"]
-    assert (entry.template, entry.size, entry.instance_type, entry.vars) == ("web", 5, "t.xl", {"node": "a"})
+    assert (entry.template, entry.size, entry.instance_type, entry.vars) == ("", 5, "t.xl", {"node": "a"})
     assert entry.subnet_pool is None
     assert entry.args == {}
     assert entry.drain_timeout is None
@@ -314,10 +314,62 @@ def test_groups_file_round_trip() -> None:
         rich_config(), result, "t1", "svc", GroupUpdate(drain_timeout=timedelta(minutes=90))
     )
     text = dump_groups_text(result)
-    assert json.loads(text) == {
-        "t1": {"svc": {"template": "web", "size": 2, "subnet_pool": "default", "drain_timeout": "1h30m0s"}}
-    }
+    # json.MarshalIndent(groups, "", "  ") of upstream's GroupConfig: fields in struct order within an
+    # object are irrelevant to Go, keys sorted here, omitempty fields left out, no final newline.
+    assert text == (
+        '{\n  "t1": {\n    "svc": {\n      "drain_timeout": "1h30m0s",\n      "size": 2,\n'
+        '      "subnet_pool": "default",\n      "template": "web"\n    }\n  }\n}'
+    )
     assert load_groups_text(text) == result
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # upstream's `group scale main 5` on a static group: no template
+        '{\n  "default": {\n    "main": {\n      "size": 5\n    }\n  }\n}',
+        '{"default": {"main": {"size": 0, "instance_type": "t.xl", "vars": {"a": "b"}}}}',
+        '{"default": {"main": {"template": "web", "size": 5}}}',
+        '{"default": {"main": {"size": 5}}, "other": null}',
+    ],
+)
+def test_static_group_overrides_as_go_writes_them_load_and_merge(text: str) -> None:
+    dynamic = load_groups_text(text)
+    entry = dynamic["default"]["main"]
+    assert entry.size in (0, 5)
+    assert dynamic.get("other", {}) == {}
+    doc = base_config()
+    doc["groups"]["default"]["main"] = {"template": "web"}
+    config = load(doc)
+    merged = merged_group(config, dynamic, "default", "main")
+    assert (merged.template, merged.size, merged.is_static, merged.has_dynamic) == (
+        "web",
+        entry.size,
+        True,
+        True,
+    )
+    assert ("default", "main") in all_group_keys(config, dynamic)
+
+
+def test_empty_and_null_groups_documents_mean_no_dynamic_groups() -> None:
+    assert load_groups_text("null") == {}
+    assert load_groups_text("{}") == {}
+    assert load_groups_text('{"t1": {}}') == {"t1": {}}
+
+
+def test_an_override_whose_static_group_was_removed_is_ignored() -> None:
+    config = rich_config()
+    dynamic = load_groups_text('{"default": {"gone": {"size": 5}}}')
+    assert ("default", "gone") not in all_group_keys(config, dynamic)
+    with pytest.raises(NotFound):
+        merged_group(config, dynamic, "default", "gone")
+
+
+def test_static_overrides_are_written_without_template_as_go_does() -> None:
+    result = apply_upsert(rich_config(), {}, "default", "web", GroupUpdate(size=5))
+    assert dump_groups_text(result) == '{\n  "default": {\n    "web": {\n      "size": 5\n    }\n  }\n}'
+    result = apply_upsert(rich_config(), {}, "default", "web", GroupUpdate(size=0))
+    assert json.loads(dump_groups_text(result)) == {"default": {"web": {"size": 0}}}
 
 
 def test_groups_file_errors_name_paths() -> None:
@@ -325,7 +377,6 @@ def test_groups_file_errors_name_paths() -> None:
         load_groups_text('{"Bad": {}, "t1": {"g": {"size": 1, "colour": "red"}}}', "groups.jsonc")
     assert [str(p) for p in info.value.problems] == [
         "Bad: tenant name may contain only lowercase letters a-z, digits 0-9 and '-'",
-        "t1.g.template: is required",
         "t1.g.colour: unknown field",
     ]
     with pytest.raises(ConfigError, match="must be an object"):

@@ -18,7 +18,7 @@ def _doc() -> dict[str, Any]:
     doc = base_config()
     doc["defaults"] = {"args": {"Tags": {"team": "a", "app": "b"}, "Disk": 20}, "vars": {"z": "1", "a": "2"}}
     doc["templates"]["web"]["files"] = {
-        "app.env": {"kind": "env", "template": {"B": "{{ Vars.a }}", "A": "x"}},
+        "app.env": {"kind": "env", "template": {"B": "{{ .Vars.a }}", "A": "x"}},
         "ca.txt": {"kind": "string", "template": "hello"},
     }
     doc["templates"]["web"]["instance_type"] = "t.small"

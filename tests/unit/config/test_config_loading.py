@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 from typing import Any
 
@@ -225,16 +226,17 @@ def test_provider_names(given_name: str, stored: str) -> None:
     assert load(doc).shard.infra.provider == stored
 
 
-@pytest.mark.parametrize("name", ["tmux", "mock"])
-def test_dev_providers_of_upstream_are_refused_with_the_replacement(name: str) -> None:
+@pytest.mark.parametrize(("name", "stand_in"), [("tmux", "local"), ("mock", "sim")])
+def test_dev_providers_of_upstream_run_as_local_and_sim_with_a_notice(
+    name: str, stand_in: str, caplog: pytest.LogCaptureFixture
+) -> None:
     doc = base_config()
     doc["shard"]["infra"]["provider"] = name
-    (found,) = problems(doc)
-    assert found.startswith(
-        f'shard.infra.provider: provider "{name}" is not available in this implementation'
+    with caplog.at_level(logging.WARNING, logger="nstance.config"):
+        assert load(doc).shard.infra.provider == stand_in
+    assert f'shard.infra.provider "{name}" (upstream\'s development provider) runs as "{stand_in}" here' in (
+        caplog.text
     )
-    assert 'use "local"' in found
-    assert '"sim"' in found
 
 
 def test_unknown_provider_lists_choices() -> None:

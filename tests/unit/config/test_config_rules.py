@@ -119,15 +119,12 @@ def test_template_and_group_subnet_pools_must_exist() -> None:
     )
 
 
-def test_a_group_needs_a_subnet_pool_from_itself_or_its_template() -> None:
+def test_a_group_without_a_subnet_pool_is_valid_as_in_upstream() -> None:
     doc = base_config()
     del doc["templates"]["web"]["subnet_pool"]
-    assert (
-        only(doc)
-        == 'groups.default.web.subnet_pool: is required because template "web" does not set subnet_pool'
-    )
-    doc["groups"]["default"]["web"]["subnet_pool"] = "other"
     assert problems(doc) == []
+    doc["groups"]["default"]["web"]["subnet_pool"] = "nope"
+    assert only(doc).startswith("groups.default.web.subnet_pool: ")
 
 
 # ---- references ------------------------------------------------------------------------------
@@ -279,10 +276,36 @@ def test_secrets_provider_and_key_provider_choices() -> None:
     )
 
 
-def test_old_gcp_secret_manager_name_is_accepted() -> None:
+def test_google_secret_manager_is_refused_by_validation_under_either_name() -> None:
     doc = base_config()
-    doc["cluster"]["secrets"] = {"provider": "gcp-secret-manager", "project_id": "p"}
-    assert load(doc).cluster.secrets.provider == "google-secret-manager"
+    for name in ("gcp-secret-manager", "google-secret-manager"):
+        doc["cluster"]["secrets"] = {"provider": name, "project_id": "p"}
+        assert only(doc) == (
+            'cluster.secrets.provider: "google-secret-manager" is not supported by this server yet '
+            "(it could not start with it)"
+        )
+
+
+@pytest.mark.parametrize(
+    ("provider", "expected"), [("aws", "aws-parameter-store"), ("google", "google-secret-manager")]
+)
+def test_without_a_secrets_block_the_provider_default_applies(provider: str, expected: str) -> None:
+    doc = base_config()
+    doc["shard"]["infra"]["provider"] = provider
+    del doc["cluster"]["secrets"]
+    if provider == "aws":
+        assert load(doc).cluster.secrets.provider == expected
+    else:
+        assert only(doc).startswith(f'cluster.secrets.provider: "{expected}" is not supported')
+    doc["shard"]["infra"]["provider"] = "proxmox"
+    doc["defaults"] = {"args": {"StoragePool": "local-lvm", "TemplateName": "debian"}}
+    assert only(doc) == "cluster.secrets: is required"
+
+
+def test_gcs_cluster_storage_is_valid() -> None:
+    doc = base_config()
+    doc["cluster"]["storage"] = {"provider": "gcs", "bucket": "b"}
+    assert problems(doc) == []
 
 
 # ---- userdata --------------------------------------------------------------------------------
@@ -305,20 +328,22 @@ def test_userdata_content_required() -> None:
     assert only(doc) == "templates.web.userdata.content: must not be empty"
 
 
-def test_go_template_constructs_in_userdata_are_reported_at_load() -> None:
+def test_unsupported_template_constructs_in_userdata_are_reported_at_load() -> None:
     doc = base_config()
-    doc["templates"]["web"]["userdata"]["content"] = "{{ range .Vars }}x{{ end }}"
+    doc["templates"]["web"]["userdata"]["content"] = '{{ range .Vars }}x{{ end }}{{ template "x" }}'
+    assert only(doc) == 'templates.web.userdata: line 1: Go template construct "template" is not supported'
+    doc["templates"]["web"]["userdata"]["content"] = "#!/bin/bash\necho ${#A[@]} {% {#\n{{ .Instance.Nope }}"
     assert only(doc) == (
-        'templates.web.userdata: Go template construct "range" is not supported; '
-        "use Jinja2 syntax ({% for %})"
+        "templates.web.userdata: line 3: executing at <.Instance.Nope>: "
+        "can't evaluate field Nope in type InstanceData"
     )
 
 
 def test_encoded_inline_userdata_is_decoded_before_checking() -> None:
     doc = base_config()
-    encoded = base64.b64encode(b"{% if x %}").decode()
+    encoded = base64.b64encode(b"{{ if .Vars.x }}").decode()
     doc["templates"]["web"]["userdata"] = {"content": encoded, "encoding": "base64"}
-    assert only(doc).startswith("templates.web.userdata: syntax error on line 1:")
+    assert only(doc) == "templates.web.userdata: unexpected EOF: {{if}} has no matching {{end}}"
     doc["templates"]["web"]["userdata"] = {"content": "not base64!", "encoding": "base64"}
     assert only(doc).startswith("templates.web.userdata.content: not valid base64")
 
@@ -326,16 +351,14 @@ def test_encoded_inline_userdata_is_decoded_before_checking() -> None:
 def test_template_syntax_errors_in_args_files_and_certificates() -> None:
     doc = base_config()
     doc["defaults"] = {"args": {"Tags": [{"Value": "{{ .Instance.ID "}]}}
-    doc["templates"]["web"]["files"] = {"app.env": {"kind": "env", "template": {"A": "{{ if .X }}"}}}
-    doc["certificates"] = {"srv": {"kind": "server", "cn": '{{ printf "%s" .Instance.ID }}'}}
+    doc["templates"]["web"]["files"] = {"app.env": {"kind": "env", "template": {"A": "{{ if .Vars.x }}"}}}
+    doc["certificates"] = {"srv": {"kind": "server", "cn": '{{ printf "%s" .Instance.ID | js }}'}}
     found = sorted(problems(doc))
-    assert len(found) == 3, found
-    assert found[0].startswith('certificates.srv.cn: Go template construct "printf" is not supported')
-    assert found[1].startswith("defaults.args.Tags[0].Value: syntax error on line 1:")
-    assert found[2] == (
-        'templates.web.files["app.env"].template.A: Go template construct "if" is not supported; '
-        "use Jinja2 syntax ({% if %})"
-    )
+    assert found == [
+        'certificates.srv.cn: line 1: Go template construct "js" is not supported',
+        "defaults.args.Tags[0].Value: line 1: unclosed action",
+        'templates.web.files["app.env"].template.A: unexpected EOF: {{if}} has no matching {{end}}',
+    ]
 
 
 # ---- files -----------------------------------------------------------------------------------

@@ -46,12 +46,14 @@ def test_first_run_creates_everything_and_second_run_changes_nothing() -> None:
     assert {key: cluster.head(key).etag for key in cluster.list()} == etags
 
 
-def test_new_ca_is_ecdsa_by_default_and_ed25519_on_request() -> None:
+def test_new_ca_is_ed25519_by_default_as_upstream_and_ecdsa_on_request() -> None:
     cluster, secrets = _stores()
-    assert ensure_cluster_identity(cluster, secrets, cluster_id="demo").identity.ca.key_type == "ecdsa-p256"
+    assert ensure_cluster_identity(cluster, secrets, cluster_id="demo").identity.ca.key_type == "ed25519"
+    key_pem = secrets.get("ca.key")
+    assert key_pem.startswith(b"-----BEGIN PRIVATE KEY-----")  # PKCS#8, what upstream's Go server parses
     cluster2, secrets2 = _stores()
-    ed = ensure_cluster_identity(cluster2, secrets2, cluster_id="demo", key_type="ed25519")
-    assert ed.identity.ca.key_type == "ed25519"
+    p256 = ensure_cluster_identity(cluster2, secrets2, cluster_id="demo", key_type="ecdsa-p256")
+    assert p256.identity.ca.key_type == "ecdsa-p256"
 
 
 def test_loaded_identity_signs_usable_nonces_and_certificates() -> None:

@@ -8,13 +8,14 @@ from pathlib import Path
 import boto3
 import pytest
 
-from nstance.core.errors import InvalidArgument
+from nstance.core.errors import FailedPrecondition, InvalidArgument, NotFound
 from nstance.objectstore.memory import MemoryObjectStore
 from nstance.secrets import keys
 from nstance.secrets.aws import AwsSecretsManagerStore
 from nstance.secrets.factory import open_secret_store
 from nstance.secrets.memory import MemorySecretStore
 from nstance.secrets.objectstorage import ObjectStorageSecretStore
+from nstance.secrets.parameterstore import AwsParameterStoreSecretStore
 
 KEY = bytes(range(32))
 ENV = "NSTANCE_ENCRYPTION_KEY"
@@ -105,10 +106,40 @@ def test_file_of_the_wrong_size(tmp_path: Path) -> None:
         keys.load_encryption_key("file", str(path))
 
 
-@pytest.mark.parametrize("provider", ["aws-secrets-manager", "aws-parameter-store", "google-secret-manager"])
-def test_cloud_key_providers_are_not_supported_yet(provider: str) -> None:
-    with pytest.raises(InvalidArgument, match=f"'{provider}' is not supported yet; use one of: env, file"):
-        keys.load_encryption_key(provider, "x", {})
+def test_google_key_provider_is_not_supported_yet() -> None:
+    with pytest.raises(
+        InvalidArgument, match="'google-secret-manager' is not supported yet; use one of: env, file"
+    ):
+        keys.load_encryption_key("google-secret-manager", "x", {})
+
+
+def test_key_from_aws_secrets_manager_as_the_terraform_module_stores_it(mocked_aws: None) -> None:
+    client = boto3.client("secretsmanager", region_name="us-east-1")
+    raw = keys.generate_encryption_key()
+    arn = client.create_secret(Name="nstance-prod-encryption-key", SecretString=raw)["ARN"]
+    assert keys.load_encryption_key("aws-secrets-manager", arn) == raw.encode()
+    assert keys.load_encryption_key("aws-secrets-manager", "nstance-prod-encryption-key") == raw.encode()
+    client.create_secret(Name="binary", SecretBinary=KEY)
+    assert keys.load_encryption_key("aws-secrets-manager", "binary") == KEY
+    client.create_secret(Name="short", SecretString="too short")
+    with pytest.raises(
+        InvalidArgument, match="AWS Secrets Manager secret short is not in a recognised format"
+    ):
+        keys.load_encryption_key("aws-secrets-manager", "short")
+    with pytest.raises(NotFound, match="secret 'missing' not found"):
+        keys.load_encryption_key("aws-secrets-manager", "missing")
+
+
+def test_key_from_aws_parameter_store(mocked_aws: None) -> None:
+    client = boto3.client("ssm", region_name="us-east-1")
+    raw = keys.generate_encryption_key()
+    client.put_parameter(Name="/nstance/prod/key", Value=raw, Type="SecureString")
+    assert keys.load_encryption_key("aws-parameter-store", "/nstance/prod/key") == raw.encode()
+    client.put_parameter(Name="/plain", Value=raw, Type="String")
+    with pytest.raises(FailedPrecondition, match="is String, expected SecureString"):
+        keys.load_encryption_key("aws-parameter-store", "/plain")
+    with pytest.raises(NotFound, match="parameter '/nope' not found"):
+        keys.load_encryption_key("aws-parameter-store", "/nope")
 
 
 def test_unknown_key_provider_and_empty_source() -> None:
@@ -118,11 +149,14 @@ def test_unknown_key_provider_and_empty_source() -> None:
         keys.load_encryption_key("env", "", {})
 
 
-def test_generate_encryption_key() -> None:
+def test_generated_keys_are_32_characters_used_byte_for_byte_as_upstream_does() -> None:
     one, two = keys.generate_encryption_key(), keys.generate_encryption_key()
     assert one != two
-    assert keys.load_encryption_key("env", ENV, {ENV: one}) == base64.b64decode(one)
-    assert len(base64.b64decode(one)) == 32
+    assert len(one) == 32
+    assert one.isalnum()
+    assert one.isascii()
+    # upstream reads env and file keys as raw bytes and needs exactly 32 of them
+    assert keys.load_encryption_key("env", ENV, {ENV: one}) == one.encode()
 
 
 def test_load_several_keys_keeps_the_order(tmp_path: Path) -> None:
@@ -166,15 +200,27 @@ def test_factory_aws(mocked_aws: None) -> None:
     assert client.get_secret_value(SecretId="nstance/ca.key")["SecretBinary"] == b"v"
 
 
-@pytest.mark.parametrize("provider", ["aws-parameter-store", "google-secret-manager"])
-def test_factory_refuses_providers_not_supported_yet(provider: str) -> None:
-    with pytest.raises(InvalidArgument, match=f"secrets provider '{provider}' is not supported yet"):
-        open_secret_store(provider)
+def test_factory_parameter_store_with_upstreams_default_prefix(mocked_aws: None) -> None:
+    store = open_secret_store("aws-parameter-store", aws_region="us-east-1")
+    assert isinstance(store, AwsParameterStoreSecretStore)
+    store.set("ca.key", b"pem")
+    client = boto3.client("ssm", region_name="us-east-1")
+    parameter = client.get_parameter(Name="/nstance/ca.key", WithDecryption=True)["Parameter"]
+    assert (parameter["Type"], parameter["Value"]) == ("SecureString", "pem")
+    assert open_secret_store("aws-secrets-manager", aws_region="us-east-1").prefix == "nstance/"  # type: ignore[attr-defined]
+
+
+def test_factory_refuses_providers_not_supported_yet() -> None:
+    with pytest.raises(
+        InvalidArgument, match="secrets provider 'google-secret-manager' is not supported yet"
+    ):
+        open_secret_store("google-secret-manager")
 
 
 def test_factory_refuses_unknown_providers() -> None:
     with pytest.raises(
         InvalidArgument,
-        match="unknown secrets provider 'vault'; use one of: object-storage, aws-secrets-manager, memory",
+        match="unknown secrets provider 'vault'; use one of: object-storage, aws-parameter-store, "
+        "aws-secrets-manager, memory",
     ):
         open_secret_store("vault")

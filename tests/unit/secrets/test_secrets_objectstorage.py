@@ -32,8 +32,13 @@ def test_ciphertext_at_rest_is_not_the_plaintext(bucket: MemoryObjectStore) -> N
     assert PLAINTEXT not in blob
     assert b"PRIVATE KEY" not in blob
     assert len(blob) == 12 + len(PLAINTEXT) + 16  # nonce || ciphertext || tag
-    # The layout is plain AES-256-GCM with the name as AAD: decryptable by any implementation.
+    # Upstream's layout, plain AES-256-GCM without AAD: a Go server with the same key decrypts it.
+    assert AESGCM(NEW).decrypt(blob[:12], blob[12:], None) == PLAINTEXT
+    bound = ObjectStorageSecretStore(bucket, keys=[NEW], bind_names=True)
+    bound.set("ca.key", PLAINTEXT)
+    blob, _ = bucket.get("secret/ca.key")
     assert AESGCM(NEW).decrypt(blob[:12], blob[12:], b"ca.key") == PLAINTEXT
+    assert store.get("ca.key") == PLAINTEXT  # written bound (by bind_names or an earlier version): still read
 
 
 def test_each_write_uses_a_fresh_nonce(bucket: MemoryObjectStore) -> None:
@@ -89,7 +94,7 @@ def test_truncated_object_is_reported(bucket: MemoryObjectStore) -> None:
 
 
 def test_ciphertext_moved_to_another_name_does_not_decrypt(bucket: MemoryObjectStore) -> None:
-    store = ObjectStorageSecretStore(bucket, keys=[NEW])
+    store = ObjectStorageSecretStore(bucket, keys=[NEW], bind_names=True)
     store.set("registration-nonce.key", b"nonce signing key")
     blob, _ = bucket.get("secret/registration-nonce.key")
     bucket.put("secret/ca.key", blob)
@@ -101,11 +106,11 @@ def test_upstream_unbound_ciphertext_is_read_only_when_allowed(bucket: MemoryObj
     nonce = os.urandom(12)
     bucket.put("secret/ca.key", nonce + AESGCM(OLD).encrypt(nonce, PLAINTEXT, None))  # upstream's format
     assert ObjectStorageSecretStore(bucket, keys=[NEW, OLD]).get("ca.key") == PLAINTEXT
-    strict = ObjectStorageSecretStore(bucket, keys=[NEW, OLD], accept_legacy_unbound=False)
+    strict = ObjectStorageSecretStore(bucket, keys=[NEW, OLD], accept_legacy_unbound=False, bind_names=True)
     with pytest.raises(SecretDecryptionError):
         strict.get("ca.key")
-    # Re-writing upgrades it to the name-bound form, which strict stores read.
-    ObjectStorageSecretStore(bucket, keys=[NEW, OLD]).set("ca.key", PLAINTEXT)
+    # Re-writing with bind_names upgrades it to the name-bound form, which strict stores read.
+    ObjectStorageSecretStore(bucket, keys=[NEW, OLD], bind_names=True).set("ca.key", PLAINTEXT)
     assert strict.get("ca.key") == PLAINTEXT
 
 

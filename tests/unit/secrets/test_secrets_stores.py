@@ -8,12 +8,13 @@ from collections.abc import Callable
 import boto3
 import pytest
 
-from nstance.core.errors import InvalidArgument, NotFound
+from nstance.core.errors import FailedPrecondition, InvalidArgument, NotFound
 from nstance.objectstore.memory import MemoryObjectStore
 from nstance.secrets.aws import AwsSecretsManagerStore
 from nstance.secrets.base import SecretNotFound, SecretStore, validate_secret_name
 from nstance.secrets.memory import MemorySecretStore
 from nstance.secrets.objectstorage import ObjectStorageSecretStore
+from nstance.secrets.parameterstore import AwsParameterStoreSecretStore
 
 KEY = bytes(range(32))
 
@@ -32,18 +33,30 @@ def _aws() -> SecretStore:
     )
 
 
+def _parameter_store() -> SecretStore:
+    return AwsParameterStoreSecretStore("/nstance/test/", client=boto3.client("ssm", region_name="us-east-1"))
+
+
 FACTORIES: dict[str, Callable[[], SecretStore]] = {
     "memory": _memory,
     "object-storage": _object_storage,
     "aws-secrets-manager": _aws,
+    "aws-parameter-store": _parameter_store,
 }
+#: Stores that hold only text (as upstream's Parameter Store does).
+TEXT_ONLY = frozenset({"aws-parameter-store"})
 
 
 @pytest.fixture(params=sorted(FACTORIES))
-def store(request: pytest.FixtureRequest) -> SecretStore:
-    if request.param == "aws-secrets-manager":
+def store_kind(request: pytest.FixtureRequest) -> str:
+    if request.param.startswith("aws-"):
         request.getfixturevalue("mocked_aws")
-    return FACTORIES[request.param]()
+    return str(request.param)
+
+
+@pytest.fixture
+def store(store_kind: str) -> SecretStore:
+    return FACTORIES[store_kind]()
 
 
 def test_round_trip(store: SecretStore) -> None:
@@ -52,10 +65,24 @@ def test_round_trip(store: SecretStore) -> None:
     assert store.exists("ca.key")
 
 
-def test_binary_values_survive(store: SecretStore) -> None:
+def test_binary_values_survive(store: SecretStore, store_kind: str) -> None:
     data = bytes(range(256)) * 4
+    if store_kind in TEXT_ONLY:
+        with pytest.raises(InvalidArgument, match="is not UTF-8 text"):
+            store.set("blob", data)
+        return
     store.set("blob", data)
     assert store.get("blob") == data
+
+
+def test_parameter_store_values_are_standard_tier_secure_strings(mocked_aws: None) -> None:
+    store = _parameter_store()
+    with pytest.raises(InvalidArgument, match="a standard-tier parameter holds at most 4096"):
+        store.set("big", b"x" * 4097)
+    client = boto3.client("ssm", region_name="us-east-1")
+    client.put_parameter(Name="/nstance/test/plain", Value="v", Type="String")
+    with pytest.raises(FailedPrecondition, match="is String, expected SecureString"):
+        store.get("plain")
 
 
 def test_overwrite(store: SecretStore) -> None:

@@ -1,0 +1,52 @@
+"""Plumbing the four programs' command lines share: ``--version`` and the last-resort error line.
+
+``print_version`` makes the eager ``--version`` callback that prints ``PROGRAM VERSION``. ``run_app``
+runs a typer app so that no user ever meets a traceback: an exception nobody expected is reported as
+one ``PROGRAM: unexpected error: TYPE: message`` line with exit status 1 (the traceback follows only when
+``NSTANCE_DEBUG`` is set). Expected failures are still each command's job (one line naming the flag);
+this is the net under them, and tests treat its line as a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from collections.abc import Callable
+
+import typer
+
+from nstance import __version__
+
+VERSION_HELP = "Print the version and exit."
+UNEXPECTED = "unexpected error"
+DEBUG_ENV = "NSTANCE_DEBUG"
+
+
+def print_version(program: str) -> Callable[[bool], None]:
+    """An eager typer option callback printing ``{program} {version}`` and exiting 0 when set."""
+
+    def callback(value: bool) -> None:
+        if value:
+            typer.echo(f"{program} {__version__}")
+            raise typer.Exit(0)
+
+    return callback
+
+
+def _debug_requested() -> bool:
+    return os.environ.get(DEBUG_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def run_app(app: typer.Typer, program: str) -> None:
+    """Run ``app``; turn an unexpected exception into one line on stderr and exit status 1."""
+    try:
+        app()
+    except (KeyboardInterrupt, BrokenPipeError):
+        sys.exit(130)
+    except Exception as exc:  # noqa: BLE001 - the last-resort net; expected errors are handled earlier
+        if _debug_requested():
+            traceback.print_exception(exc)
+        detail = str(exc).splitlines()[0] if str(exc) else ""
+        print(f"{program}: {UNEXPECTED}: {type(exc).__name__}: {detail}", file=sys.stderr)
+        sys.exit(1)

@@ -1,0 +1,143 @@
+"""``make run`` (scripts/run_local.sh) as two users would meet it: one copy at a time, Ctrl-C stops cleanly.
+
+The first copy runs the example shard on ephemeral ports with its state in a temporary directory. A
+second copy with the same state must refuse (naming the first) and a third with other state but the
+same ports must refuse too; neither may touch the first copy's agents. Ctrl-C (SIGINT to the first
+copy's process group, as a terminal sends it) ends it with a "stopped" line, exit 0, and its agents
+gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from nstance.testing.procs import free_port
+from nstance.testing.waiting import eventually
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "run_local.sh"
+EXAMPLE = ROOT / "examples" / "local" / "config.jsonc"
+SIZE = 2
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self").exists(), reason="needs /proc to tell agents apart")
+
+
+def _config(tmp: Path) -> Path:
+    text = EXAMPLE.read_text(encoding="utf-8")
+    for port in range(8990, 8995):
+        text = text.replace(f"127.0.0.1:{port}", f"127.0.0.1:{free_port()}")
+    path = tmp / "config.jsonc"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _env(config: Path, state: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NSTANCE_")}
+    env["PATH"] = f"{ROOT / '.venv' / 'bin'}:{env.get('PATH', '')}"
+    env.update(
+        {
+            "NSTANCE_RUN_STATE": str(state),
+            "NSTANCE_RUN_CONFIG": str(config),
+            "NSTANCE_RUN_SIZE": str(SIZE),
+            "TERM": "dumb",
+        }
+    )
+    return env
+
+
+def _wait(check: Callable[[], object], within: float, what: str) -> None:
+    asyncio.run(eventually(check, within, what))
+
+
+def _alive(pid: int, directory: Path) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return str(directory).encode() in cmdline.split(b"\0")
+
+
+def _agents(state: Path) -> dict[int, Path]:
+    """pid -> instance directory of the live agents in ``state``."""
+    out: dict[int, Path] = {}
+    for path in (state / "cache" / "local-instances").glob("*/instance.json"):
+        try:
+            meta = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        pid = meta.get("pid")
+        if isinstance(pid, int) and _alive(pid, path.parent):
+            out[pid] = path.parent
+    return out
+
+
+@pytest.mark.timeout(900)  # a whole make run: cluster setup, a server, two agents, two refused copies
+def test_second_copy_refuses_and_first_survives(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    state = tmp_path / "state"
+    log = tmp_path / "first.out"
+    with log.open("wb") as out:
+        first = subprocess.Popen(
+            ["bash", str(SCRIPT)],
+            cwd=ROOT,
+            env=_env(config, state),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group, like a terminal's foreground job
+        )
+    try:
+        _wait(
+            lambda: len(_agents(state)) >= SIZE or first.poll() is not None,
+            240,
+            "the first make run to have its instances running",
+        )
+        assert first.poll() is None, log.read_text()
+        agents = _agents(state)
+
+        second = subprocess.run(
+            ["bash", str(SCRIPT)],
+            cwd=ROOT,
+            env=_env(config, state),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert second.returncode == 1, second.stdout + second.stderr
+        assert f"make run is already running (pid {first.pid})" in second.stderr
+        assert "Traceback" not in second.stdout + second.stderr
+
+        other_state = tmp_path / "other-state"
+        third = subprocess.run(
+            ["bash", str(SCRIPT)],
+            cwd=ROOT,
+            env=_env(config, other_state),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert third.returncode == 1, third.stdout + third.stderr
+        assert "is already in use" in third.stderr
+        assert not (other_state / "storage").exists()  # refused before touching anything
+
+        assert first.poll() is None
+        assert all(_alive(pid, directory) for pid, directory in agents.items()), (
+            "an agent of the first run died"
+        )
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGINT)  # Ctrl-C
+        code = first.wait(timeout=120)
+    text = log.read_text()
+    assert code == 0, text
+    assert text.rstrip().splitlines()[-1].startswith("stopped"), text[-2000:]
+    assert "Traceback" not in text
+    _wait(lambda: not _agents(state), 60, "the agents to stop with make run")
