@@ -121,7 +121,7 @@ def main() -> int:
                     "5s",
                     "--webhook-self-signed",
                     "--webhook-managed",
-                    "nstance-operator-local",
+                    "local.operator.nstance.dev",
                     "--webhook-host",
                     "127.0.0.1",
                     "--webhook-addr",

@@ -40,7 +40,7 @@ from nstance.testing.waiting import eventually
 pytestmark = pytest.mark.timeout(180)
 SHARD = "zone-a"
 CLUSTER = "mixed"
-FILES = {"app.env": {"kind": "env", "template": {"GREETING": "{{ Vars.greeting }}"}}}
+FILES = {"app.env": {"kind": "env", "template": {"GREETING": "{{ .Vars.greeting }}"}}}
 CALL_TIMEOUT = 10.0
 CERT = "identity/identity.crt"
 KEY = "identity/identity.key"
@@ -248,7 +248,9 @@ async def test_an_agent_under_an_ed25519_ca_registers_reports_and_receives_files
         app_env = running.instance_dir(iid) / "recv" / "app.env"
 
         async def delivered() -> bool:
-            return app_env.is_file() and app_env.read_text() == "GREETING=hello\n"
+            return (
+                app_env.is_file() and app_env.read_text() == "GREETING=hello"
+            )  # as Go writes env files: no final newline
 
         await eventually(delivered, within=30, what="app.env pushed to the Ed25519 agent")
 

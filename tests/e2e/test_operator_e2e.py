@@ -202,7 +202,7 @@ class System:
                 "3s",
                 "--webhook-self-signed",
                 "--webhook-managed",
-                "nstance-operator-e2e",
+                "e2e.operator.nstance.dev",  # webhook names need 3+ dot-separated segments
                 "--webhook-host",
                 "127.0.0.1",
                 "--webhook-addr",

@@ -49,7 +49,6 @@ def test_clusterctl_generates_a_cluster_from_the_template(tmp_path: Path) -> Non
     env = {
         "HOME": str(tmp_path),  # clusterctl keeps its config and cache under $HOME
         "PATH": "/usr/bin:/bin",
-        "NAMESPACE": "team-a",
         "CONTROL_PLANE_ENDPOINT_HOST": "10.0.0.1",
         "NSTANCE_SHARDS": "[zone-a, zone-b]",
         "WORKER_MACHINE_COUNT": "3",
@@ -60,6 +59,8 @@ def test_clusterctl_generates_a_cluster_from_the_template(tmp_path: Path) -> Non
             "generate",
             "cluster",
             "demo",
+            "--target-namespace",  # clusterctl's ${NAMESPACE}; without it, it asks a management cluster
+            "team-a",
             "--from",
             str(REPO / "deploy" / "clusterctl" / "cluster-template.yaml"),
         ],
