@@ -425,9 +425,10 @@ async def run_register(plan: dict[str, Any]) -> None:
             latencies.append(time.perf_counter() - start)
             received.append((reg, response.client_certificate_pem))
 
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), cpu_seconds()
     await asyncio.gather(*(worker(c) for c in channels))
     elapsed = time.perf_counter() - start
+    cpu_used = cpu_seconds() - cpu_start  # measured here: the process may be gone when the parent looks
     for channel in channels:
         await channel.close()
     certificates: dict[str, str] = {}
@@ -448,6 +449,7 @@ async def run_register(plan: dict[str, Any]) -> None:
     emit(
         "result",
         seconds=elapsed,
+        cpu_seconds=cpu_used,
         ok=len(received),
         errors=dict(errors),
         error_messages=messages,

@@ -97,14 +97,15 @@ async def run_client(plan: Path) -> tuple[dict[str, Any], float, float]:
     client = await ClientProcess.start(plan)
     try:
         await client.event("ready", READY_TIMEOUT_S)
-        start, cpu0 = time.perf_counter(), (cpu_seconds(), cpu_seconds(client.pid))
+        start, cpu0 = time.perf_counter(), cpu_seconds()
         await client.send("go")
         result = await client.event("result", RUN_TIMEOUT_S)
         took = time.perf_counter() - start
-        cpu1 = cpu_seconds(), cpu_seconds(client.pid)
+        cpu1 = cpu_seconds()
     finally:
         await client.close()
-    return result, (cpu1[0] - cpu0[0]) / took, (cpu1[1] - cpu0[1]) / took
+    # The client reports its own CPU time: it may have exited (and its /proc entry gone) by now.
+    return result, (cpu1 - cpu0) / took, float(result["cpu_seconds"]) / max(float(result["seconds"]), 1e-9)
 
 
 async def create_instances(running: Running, count: int) -> list[tuple[str, str]]:

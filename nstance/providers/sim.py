@@ -118,6 +118,8 @@ _BUCKET_KEYS: tuple[str, ...] = ("capacity", "refill_per_second")
 _STATE_VERSION = 1
 
 Sleep = Callable[[float], Awaitable[None]]
+#: VMs converted between yields to the event loop in ``list_instances`` (a cloud API's page size).
+LIST_PAGE = 1000
 BucketSpec = tuple[float, float]
 
 
@@ -384,16 +386,58 @@ class SimProvider:
         late = await self._begin("list_instances")
         now = self._clock.now()
         with self._shared_state(exclusive=False):
-            out = [
+            records = [r for r in self._records.values() if r.cluster_id == cluster_id and r.shard == shard]
+        out: list[ProviderInstance] = []
+        for start in range(0, len(records), LIST_PAGE):
+            if start:
+                await self._sleep(0)  # a cloud pages a large listing; do not hold the event loop
+            out += [
                 self._to_instance(r, now)
-                for r in self._records.values()
-                if r.cluster_id == cluster_id
-                and r.shard == shard
-                and r.deleted_at is None
-                and now >= _parse_time(r.launched_at) + self._not_found_after_create
+                for r in records[start : start + LIST_PAGE]
+                if r.deleted_at is None and now >= _parse_time(r.launched_at) + self._not_found_after_create
             ]
         self._end(late)
         return out
+
+    def add_existing(
+        self,
+        *,
+        instance_id: str,
+        provider_id: str,
+        cluster_id: str,
+        shard: str,
+        tenant: str,
+        group: str,
+        kind: str,
+        launched_at: datetime,
+        instance_type: str = "",
+        subnet_id: str = "",
+    ) -> None:
+        """Put a VM in the table as if it had been created earlier (benchmarks start from a big fleet).
+
+        Not a provider call: nothing is counted, logged or rate-limited.
+        """
+        with self._shared_state(exclusive=True):
+            self._ip_counter += 1
+            n = self._ip_counter
+            self._records[provider_id] = _Record(
+                instance_id=instance_id,
+                provider_id=provider_id,
+                idempotency_token=instance_id,
+                cluster_id=cluster_id,
+                shard=shard,
+                tenant=tenant,
+                group=group,
+                template="",
+                kind=kind,
+                instance_type=instance_type,
+                subnet_id=subnet_id,
+                ip4=f"10.{(n >> 16) & 0xFF}.{(n >> 8) & 0xFF}.{n & 0xFF}",
+                launched_at=launched_at.isoformat(),
+            )
+            self._by_token[instance_id] = provider_id
+            if self._state_path is not None:
+                self._save()
 
     async def check_subnet_capacity(self, subnet_id: str) -> bool:
         late = await self._begin("check_subnet_capacity")

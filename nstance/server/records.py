@@ -16,11 +16,12 @@ it is told).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Self
@@ -342,6 +343,42 @@ def _load_one(store: ObjectStore, key: str) -> InstanceRecord | RecordProblem | 
     return record
 
 
+def list_record_keys(store: ObjectStore) -> list[str]:
+    """The keys of every instance record, in key order (one listing, no reads)."""
+    return [key for key in store.list(RECORD_PREFIX) if key.endswith(_SUFFIX)]
+
+
+@contextlib.contextmanager
+def reader_pool(keys: int, *, workers: int | None = None) -> Iterator[Executor | None]:
+    """Threads for ``read_records`` (None - read in the caller's thread - for one worker or key)."""
+    workers = LIST_WORKERS if workers is None else workers
+    if workers <= 1 or keys <= 1:
+        yield None
+        return
+    pool = ThreadPoolExecutor(max_workers=min(workers, keys), thread_name_prefix="nstance-records")
+    try:
+        yield pool
+    finally:
+        # Not waiting: a rebuild cancelled mid-batch (leadership lost) must not hold its caller.
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def read_records(
+    store: ObjectStore, keys: list[str], *, pool: Executor | None = None
+) -> tuple[list[InstanceRecord], list[RecordProblem]]:
+    """The records at ``keys`` (in that order) and one problem per bad object; see ``list_records``."""
+    load = functools.partial(_load_one, store)
+    results = list(pool.map(load, keys)) if pool is not None else [load(key) for key in keys]
+    found: list[InstanceRecord] = []
+    problems: list[RecordProblem] = []
+    for result in results:
+        if isinstance(result, InstanceRecord):
+            found.append(result)
+        elif isinstance(result, RecordProblem):
+            problems.append(result)
+    return found, problems
+
+
 def list_records(
     store: ObjectStore, *, workers: int | None = None
 ) -> tuple[list[InstanceRecord], list[RecordProblem]]:
@@ -350,24 +387,12 @@ def list_records(
     A corrupt or misnamed object is reported in the problem list (which keeps what identity it still
     gives: an unreadable record must go on claiming its VM); a record deleted while listing is
     silently left out. Storage errors (Unavailable) propagate: a partial list must not be mistaken for
-    the whole fleet.
+    the whole fleet. (The cache rebuild uses the same pieces - ``list_record_keys``, ``reader_pool``,
+    ``read_records`` - in bounded batches.)
     """
-    workers = LIST_WORKERS if workers is None else workers
-    keys = [key for key in store.list(RECORD_PREFIX) if key.endswith(_SUFFIX)]
-    load = functools.partial(_load_one, store)
-    if workers > 1 and len(keys) > 1:
-        with ThreadPoolExecutor(max_workers=min(workers, len(keys))) as pool:
-            results = list(pool.map(load, keys))
-    else:
-        results = [load(key) for key in keys]
-    records: list[InstanceRecord] = []
-    problems: list[RecordProblem] = []
-    for result in results:
-        if isinstance(result, InstanceRecord):
-            records.append(result)
-        elif isinstance(result, RecordProblem):
-            problems.append(result)
-    return records, problems
+    keys = list_record_keys(store)
+    with reader_pool(len(keys), workers=workers) as pool:
+        return read_records(store, keys, pool=pool)
 
 
 def update_record(

@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from nstance.core.errors import InvalidArgument
@@ -43,6 +44,7 @@ from nstance.server.leadertime import since_term
 log = logging.getLogger(__name__)
 
 GroupKey = tuple[str, str]
+_PROVIDER_STATUSES = frozenset(s.value for s in InstanceStatus)
 
 
 @dataclass
@@ -89,47 +91,118 @@ def _row_values(rec: records.InstanceRecord) -> dict[str, Any]:
         "updated_at": rec.last_updated or rec.created_at,
         "deleted_at": None,
     }
-    if rec.provider_instance_id and status in {s.value for s in InstanceStatus}:
+    if rec.provider_instance_id and status in _PROVIDER_STATUSES:
         values["provider_status"] = status
     return values
 
 
-async def rebuild_cache(ctx: ShardContext, ops: InstanceOps) -> set[GroupKey]:
-    """Rewrite the SQLite instance rows from the records; finish interrupted deletes."""
-    found, problems = await asyncio.to_thread(records.list_records, ctx.store)
-    report_unreadable(ctx, ops, problems)
-    now = ctx.clock.now()
-    seen: set[str] = set()
-    groups: set[GroupKey] = set()
-    unfinished: list[Instance] = []
+#: Rows per transaction when the cache is rebuilt: each batch is one executemany in a worker thread,
+#: short enough that other writers (health reports, registrations) get the write lock in between.
+REBUILD_BATCH = 2000
+#: Columns of ``_row_values`` a record may leave unset, keeping the row's stored value.
+_KEEP_IF_UNSET = ("provider_status",)
+#: Instances compared between yields to the event loop while the provider's listing is reconciled.
+YIELD_EVERY = 1000
+
+
+@dataclass
+class _Rebuilt:
+    """What the rebuild learned from the records (accumulated batch by batch)."""
+
+    read: int = 0
+    problems: list[records.RecordProblem] = field(default_factory=list)
+    deleting: list[str] = field(default_factory=list)  # ids of records whose delete was interrupted
+    seen: set[str] = field(default_factory=set)
+    groups: set[GroupKey] = field(default_factory=set)
+
+
+def _rebuild_batch(
+    ctx: ShardContext, keys: list[str], pool: Executor | None, now: datetime, into: _Rebuilt
+) -> None:
+    """Read one batch of records and write it into the cache in one transaction (a worker thread).
+
+    Only one batch of records is alive at a time, so a rebuild of 100,000 records neither holds them
+    all in memory nor hands the garbage collector a heap that grows with the fleet.
+    """
+    found, problems = records.read_records(ctx.store, keys, pool=pool)
+    rows: list[dict[str, Any]] = []
+    deleted: dict[str, records.InstanceRecord] = {}
+    for rec in found:
+        into.seen.add(rec.instance_id)
+        into.groups.add((rec.tenant, rec.group))
+        if rec.status == "deleted":
+            deleted[rec.instance_id] = rec
+            continue
+        values = _row_values(rec)
+        values.setdefault("provider_status", None)
+        rows.append(values)
+        if rec.status == "deleting":
+            into.deleting.append(rec.instance_id)
     with ctx.db.session() as session:
-        for rec in found:
-            seen.add(rec.instance_id)
-            groups.add((rec.tenant, rec.group))
-            if rec.status == "deleted":
-                existing = repo.get_instance(session, rec.instance_id)
-                if existing is None:  # a tombstone: a VM of this instance that shows up is an orphan
-                    repo.restore_instance(session, **{**_row_values(rec), "deleted_at": rec.last_updated})
-                elif existing.deleted_at is None:
-                    repo.soft_delete(session, rec.instance_id, now=now)
-                continue
-            repo.restore_instance(session, **_row_values(rec))
-            if rec.status == "deleting":
-                row = repo.get_instance(session, rec.instance_id)
-                if row is not None:
-                    unfinished.append(row)
-        claimed = {problem.instance_id for problem in problems if problem.instance_id}
-        for row in repo.list_instances(session):
-            if row.id not in seen and row.id not in ops.in_flight and row.id not in claimed:
-                # A vanished record is missing state, not a deletion: no tombstone, so a VM of this
-                # instance is adopted from its tags rather than deleted as an orphan.
-                log.warning("instance %s has no record in object storage; forgetting its cache row", row.id)
-                repo.forget_instance(session, row.id)
+        existing = {row.id for row in repo.get_instances(session, list(deleted))} if deleted else set()
+        for iid, rec in deleted.items():
+            if iid not in existing:  # a tombstone: a VM of this instance that shows up is an orphan
+                values = {**_row_values(rec), "deleted_at": rec.last_updated}
+                values.setdefault("provider_status", None)
+                rows.append(values)
+        repo.restore_instances(session, rows, keep_stored_if_null=_KEEP_IF_UNSET)
+        repo.soft_delete_many(session, sorted(existing), now=now)
+    into.read += len(found)
+    into.problems += problems
+
+
+def _live_ids(ctx: ShardContext) -> set[str]:
+    with ctx.db.read_session() as session:
+        return repo.live_instance_ids(session)
+
+
+def _finish_rebuild(ctx: ShardContext, dropped: list[str], deleting: list[str]) -> list[Instance]:
+    """Forget the rows no record explains; the rows of records being deleted (worker thread)."""
+    for start in range(0, len(dropped), REBUILD_BATCH):
+        with ctx.db.session() as session:
+            for iid in dropped[start : start + REBUILD_BATCH]:
+                repo.forget_instance(session, iid)
+    unfinished: list[Instance] = []
+    for start in range(0, len(deleting), REBUILD_BATCH):
+        with ctx.db.read_session() as session:
+            unfinished += repo.get_instances(session, deleting[start : start + REBUILD_BATCH])
+    return unfinished
+
+
+async def rebuild_cache(ctx: ShardContext, ops: InstanceOps) -> set[GroupKey]:
+    """Rewrite the SQLite instance rows from the records; finish interrupted deletes.
+
+    The records are read and written in batches of ``REBUILD_BATCH``, each in a worker thread and
+    its own transaction: a shard of 100,000 records must not stall the event loop (lease renewals
+    and RPCs run there) nor hold the write lock for long. A failed rebuild is simply run again.
+    """
+    keys = await asyncio.to_thread(records.list_record_keys, ctx.store)
+    now = ctx.clock.now()
+    rebuilt = _Rebuilt()
+    with records.reader_pool(len(keys)) as pool:
+        for start in range(0, len(keys), REBUILD_BATCH):
+            batch = keys[start : start + REBUILD_BATCH]
+            await asyncio.to_thread(_rebuild_batch, ctx, batch, pool, now, rebuilt)
+    report_unreadable(ctx, ops, rebuilt.problems)
+    live = await asyncio.to_thread(_live_ids, ctx)
+    in_flight = set(ops.in_flight)  # read on the loop, where it changes
+    claimed = {problem.instance_id for problem in rebuilt.problems if problem.instance_id}
+    dropped = sorted(live - rebuilt.seen - in_flight - claimed)
+    for iid in dropped:
+        # A vanished record is missing state, not a deletion: no tombstone, so a VM of this
+        # instance is adopted from its tags rather than deleted as an orphan.
+        log.warning("instance %s has no record in object storage; forgetting its cache row", iid)
+    unfinished = await asyncio.to_thread(_finish_rebuild, ctx, dropped, rebuilt.deleting)
     for row in unfinished:
         log.info("finishing the interrupted delete of %s", row.id)
         await ops.delete_or_hold(row, "delete-resumed")
-    log.info("cache rebuilt from %d instance records (%d problems)", len(found), len(problems))
-    return groups
+    log.info("cache rebuilt from %d instance records (%d problems)", rebuilt.read, len(rebuilt.problems))
+    return rebuilt.groups
+
+
+def _rows_with_deleted(ctx: ShardContext) -> dict[str, Instance]:
+    with ctx.db.read_session() as session:
+        return {row.id: row for row in repo.list_instances(session, include_deleted=True)}
 
 
 async def sync_provider(
@@ -147,13 +220,14 @@ async def sync_provider(
     by_instance: dict[str, ProviderInstance] = {vm.instance_id: vm for vm in vms if vm.instance_id}
     report = SyncReport()
     now = ctx.clock.now()
-    with ctx.db.read_session() as session:
-        rows = {row.id: row for row in repo.list_instances(session, include_deleted=True)}
+    rows = await asyncio.to_thread(_rows_with_deleted, ctx)  # every row: off the loop
     snapshot = ctx.config.snapshot()
     limits = ops.brake_limits()
     held: dict[GroupKey, int] = {}
 
-    for iid, vm in by_instance.items():
+    for n, (iid, vm) in enumerate(by_instance.items()):
+        if n % YIELD_EVERY == YIELD_EVERY - 1:
+            await asyncio.sleep(0)  # a listing of 100,000 VMs must not hold the loop in one piece
         if vm.status in GONE_STATUSES:
             continue
         row = rows.get(iid)

@@ -35,6 +35,7 @@ import ipaddress
 import json
 import logging
 from collections.abc import Callable, Coroutine
+from concurrent.futures import Executor, ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -129,8 +130,12 @@ def _parse_time(raw: object) -> datetime | None:
 class Registrar:
     """The registration logic of one shard server (see the module docstring)."""
 
-    def __init__(self, ctx: ShardContext) -> None:
+    def __init__(self, ctx: ShardContext, *, db_writer: Executor | None = None) -> None:
         self.ctx = ctx
+        # SQLite writes of the hot path go to one thread: dozens of I/O threads queueing on SQLite's
+        # write lock (busy_timeout polling) made registration latency seconds long under load. The
+        # server passes the shard's single database writer, shared with the create path and health.
+        self._db_writer = db_writer or ThreadPoolExecutor(max_workers=1, thread_name_prefix="nstance-reg-db")
         #: Optional hook the server sets to react to a registration (e.g. mark the group dirty).
         self.on_registered: RegisteredHook | None = None
 
@@ -212,35 +217,44 @@ class Registrar:
                 f"registration nonce subject {instance_id!r} is not an instance id: {exc}"
             ) from None
         _check_reported(private_ipv4, private_ipv6, hostname)
-        row = await asyncio.to_thread(self._read_instance, nonce_jwt)
-        self._check_instance(row, claims)
-        assert row is not None  # _check_instance refuses None
-        if row.registered_at is not None:
-            raise self._replayed(instance_id)
-        issued = self._issue(public_key_pem, client_id=instance_id, tenant=row.tenant, role="agent")
+        # The certificate is signed before the claim (the claim stores its serial); the JWT's tenant is
+        # the one the claim requires the row to have. A key refused here still reports a problem with
+        # the nonce's row first, as the documented order of checks says.
+        try:
+            issued = self._issue(public_key_pem, client_id=instance_id, tenant=claims.tenant, role="agent")
+        except InvalidArgument:
+            await self._explain_unclaimed(nonce_jwt, claims, refused_key=True)
+            raise
         pem = self._canonical_pem(issued)
 
         ctx.fence()
         now = ctx.clock.now()
-        claimed = await asyncio.to_thread(self._claim, nonce_jwt, instance_id, pem, issued, now)
-        if not claimed:
-            current = await asyncio.to_thread(self._read_instance, nonce_jwt)
-            self._check_instance(current, claims)  # deleted meanwhile -> its own message
-            raise self._replayed(instance_id)
+        loop = asyncio.get_running_loop()
+        claim = await loop.run_in_executor(self._db_writer, self._claim, nonce_jwt, claims, pem, issued, now)
+        if not claim.claimed:
+            await self._explain_unclaimed(nonce_jwt, claims, refused_key=False)
         # The claim is ours: finish (record, or undo) even if the client goes away meanwhile, so a
         # cancelled call never leaves SQLite and the record disagreeing.
         reported = (private_ipv4, private_ipv6, hostname)
-        await _uncancellable(self._finish_agent(row, pem, issued, now, reported))
+        await _uncancellable(self._finish_agent(claims.tenant, instance_id, pem, issued, now, reported))
         log.info(
             "agent registered",
-            extra={"instance_id": instance_id, "tenant": row.tenant, "cert_serial": issued.serial_hex},
+            extra={"instance_id": instance_id, "tenant": claims.tenant, "cert_serial": issued.serial_hex},
         )
         if self.on_registered is not None:
             try:
-                self.on_registered(row.tenant, row.group_key, instance_id)
+                self.on_registered(claims.tenant, claim.group_key, instance_id)
             except Exception:  # the registration is done; a failing hook must not undo the reply
                 log.exception("agent %s: the on_registered hook failed", instance_id)
         return issued
+
+    async def _explain_unclaimed(self, nonce_jwt: str, claims: NonceClaims, *, refused_key: bool) -> None:
+        """Raise why the nonce's row cannot be claimed; with ``refused_key``, return if nothing is wrong."""
+        row = await asyncio.to_thread(self._read_instance, nonce_jwt)
+        self._check_instance(row, claims)
+        assert row is not None  # _check_instance refuses None
+        if row.registered_at is not None or not refused_key:
+            raise self._replayed(claims.sub)
 
     @staticmethod
     def _replayed(instance_id: str) -> AlreadyExists:
@@ -251,7 +265,8 @@ class Registrar:
 
     async def _finish_agent(
         self,
-        row: Instance,
+        tenant: str,
+        instance_id: str,
         pem: str,
         issued: IssuedCertificate,
         now: datetime,
@@ -260,32 +275,37 @@ class Registrar:
         """After the claim: write the instance record, then the reported addresses; undo on failure."""
         ctx = self.ctx
         ip4, ip6, hostname = reported
+        loop = asyncio.get_running_loop()
         fault_point("after-registration-claim")
         try:
             ctx.fence()
             await asyncio.to_thread(
                 records.modify_record,
                 ctx.store,
-                row.tenant,
-                row.id,
+                tenant,
+                instance_id,
                 lambda rec: self._registered_record(rec, pem, issued, now, ip4, ip6, hostname),
             )
         except Exception as exc:
-            undone = await asyncio.to_thread(self._unclaim, row.id, issued, now)
+            undone = await loop.run_in_executor(self._db_writer, self._unclaim, instance_id, issued, now)
             log.warning(
                 "agent %s: registration not recorded in object storage (%s); nonce claim %s",
-                row.id,
+                instance_id,
                 exc,
                 "undone" if undone else "NOT undone",
             )
             if isinstance(exc, NotFound):
                 raise FailedPrecondition(
-                    f"instance {row.id} has no record in object storage; it cannot register"
+                    f"instance {instance_id} has no record in object storage; it cannot register"
                 ) from exc
             raise Unavailable(
-                f"could not record the registration of instance {row.id} ({exc}); retry with the same nonce"
+                f"could not record the registration of instance {instance_id} ({exc}); "
+                "retry with the same nonce"
             ) from exc
-        await asyncio.to_thread(self._store_addresses, row.id, now, ip4, ip6, hostname)
+        if ip4 or ip6 or hostname:
+            await loop.run_in_executor(
+                self._db_writer, self._store_addresses, instance_id, now, ip4, ip6, hostname
+            )
 
     def _read_instance(self, nonce_jwt: str) -> Instance | None:
         with self.ctx.db.read_session() as session:
@@ -306,17 +326,18 @@ class Registrar:
             raise FailedPrecondition(f"instance {row.id} has been deleted; it cannot register")
 
     def _claim(
-        self, nonce_jwt: str, instance_id: str, pem: str, issued: IssuedCertificate, now: datetime
-    ) -> bool:
-        with self.ctx.db.session() as session:
-            return repo.mark_registered_atomically(
-                session,
+        self, nonce_jwt: str, claims: NonceClaims, pem: str, issued: IssuedCertificate, now: datetime
+    ) -> repo.AgentClaim:
+        with self.ctx.db.write_connection() as conn:
+            return repo.claim_agent_registration(
+                conn,
                 nonce=nonce_jwt,
+                instance_id=claims.sub,
+                tenant=claims.tenant,
                 public_key_pem=pem,
                 cert_serial=issued.serial_hex,
                 cert_expires_at=issued.not_after,
                 now=now,
-                instance_id=instance_id,
             )
 
     def _unclaim(self, instance_id: str, issued: IssuedCertificate, now: datetime) -> bool:
@@ -326,10 +347,8 @@ class Registrar:
             )
 
     def _store_addresses(self, instance_id: str, now: datetime, ip4: str, ip6: str, hostname: str) -> None:
-        if not (ip4 or ip6 or hostname):
-            return
-        with self.ctx.db.session() as session:
-            repo.set_reported_addresses(session, instance_id, now=now, ip4=ip4, ip6=ip6, hostname=hostname)
+        with self.ctx.db.write_connection() as conn:
+            repo.store_reported_addresses(conn, instance_id, now=now, ip4=ip4, ip6=ip6, hostname=hostname)
 
     @staticmethod
     def _registered_record(

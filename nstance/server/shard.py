@@ -52,10 +52,10 @@ from nstance.server.api import (
 from nstance.server.cacherepair import CacheRepair
 from nstance.server.confighealth import report_config
 from nstance.server.configstate import ConfigChange, ConfigSnapshot
-from nstance.server.context import ShardContext, fault_point
-from nstance.server.dynamic_groups import edit_dynamic_groups
+from nstance.server.context import ShardContext
 from nstance.server.events import Events, GroupEventData
 from nstance.server.gc import gc_cycle
+from nstance.server.groupwriter import GroupsWriter
 from nstance.server.images import ImageService
 from nstance.server.instances import InstanceOps, status_of
 from nstance.server.leadernet import LeaderAddress
@@ -93,6 +93,8 @@ class Shard:
         self._operator_cert_ttl_hours = operator_cert_ttl_hours
         self.images = ImageService(ctx)
         self.leader_net = LeaderAddress(ctx)
+        #: This server's edits of groups.jsonc: concurrent UpsertGroup/DeleteGroup calls share writes.
+        self._groups = GroupsWriter(ctx.store, ctx.config, self._apply_change)
         self.reconciler: Reconciler | None = None
         self._leader_tasks: list[asyncio.Task[None]] = []
         #: Every task of the current leadership (recovery included): cancelled together when it is lost.
@@ -193,7 +195,7 @@ class Shard:
                 self._term.start(self._config_loop(), "config"),
                 self._term.start(self.images.run(), "images"),
             ]
-            reconciler.enqueue_all()
+            await reconciler.enqueue_all()
             for key in groups:
                 reconciler.enqueue(key)
 
@@ -311,7 +313,7 @@ class Shard:
 
     async def _metrics_loop(self) -> None:
         while True:
-            self._update_instance_metrics()
+            await asyncio.to_thread(self._update_instance_metrics)  # an aggregate over every row
             await asyncio.sleep(METRICS_INTERVAL)
 
     def _update_instance_metrics(self) -> None:
@@ -463,14 +465,7 @@ class Shard:
             await self._check_instance_type(
                 instance_type or "", template, f"groups.{tenant}.{group}.instance_type"
             )
-        dynamic, etag = await asyncio.to_thread(
-            edit_dynamic_groups,
-            self.ctx.store,
-            lambda current: apply_upsert(config, current, tenant, group, update),
-            known=(snapshot.dynamic, snapshot.groups_etag or None),
-        )
-        fault_point("after-groups-write")
-        self._apply_change(self.ctx.config.replace_dynamic(dynamic, etag))
+        await self._groups.submit(lambda current: apply_upsert(config, current, tenant, group, update))
         return self._group_view(tenant, group)
 
     async def delete_group(self, tenant: str, group: str) -> None:
@@ -481,13 +476,7 @@ class Shard:
             raise FailedPrecondition(
                 f'group "{group}" is static (defined in config.jsonc); remove it there, or scale it to 0'
             )
-        dynamic, etag = await asyncio.to_thread(
-            edit_dynamic_groups,
-            self.ctx.store,
-            lambda current: apply_delete(current, tenant, group),
-            known=(snapshot.dynamic, snapshot.groups_etag or None),
-        )
-        self._apply_change(self.ctx.config.replace_dynamic(dynamic, etag))
+        await self._groups.submit(lambda current: apply_delete(current, tenant, group))
 
     def _on_demand_config(self, tenant: str, request: InstanceRequest) -> MergedGroupConfig:
         snapshot = self._snapshot()

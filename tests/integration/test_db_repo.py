@@ -19,7 +19,7 @@ import pytest
 from nstance.core.errors import AlreadyExists, InvalidArgument, NotFound
 from nstance.db import repo
 from nstance.db.engine import Database, open_database
-from nstance.db.models import RECORD_PENDING, RECORD_PROVISIONED, LbInstance, PublicKey
+from nstance.db.models import RECORD_PENDING, RECORD_PROVISIONED, Instance, LbInstance, PublicKey
 from nstance.db.repo import NonceClaim, PurgedInstance
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -569,3 +569,140 @@ def test_read_session_sees_a_stable_snapshot_while_a_writer_commits(db: Database
         assert len(repo.list_active_instances(reader)) == 1
     with db.read_session() as session:
         assert len(repo.list_active_instances(session)) == 2
+
+
+def _restored(instance_id: str, *, provider_status: str | None, at: datetime) -> dict[str, object]:
+    return {
+        "id": instance_id,
+        "tenant": "acme",
+        "group_key": "workers",
+        "kind": "knc",
+        "on_demand": False,
+        "record_state": RECORD_PROVISIONED,
+        "nonce": f"jwt-{instance_id}",
+        "provider_id": f"vm-{instance_id}",
+        "provider_status": provider_status,
+        "registered_at": None,
+        "cert_expires_at": at + timedelta(days=1),
+        "created_at": at,
+        "updated_at": at,
+        "deleted_at": None,
+    }
+
+
+def test_batch_restore_writes_what_the_single_row_restore_writes(db: Database) -> None:
+    one = _restored("knc-one", provider_status="running", at=T0)
+    many = _restored("knc-many", provider_status="running", at=T0)
+    with db.session() as session:
+        repo.restore_instance(session, **one)
+        repo.restore_instances(session, [many])
+    with db.read_session() as session:
+        single, batch = repo.get_instance(session, "knc-one"), repo.get_instance(session, "knc-many")
+    assert single is not None
+    assert batch is not None
+    columns = [c.name for c in Instance.__table__.columns if c.name not in ("id", "nonce", "provider_id")]
+    assert {c: getattr(batch, c) for c in columns} == {c: getattr(single, c) for c in columns}
+    assert batch.created_at == T0
+    assert batch.created_at.tzinfo is not None
+
+
+def test_batch_restore_overwrites_rows_and_keeps_a_status_the_record_leaves_unset(db: Database) -> None:
+    later = T0 + timedelta(minutes=5)
+    with db.session() as session:
+        repo.restore_instances(
+            session,
+            [
+                _restored("knc-a", provider_status="running", at=T0),
+                _restored("knc-b", provider_status="stopped", at=T0),
+            ],
+        )
+    with db.session() as session:
+        repo.restore_instances(
+            session,
+            [
+                _restored("knc-a", provider_status=None, at=later),
+                _restored("knc-b", provider_status="running", at=later),
+            ],
+            keep_stored_if_null=("provider_status",),
+        )
+    with db.read_session() as session:
+        a, b = repo.get_instances(session, ["knc-a", "knc-b", "knc-unknown"])
+    assert (a.provider_status, a.updated_at) == ("running", later)
+    assert (b.provider_status, b.updated_at) == ("running", later)
+
+
+def test_batch_restore_refuses_unknown_columns_and_naive_times(db: Database) -> None:
+    with db.session() as session, pytest.raises(InvalidArgument, match="unknown column"):
+        repo.restore_instances(session, [{"id": "knc-x", "colour": "red"}])
+    with db.session() as session, pytest.raises(ValueError, match="naive"):
+        repo.restore_instances(session, [_restored("knc-x", provider_status=None, at=datetime(2026, 1, 1))])
+
+
+def test_soft_delete_many_and_live_ids(db: Database) -> None:
+    for iid in ("knc-1", "knc-2", "knc-3"):
+        _add(db, iid)
+    with db.session() as session:
+        repo.soft_delete_many(session, ["knc-1", "knc-3", "knc-unknown"], now=T0)
+    with db.session() as session:
+        repo.soft_delete_many(session, ["knc-1"], now=T0 + timedelta(hours=1))  # already deleted: kept
+    with db.read_session() as session:
+        assert repo.live_instance_ids(session) == {"knc-2"}
+        first = repo.get_instance(session, "knc-1")
+    assert first is not None
+    assert first.deleted_at == T0
+
+
+def _claim_agent(
+    db: Database, nonce: str, instance_id: str, *, tenant: str = "acme", serial: int = 0xABC
+) -> repo.AgentClaim:
+    with db.write_connection() as conn:
+        return repo.claim_agent_registration(
+            conn,
+            nonce=nonce,
+            instance_id=instance_id,
+            tenant=tenant,
+            public_key_pem="PEM",
+            cert_serial=serial,
+            cert_expires_at=CERT_EXPIRY,
+            now=T0 + timedelta(seconds=40),
+        )
+
+
+def test_plain_sql_agent_claim_is_single_use_and_checks_instance_and_tenant(db: Database) -> None:
+    _add(db, "i1", nonce="jwt-1")
+    _add(db, "i2", nonce="jwt-2")
+    with db.session() as session:
+        assert repo.soft_delete(session, "i2", now=T0)
+
+    assert not _claim_agent(db, "jwt-unknown", "i1").claimed
+    assert not _claim_agent(db, "jwt-2", "i2").claimed  # deleted
+    assert not _claim_agent(db, "jwt-1", "i2").claimed  # another instance's nonce
+    assert not _claim_agent(db, "jwt-1", "i1", tenant="other").claimed
+    assert _claim_agent(db, "jwt-1", "i1", serial=0x00FF10) == repo.AgentClaim(
+        claimed=True, group_key="workers"
+    )
+    assert not _claim_agent(db, "jwt-1", "i1").claimed  # used
+
+    with db.read_session() as session:
+        row = repo.get_instance(session, "i1")
+    assert row is not None
+    assert row.registered_at == T0 + timedelta(seconds=40)
+    assert (row.instance_pub, row.cert_serial, row.cert_expires_at) == ("PEM", "ff10", CERT_EXPIRY)
+
+
+def test_concurrent_plain_sql_claims_have_exactly_one_winner(db: Database) -> None:
+    _add(db, "i1", nonce="jwt-1")
+    results = _race(8, lambda i: _claim_agent(db, "jwt-1", "i1", serial=i + 1).claimed)
+    assert sorted(results) == [False] * 7 + [True]
+
+
+def test_stored_addresses_leave_empty_fields_alone(db: Database) -> None:
+    _add(db, "i1")
+    with db.write_connection() as conn:
+        assert repo.store_reported_addresses(conn, "i1", now=T0, ip4="10.0.0.9", hostname="h1")
+        assert repo.store_reported_addresses(conn, "i1", now=T0, ip6="fd00::9")
+        assert not repo.store_reported_addresses(conn, "unknown", now=T0, ip4="10.0.0.1")
+    with db.read_session() as session:
+        row = repo.get_instance(session, "i1")
+    assert row is not None
+    assert (row.ip4, row.ip6, row.hostname) == ("10.0.0.9", "fd00::9", "h1")
