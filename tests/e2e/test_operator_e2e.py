@@ -371,8 +371,8 @@ async def test_a_pool_spreads_over_two_shards_scales_and_is_deleted(system: Syst
 async def test_a_spot_notice_cordons_evicts_acknowledges_and_replaces(system: System) -> None:
     if system.backend == "real":
         pytest.skip(
-            "open (issue 18): with no kubelet an evicted pod stays Terminating on a real API server, so the "
-            "drain waits out its deadline; the test must finish pod deletion as a kubelet would"
+            "open (issue 18): on the real API server this test timed out in both runs so far, once waiting "
+            "for the drain to be acknowledged and once before the drain started; not yet understood"
         )
     kube = await system.kube()
     log = system.operator_log
@@ -424,6 +424,8 @@ async def test_a_spot_notice_cordons_evicts_acknowledges_and_replaces(system: Sy
             # A pod bound to a node is deleted gracefully: without a kubelet to confirm, a real server
             # keeps it Terminating (deletionTimestamp set), which is what the eviction achieves.
             evicted = app is None or bool(app["metadata"].get("deletionTimestamp"))
+            if app is not None and evicted:  # act as the kubelet: the containers stopped, the pod goes
+                await kube.delete(PODS, "app-1", ns, grace_period=0)
             return bool((node.get("spec") or {}).get("unschedulable")) and evicted and daemon is not None
 
         await eventually(drained, what="node cordoned, app pod evicted, DaemonSet pod kept", log=log)
