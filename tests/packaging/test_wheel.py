@@ -176,6 +176,7 @@ def test_generated_code_and_migrations_are_in_the_installed_package(installed: I
 
 def test_installed_server_migrates_a_fresh_sqlite_cache(installed: Installed, tmp_path: Path) -> None:
     health = f"127.0.0.1:{free_port()}"
+    (tmp_path / "bucket").mkdir()  # an existing, empty bucket directory: the server waits for a config
     argv = [str(installed.bin / "nstance-server"), "--id", "wheel-test", "--shard", "zone-a",
             "--storage", "file", "--bucket", str(tmp_path / "bucket"), "--cachedir", str(tmp_path / "cache"),
             "--health-addr", health]  # fmt: skip
