@@ -171,6 +171,10 @@ class InstanceOps:
         self.budget = brake.DeletionBudget()
         #: Unreadable objects under ``instance/`` at the last cache rebuild: each still claims its VM.
         self.unreadable: list[records.RecordProblem] = []
+        #: Instance id -> when (leader clock) its cache row came back from a repaired record in this
+        #: leadership. Until then the agent's streams were refused (no active row), so it could not
+        #: report here: its silence is counted from this moment plus one window, not from the term.
+        self.rejoined: dict[str, datetime] = {}
 
     async def _has_capacity(self, subnet_id: str) -> bool:
         """Subnet capacity, asking the provider at most once per ``CAPACITY_TTL`` while it has room.

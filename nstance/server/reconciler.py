@@ -76,6 +76,7 @@ class Reconciler:
         self.reconciles = 0
         #: When this leadership began (a reconciler lives for one term): silence is counted from here.
         self.leading_since = ctx.clock.now()
+        ops.rejoined.clear()  # times of an earlier leadership's frame: this one counts from its start
 
     # --- queueing ---------------------------------------------------------------------------
 
@@ -147,6 +148,19 @@ class Reconciler:
         """
         return self.leading_since + (self._silence_limit() or timedelta(0))
 
+    def _seen_since(self, instance_id: str, seen_since: datetime) -> datetime:
+        """``seen_since`` for one instance: later for a row that came back from a repaired record.
+
+        While its record was unreadable the instance had no active cache row, so this leader refused
+        its agent's streams: it could not report before the row came back (``recheck_unreadable``).
+        Its silence counts from then plus one missed-report window (the agent's reconnect), as after
+        a takeover - never from a health timestamp the repaired record or an old row carried.
+        """
+        rejoined = self._ops.rejoined.get(instance_id)
+        if rejoined is None:
+            return seen_since
+        return max(seen_since, rejoined + (self._silence_limit() or timedelta(0)))
+
     def check_health_after(self, key: GroupKey) -> None:
         """Reconcile ``key`` once the silence limit has passed (an earlier schedule is kept)."""
         limit = self._silence_limit()
@@ -164,12 +178,14 @@ class Reconciler:
         with self._ctx.db.read_session() as session:
             rows = repo.list_active_instances(session, tenant=tenant, group_key=group)
         managed = [
-            member_of(row, seen_since=seen_since, now=now, term_start=term)
+            member_of(row, seen_since=self._seen_since(row.id, seen_since), now=now, term_start=term)
             for row in rows
             if not row.on_demand
         ]
         on_demand = [
-            member_of(row, seen_since=seen_since, now=now, term_start=term) for row in rows if row.on_demand
+            member_of(row, seen_since=self._seen_since(row.id, seen_since), now=now, term_start=term)
+            for row in rows
+            if row.on_demand
         ]
         return rows, managed, on_demand
 

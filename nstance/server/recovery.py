@@ -388,6 +388,7 @@ async def recheck_unreadable(ctx: ShardContext, ops: InstanceOps) -> set[GroupKe
                 if existing is None or existing.deleted_at is not None:
                     repo.restore_instance(session, **_row_values(rec))
                     groups.add((rec.tenant, rec.group))
+                    ops.rejoined[rec.instance_id] = ctx.clock.now()
         log.info("instance record %s is readable again", problem.key)
         cleared.append(problem.key)
     if cleared:

@@ -4,6 +4,7 @@ mass-deletion brake, and creates that race the provider re-list (sim provider, r
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -220,3 +221,43 @@ async def test_a_repaired_record_brings_its_instance_back_without_a_leadership_c
     assert h.shard.ops.unreadable == []
     assert h.ctx.metrics.unreadable_records._value.get() == 0
     assert h.shard.ops.holds.summary() is None
+
+
+async def test_a_repaired_record_is_not_blamed_for_the_silence_while_it_was_unreadable(
+    h: Harness, tmp_path: Path
+) -> None:
+    """While its record was unreadable the instance had no cache row and its agent's streams were
+    refused; the row that comes back must not carry that silence (the record's old timestamps)."""
+    await h.reconcile()
+    await h.shard.ops.followups.settled()
+    victim = sorted(h.live())[0]
+    original, _ = h.store.get(key_of(victim))
+    doc = json.loads(original)
+    doc["registered_at"] = h.clock.now().isoformat()  # a registered agent, reporting all along
+    h.store.put(key_of(victim), b"")
+    lose_cache(h, tmp_path)
+    await new_leader(h)
+    register_all(h)
+    h.reconciler.leading_since = h.clock.now()
+    h.clock.advance(timedelta(minutes=10))  # long past the term's window: its agent was refused all along
+    h.store.put(key_of(victim), json.dumps(doc).encode())  # a person repairs it
+    report = await gc_cycle(h.ctx, h.shard.ops)
+    assert KEY in report.groups
+
+    def report_health(skip: str) -> None:
+        now = h.clock.now()
+        batch = [
+            {"instance_id": iid, "health_at": now, "health": {}, "runtime_config_hash": None}
+            for iid in h.live()
+            if iid != skip
+        ]
+        with h.db.session() as session:
+            repo.record_health_many(session, batch)
+
+    report_health(victim)  # the others report; the victim's agent has not reconnected yet
+    await h.reconcile()
+    assert victim in h.live()
+    h.clock.advance(timedelta(minutes=10))  # now it has been silent for a whole window since its return
+    report_health(victim)
+    await h.reconcile()
+    assert victim not in h.live()
