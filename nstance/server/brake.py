@@ -71,6 +71,18 @@ class DeletionBudget:
         """Seconds the group's mass-silence hold has lasted (starting it now if there is none)."""
         return now - self._held_since.setdefault(key, now)
 
+    def hold_left(self, key: GroupKey, now: float, limits: BrakeLimits) -> float | None:
+        """Seconds until the group's mass-silence hold runs out, or ``None`` if none is in force.
+
+        The caller re-checks the group then: a held member is shown as just seen, so its own silence
+        wake-up would come up to one silence limit after the hold has ended.
+        """
+        since = self._held_since.get(key)
+        if since is None:
+            return None
+        left = since + limits.max_hold.total_seconds() - now
+        return left if left > 0 else None
+
     def end_hold(self, key: GroupKey) -> None:
         self._held_since.pop(key, None)
 

@@ -738,6 +738,10 @@ class InstanceOps:
         self.set_hold(f"{brake.REPLACEMENTS} {key[0]}/{key[1]}", verdict.held, tenant=key[0], group=key[1])
         return verdict.members
 
+    def hold_left(self, key: tuple[str, str]) -> float | None:
+        """Seconds until the group's mass-silence hold runs out (``None``: no hold in force)."""
+        return self.budget.hold_left(key, self._ctx.clock.monotonic(), self.brake_limits())
+
     def report_error(self, tenant: str, group: str, instance_id: str, message: str) -> None:
         """Tell error watchers (and the log) about a failure an operator should see."""
         log.warning("%s/%s %s: %s", tenant, group, instance_id or "-", message)

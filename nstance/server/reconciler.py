@@ -250,6 +250,9 @@ class Reconciler:
         wake = min((w for w in wakes if w is not None), default=None)
         if wake is not None:
             self.queue.add_after(key, max(0.0, (wake - now).total_seconds()) + 0.5)
+        hold_left = self._ops.hold_left(key)
+        if hold_left is not None:  # replace the held members as soon as the hold runs out
+            self.queue.add_after(key, hold_left + 0.5)
         log.debug("reconcile %s/%s took %.3fs", tenant, group, elapsed)
 
     async def _execute(

@@ -51,9 +51,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from nstance.config import GroupUpdate
 from nstance.config.cluster import LeaderElectionConfig
 from nstance.config.resources import ImageConfig, LoadBalancerConfig
+from nstance.config.shard import DeletionBrakeConfig
 from nstance.core import backoff as backoff_module
 from nstance.core import ids as ids_module
 from nstance.core.clock import ManualClock
+from nstance.core.durations import parse_duration
 from nstance.core.errors import AlreadyExists, NstanceError, Unauthenticated
 from nstance.db.engine import Database, open_database
 from nstance.objectstore.base import Conflict, ObjectInfo, Throttled
@@ -75,6 +77,7 @@ from nstance.server.events import InstanceEventData
 from nstance.server.limits import CreateLimiter
 from nstance.server.metrics import Metrics
 from nstance.server.provisioning import ShardIdentity
+from nstance.server.reconciler import MISSED_REPORTS
 from nstance.server.registration import Registrar
 from nstance.server.shard import Shard
 from nstance.simulation import leader_faults
@@ -490,7 +493,7 @@ class Scenario:
     @classmethod
     def draw(cls, rng: random.Random) -> Scenario:
         groups = {f"g{i}": rng.randint(0, 3) for i in range(1, rng.randint(1, 3) + 1)}
-        return cls(
+        scenario = cls(
             servers=rng.choice((2, 3)),
             groups=groups,
             drain_timeouts={g: rng.choice(("0s", "20s", "45s")) for g in groups},
@@ -504,6 +507,22 @@ class Scenario:
             store_fault_rate=rng.choice((0.0, 0.01, 0.03)),
             store_timeout_rate=rng.choice((0.0, 0.005, 0.02)),
         )
+        return dataclasses.replace(scenario, calm_phase=max(scenario.calm_phase, scenario.settle_time()))
+
+    def settle_time(self) -> float:
+        """Simulated seconds the calm phase needs before every group must be whole with working agents.
+
+        Derived from the configuration, not guessed: a takeover (a dead leader's lock times out), the
+        first missed-report window of the new leadership plus the silence limit itself, a mass-silence
+        hold of the brake's full ``max_hold``, the longest drain timeout (a crashed agent never
+        acknowledges its drain), a replacement's boot, and a margin for reconcile and provider latency.
+        """
+        election = LeaderElectionConfig()
+        takeover = (election.infrequent_interval + election.leader_timeout).total_seconds()
+        window = MISSED_REPORTS * HEALTH_INTERVAL
+        max_hold = DeletionBrakeConfig().max_hold.total_seconds()
+        drain = max((parse_duration(t).total_seconds() for t in self.drain_timeouts.values()), default=0.0)
+        return takeover + 2 * window + max_hold + drain + self.boot_time + 30.0
 
 
 @dataclass

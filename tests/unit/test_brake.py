@@ -111,3 +111,15 @@ def test_a_mass_silence_is_held_at_most_max_hold_then_replaced_at_the_budgeted_r
     later = hold_silent(KEY, members, LIMIT, NOW, budget=budget, mono=301.0, limits=limits)
     assert later.held is not None
     assert "3 silent instances wait" in later.held  # one replaced, the rest at the budget's pace
+
+
+def test_hold_left_says_when_a_mass_silence_hold_runs_out_so_the_group_is_rechecked_then() -> None:
+    members = [member(f"i{n}", silent=True) for n in range(4)]
+    budget = DeletionBudget()
+    limits = BrakeLimits(max_hold=timedelta(minutes=5))
+    assert budget.hold_left(KEY, 0.0, limits) is None
+    hold_silent(KEY, members, LIMIT, NOW, budget=budget, mono=10.0, limits=limits)
+    assert budget.hold_left(KEY, 100.0, limits) == 210.0
+    assert budget.hold_left(KEY, 310.0, limits) is None  # run out: replaced at the budgeted rate, no timer
+    hold_silent(KEY, [member("i0", silent=False)], LIMIT, NOW, budget=budget, mono=320.0, limits=limits)
+    assert budget.hold_left(KEY, 320.0, limits) is None
