@@ -165,9 +165,21 @@ def apply_upsert(
         problem = proxmox_args_problem(deep_merge(config.defaults.args, template.args, entry.args))
         if problem is not None:
             raise InvalidArgument(f'group "{group}": {problem}')
-    updated = {t: dict(groups) for t, groups in dynamic.items()}
+    updated = _with_tenant(dynamic, tenant)
     updated.setdefault(tenant, {})[group] = entry
-    check_upsert(config.shard.limits, config.groups, dynamic, updated, tenant)
+    check_upsert(config.shard.limits, config.groups, dynamic, updated, tenant, group)
+    return updated
+
+
+def _with_tenant(dynamic: DynamicGroups, tenant: str) -> DynamicGroups:
+    """A copy of ``dynamic`` whose ``tenant`` mapping is a fresh copy; the other tenants are shared.
+
+    The mappings are never modified in place (every edit goes through this copy), so sharing the
+    untouched tenants is safe and keeps an edit's cost to the size of its own tenant.
+    """
+    updated = dict(dynamic)
+    if tenant in updated:
+        updated[tenant] = dict(updated[tenant])
     return updated
 
 
@@ -178,7 +190,7 @@ def apply_delete(dynamic: DynamicGroups, tenant: str, group: str) -> DynamicGrou
     """
     if group not in dynamic.get(tenant, {}):
         raise NotFound(f'group "{group}" of tenant "{tenant}" has no dynamic entry')
-    updated = {t: dict(groups) for t, groups in dynamic.items()}
+    updated = _with_tenant(dynamic, tenant)
     del updated[tenant][group]
     if not updated[tenant]:
         del updated[tenant]

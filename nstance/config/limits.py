@@ -130,21 +130,35 @@ def config_limit_problems(
     return out
 
 
+def _tenant_problems(limits: LimitsConfig, tenant: str, count: int, vars_bytes: int) -> list[Problem]:
+    """The problems of one tenant's totals in ``groups.jsonc``: its group count and its vars bytes."""
+    out = _tenant_count_problem(join_path("", tenant), tenant, count, limits)
+    if vars_bytes > limits.max_vars_bytes_per_tenant:
+        out.append(
+            Problem(
+                join_path("", tenant),
+                f"the vars of the dynamic groups hold {vars_bytes} bytes; at most "
+                f"{limits.max_vars_bytes_per_tenant} (shard.limits.max_vars_bytes_per_tenant)",
+            )
+        )
+    return out
+
+
+def _group_count(static: Mapping[str, GroupConfig], dynamic: Mapping[str, GroupConfig]) -> int:
+    """How many distinct groups a tenant has (static and dynamic together)."""
+    return len(dynamic) + sum(1 for name in static if name not in dynamic)
+
+
+def _vars_total(groups: Mapping[str, GroupConfig]) -> int:
+    return sum(_var_bytes(group.vars) for group in groups.values() if group.vars)
+
+
 def groups_limit_problems(limits: LimitsConfig, static: Groups, dynamic: Groups) -> list[Problem]:
     """Problems of ``groups.jsonc`` (paths from its root: ``tenant.group.field``)."""
     out: list[Problem] = []
     for tenant, tenant_groups in dynamic.items():
-        names = set(static.get(tenant, {})) | set(tenant_groups)
-        out.extend(_tenant_count_problem(join_path("", tenant), tenant, len(names), limits))
-        total = sum(_var_bytes(group.vars) for group in tenant_groups.values())
-        if total > limits.max_vars_bytes_per_tenant:
-            out.append(
-                Problem(
-                    join_path("", tenant),
-                    f"the vars of the dynamic groups hold {total} bytes; at most "
-                    f"{limits.max_vars_bytes_per_tenant} (shard.limits.max_vars_bytes_per_tenant)",
-                )
-            )
+        count = _group_count(static.get(tenant, {}), tenant_groups)
+        out.extend(_tenant_problems(limits, tenant, count, _vars_total(tenant_groups)))
         for name, group in tenant_groups.items():
             out.extend(_group_problems(join_path(tenant, name), group, limits))
     return out
@@ -156,18 +170,39 @@ def check_vars(what: str, vars: Mapping[str, str], limits: LimitsConfig) -> None
         raise InvalidArgument(f"{what}: {problem}")
 
 
-def check_upsert(limits: LimitsConfig, static: Groups, before: Groups, after: Groups, tenant: str) -> None:
-    """Refuse an edit of ``tenant``'s dynamic groups that adds a problem.
+def check_upsert(
+    limits: LimitsConfig, static: Groups, before: Groups, after: Groups, tenant: str, group: str
+) -> None:
+    """Refuse an edit of ``tenant/group`` (its dynamic entry only) that adds a problem.
 
     Problems the document already had (a limit lowered after the fact) do not block edits - scaling
     such a group down must stay possible. A new group or vars beyond a tenant's totals is
-    ResourceExhausted; a size or vars out of range InvalidArgument.
+    ResourceExhausted; a size or vars out of range InvalidArgument. Only the tenant's totals and the
+    edited group are checked (every other entry is the same before and after, and so are its
+    problems), so the cost does not grow with the number of groups beyond two counting passes.
     """
-    old = set(groups_limit_problems(limits, static, {tenant: before.get(tenant, {})}))
-    for problem in groups_limit_problems(limits, static, {tenant: after.get(tenant, {})}):
+    static_groups = static.get(tenant, {})
+    old_groups, new_groups = before.get(tenant, {}), after.get(tenant, {})
+    old_entry, new_entry = old_groups.get(group), new_groups.get(group)
+    old_vars = _vars_total(old_groups)
+    new_vars = (
+        old_vars
+        - _var_bytes(old_entry.vars if old_entry else {})
+        + _var_bytes(new_entry.vars if new_entry else {})
+    )
+    old_count = _group_count(static_groups, old_groups)
+    new_count = _group_count(static_groups, new_groups)
+    path = join_path(tenant, group)
+    old = set(_tenant_problems(limits, tenant, old_count, old_vars))
+    if old_entry is not None:
+        old.update(_group_problems(path, old_entry, limits))
+    found = _tenant_problems(limits, tenant, new_count, new_vars)
+    if new_entry is not None:
+        found.extend(_group_problems(path, new_entry, limits))
+    for problem in found:
         if problem in old:
             continue
         if problem.path == join_path("", tenant):
             raise ResourceExhausted(problem.message)
-        group, _, field = problem.path.removeprefix(f"{tenant}.").partition(".")
-        raise InvalidArgument(f'group "{group}": field "{field}" {problem.message}')
+        name, _, field = problem.path.removeprefix(f"{tenant}.").partition(".")
+        raise InvalidArgument(f'group "{name}": field "{field}" {problem.message}')

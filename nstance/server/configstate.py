@@ -201,16 +201,28 @@ def _merge_all(
     return merged
 
 
-def _merge_changed(
-    snap: ConfigSnapshot, dynamic: DynamicGroups, groups_source: str
-) -> dict[GroupKey, MergedGroupConfig]:
-    """``_merge_all`` for a new dynamic document, re-merging only the groups whose entry changed."""
+def _touched(old: DynamicGroups, new: DynamicGroups) -> set[GroupKey]:
+    """The (tenant, group)s whose dynamic entry differs between two documents.
+
+    An edit copies only the tenant it touches and keeps every other entry object, so identity
+    settles almost every comparison: an unchanged tenant is skipped whole.
+    """
     touched: set[GroupKey] = set()
-    for tenant in set(snap.dynamic) | set(dynamic):
-        old_groups, new_groups = snap.dynamic.get(tenant, {}), dynamic.get(tenant, {})
-        for group in set(old_groups) | set(new_groups):
-            if old_groups.get(group) != new_groups.get(group):
+    for tenant in old.keys() | new.keys():
+        old_groups, new_groups = old.get(tenant, {}), new.get(tenant, {})
+        if old_groups is new_groups:
+            continue
+        for group in old_groups.keys() | new_groups.keys():
+            before, after = old_groups.get(group), new_groups.get(group)
+            if before is not after and before != after:
                 touched.add((tenant, group))
+    return touched
+
+
+def _merge_changed(
+    snap: ConfigSnapshot, dynamic: DynamicGroups, touched: set[GroupKey], groups_source: str
+) -> dict[GroupKey, MergedGroupConfig]:
+    """``_merge_all`` for a new dynamic document, re-merging only the ``touched`` groups."""
     merged = dict(snap.merged_groups)
     problems: list[Problem] = []
     for tenant, group in touched:
@@ -229,10 +241,17 @@ def _merge_changed(
 
 
 def _diff(
-    old: Mapping[GroupKey, MergedGroupConfig], new: Mapping[GroupKey, MergedGroupConfig]
+    old: Mapping[GroupKey, MergedGroupConfig],
+    new: Mapping[GroupKey, MergedGroupConfig],
+    keys: set[GroupKey] | None = None,
 ) -> tuple[frozenset[GroupKey], frozenset[GroupKey]]:
-    changed = frozenset(key for key, value in new.items() if old.get(key) != value)
-    removed = frozenset(key for key in old if key not in new)
+    """Groups added or changed, and groups removed; among ``keys`` only, when the caller knows them."""
+    if keys is None:
+        changed = frozenset(key for key, value in new.items() if old.get(key) != value)
+        removed = frozenset(key for key in old if key not in new)
+    else:
+        changed = frozenset(key for key in keys if key in new and old.get(key) != new[key])
+        removed = frozenset(key for key in keys if key in old and key not in new)
     return changed, removed
 
 
@@ -459,11 +478,11 @@ class ConfigState:
         except (OSError, ValueError, KeyError, TypeError):
             return False
 
-    def _swap(self, new: ConfigSnapshot, config_text: str) -> ConfigChange:
+    def _swap(self, new: ConfigSnapshot, config_text: str, keys: set[GroupKey] | None = None) -> ConfigChange:
         old = self._snapshot
         if old is None:
             self._confirmed = (new.config_etag, new.groups_etag)
-        changed, removed = _diff(old.merged_groups if old is not None else {}, new.merged_groups)
+        changed, removed = _diff(old.merged_groups if old is not None else {}, new.merged_groups, keys)
         self._snapshot = new
         self._config_text = config_text
         return ConfigChange(
@@ -492,9 +511,21 @@ class ConfigState:
 
     # -- dynamic groups written by this server -------------------------------------------------
 
-    def replace_dynamic(self, dynamic: DynamicGroups, groups_etag: str) -> ConfigChange:
+    def replace_dynamic(
+        self,
+        dynamic: DynamicGroups,
+        groups_etag: str,
+        text: str | None = None,
+        *,
+        edited: tuple[DynamicGroups, set[GroupKey]] | None = None,
+    ) -> ConfigChange:
         """Install a ``groups.jsonc`` this server has just written (ETag ``groups_etag``), without re-reading.
 
+        ``text`` is the document as written (serialised again when not given), for the disk cache.
+        Only the groups whose entry changed are merged and compared, so the cost follows the edit,
+        not the number of groups. ``edited`` is ``(base, keys)`` when the caller knows ``dynamic``
+        is ``base`` with only ``keys`` edited: if ``base`` is the installed document, the entries
+        are not compared at all (else they are, by identity first).
         FailedPrecondition before the first load; ConfigError if a group would not resolve against
         the current config (the snapshot is then left as it was).
         """
@@ -504,7 +535,11 @@ class ConfigState:
                 raise FailedPrecondition(
                     "the shard config has not been loaded yet; load it before editing groups"
                 )
-            merged = _merge_changed(snap, dynamic, f"{self._where}{GROUPS_KEY}")
+            if edited is not None and edited[0] is snap.dynamic:
+                touched = edited[1]
+            else:
+                touched = _touched(snap.dynamic, dynamic)
+            merged = _merge_changed(snap, dynamic, touched, f"{self._where}{GROUPS_KEY}")
             new = replace(
                 snap,
                 dynamic=dynamic,
@@ -512,7 +547,7 @@ class ConfigState:
                 loaded_at=self._clock.now(),
                 merged_groups=merged,
             )
-            change = self._swap(new, self._config_text)
+            change = self._swap(new, self._config_text, touched)
             self._groups_seen = True
             if self._confirmed is not None:  # our own write is not news to the next RefreshConfig
                 self._confirmed = (self._confirmed[0], groups_etag)
@@ -521,7 +556,7 @@ class ConfigState:
                     config=self._config_text.encode("utf-8"),
                     config_etag=snap.config_etag,
                     config_last_modified=snap.config_last_modified,
-                    groups=dump_groups_text(dynamic).encode("utf-8"),
+                    groups=(text if text is not None else dump_groups_text(dynamic)).encode("utf-8"),
                     groups_etag=groups_etag,
                 )
             )

@@ -64,6 +64,7 @@ def edit_dynamic_groups(
     *,
     attempts: int = EDIT_ATTEMPTS,
     known: tuple[DynamicGroups, str | None] | None = None,
+    dump: Callable[[DynamicGroups], str] = dump_groups_text,
 ) -> tuple[DynamicGroups, str]:
     """Apply ``edit`` to the stored dynamic groups atomically; return the groups written and their ETag.
 
@@ -74,6 +75,8 @@ def edit_dynamic_groups(
 
     ``known`` is a ``(groups, etag)`` the caller believes current (the server's loaded snapshot): the
     first attempt starts from it without reading, and the conditional write catches a stale guess.
+    ``dump`` serialises the document (``GroupsText.dump`` gives the same text at the cost of the
+    changed entries only).
     """
     for attempt in range(max(1, attempts)):
         if attempt == 0 and known is not None and known[1] is not None:
@@ -83,7 +86,7 @@ def edit_dynamic_groups(
         updated = edit(current)
         if etag is not None and updated == current:
             return current, etag  # nothing to change: no write, the ETag stays valid
-        data = dump_groups_text(updated).encode("utf-8")
+        data = dump(updated).encode("utf-8")
         try:
             new_etag = store.put_if_match(GROUPS_KEY, data, etag)
         except PreconditionFailed:

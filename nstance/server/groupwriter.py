@@ -9,6 +9,8 @@ retries remain only for writers on other servers (a handover). An edit that refu
 only its own call; the others of the batch are written. The installed snapshot is replaced once per
 write, in the same worker thread (``ConfigState.replace_dynamic`` merges the changed groups and
 rewrites the disk cache), and ``on_change`` is called on the event loop with the resulting change.
+The document is serialised with a ``GroupsText`` kept across writes, so a write encodes only the
+entries its edits changed (the whole document is still written: object storage holds one file).
 
 This module must not decide what an edit means (``nstance.config.editing``) and does no I/O on the
 event loop.
@@ -20,6 +22,7 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from nstance.config.groupstext import GroupsText
 from nstance.config.schema import DynamicGroups
 from nstance.objectstore.base import ObjectStore
 from nstance.server.configstate import ConfigChange, ConfigState
@@ -27,19 +30,26 @@ from nstance.server.context import fault_point
 from nstance.server.dynamic_groups import edit_dynamic_groups
 
 Edit = Callable[[DynamicGroups], DynamicGroups]
+GroupKey = tuple[str, str]
 
 
 @dataclass
 class _Batch:
     edits: list[Edit]
+    #: The (tenant, group) each edit changes, or None when an edit did not say.
+    keys: list[GroupKey | None] = field(default_factory=list)
     outcomes: list[BaseException | None] = field(default_factory=list)
+    #: The document the last ``apply`` started from.
+    base: DynamicGroups | None = None
 
     def apply(self, current: DynamicGroups) -> DynamicGroups:
         """Every edit in order; a refusing edit leaves the document as it was and records its error.
 
-        Pure apart from ``outcomes`` (rebuilt on each call: a compare-and-swap retry runs it again).
+        Pure apart from ``outcomes`` and ``base`` (rebuilt on each call: a compare-and-swap retry
+        runs it again).
         """
         self.outcomes = []
+        self.base = current
         state = current
         for edit in self.edits:
             try:
@@ -49,6 +59,12 @@ class _Batch:
             else:
                 self.outcomes.append(None)
         return state
+
+    def edited(self) -> tuple[DynamicGroups, set[GroupKey]] | None:
+        """``(base, keys)``: the last applied document and every group the edits may have changed."""
+        if self.base is None or any(key is None for key in self.keys):
+            return None
+        return self.base, {key for key in self.keys if key is not None}
 
 
 class GroupsWriter:
@@ -60,14 +76,19 @@ class GroupsWriter:
         self._store = store
         self._config = config
         self._on_change = on_change
-        self._queue: list[tuple[Edit, asyncio.Future[None]]] = []
+        self._queue: list[tuple[Edit, GroupKey | None, asyncio.Future[None]]] = []
         self._task: asyncio.Task[None] | None = None
+        self._text = GroupsText()  # used by one worker thread at a time (writes are sequential)
         self.writes = 0  # documents written (or found unchanged), for tests and benchmarks
 
-    async def submit(self, edit: Edit) -> None:
-        """Apply ``edit`` in the next write; return once it is stored and installed, or raise its error."""
+    async def submit(self, edit: Edit, key: GroupKey | None = None) -> None:
+        """Apply ``edit`` in the next write; return once it is stored and installed, or raise its error.
+
+        ``key`` is the one group ``edit`` changes, when it changes only one: the snapshot is then
+        updated without comparing the other groups.
+        """
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._queue.append((edit, future))
+        self._queue.append((edit, key, future))
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._drain(), name="groups-writer")
         # A caller that goes away does not withdraw its edit: it is written with the others.
@@ -76,7 +97,7 @@ class GroupsWriter:
     async def _drain(self) -> None:
         while self._queue:
             queued, self._queue = self._queue, []
-            batch = _Batch([edit for edit, _ in queued])
+            batch = _Batch([edit for edit, _, _ in queued], [key for _, key, _ in queued])
             try:
                 change = await asyncio.to_thread(self._write, batch)
             except BaseException as exc:  # handed to every caller of the batch
@@ -84,7 +105,7 @@ class GroupsWriter:
                 # get the same error, as they would have had their own call failed that way.
                 stop = not isinstance(exc, Exception)
                 cancelled = isinstance(exc, asyncio.CancelledError)
-                for _, future in queued + (self._queue if stop else []):
+                for _, _, future in queued + (self._queue if stop else []):
                     if future.done():
                         continue
                     if cancelled:
@@ -99,7 +120,7 @@ class GroupsWriter:
                 continue
             if change is not None:
                 self._on_change(change)
-            for (_, future), outcome in zip(queued, batch.outcomes, strict=True):
+            for (_, _, future), outcome in zip(queued, batch.outcomes, strict=True):
                 if future.done():
                     continue
                 if outcome is None:
@@ -111,9 +132,9 @@ class GroupsWriter:
         """One compare-and-swap write of every edit of ``batch``, then the snapshot (worker thread)."""
         snapshot = self._config.snapshot()
         known = (snapshot.dynamic, snapshot.groups_etag or None) if snapshot is not None else None
-        dynamic, etag = edit_dynamic_groups(self._store, batch.apply, known=known)
+        dynamic, etag = edit_dynamic_groups(self._store, batch.apply, known=known, dump=self._text.dump)
         self.writes += 1
         fault_point("after-groups-write")
         if all(outcome is not None for outcome in batch.outcomes):
             return None  # every edit refused: nothing was written
-        return self._config.replace_dynamic(dynamic, etag)
+        return self._config.replace_dynamic(dynamic, etag, self._text.dump(dynamic), edited=batch.edited())

@@ -465,7 +465,9 @@ class Shard:
             await self._check_instance_type(
                 instance_type or "", template, f"groups.{tenant}.{group}.instance_type"
             )
-        await self._groups.submit(lambda current: apply_upsert(config, current, tenant, group, update))
+        await self._groups.submit(
+            lambda current: apply_upsert(config, current, tenant, group, update), (tenant, group)
+        )
         return self._group_view(tenant, group)
 
     async def delete_group(self, tenant: str, group: str) -> None:
@@ -476,7 +478,7 @@ class Shard:
             raise FailedPrecondition(
                 f'group "{group}" is static (defined in config.jsonc); remove it there, or scale it to 0'
             )
-        await self._groups.submit(lambda current: apply_delete(current, tenant, group))
+        await self._groups.submit(lambda current: apply_delete(current, tenant, group), (tenant, group))
 
     def _on_demand_config(self, tenant: str, request: InstanceRequest) -> MergedGroupConfig:
         snapshot = self._snapshot()

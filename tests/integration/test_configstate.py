@@ -417,6 +417,34 @@ def test_edit_creates_groups_jsonc_and_replace_dynamic_installs_it(
     assert restarted.merged("default", "batch") is not None
 
 
+def test_replace_dynamic_with_the_edited_keys_reports_the_same_change(
+    state: ConfigState, shard: ScopedObjectStore
+) -> None:
+    state.load()
+    snap = state.snapshot()
+    assert snap is not None
+    base = snap.dynamic
+    edit = add_group(snap.config, "default", "batch", size=3)
+    dynamic, etag = edit_dynamic_groups(shard, edit, known=(base, snap.groups_etag))
+    # The writer knows which group its edit touched: the snapshot's other groups are not compared.
+    change = state.replace_dynamic(dynamic, etag, edited=(base, {("default", "batch")}))
+    assert change.changed == {("default", "batch")}
+    assert change.removed == frozenset()
+    merged = state.merged("default", "batch")
+    assert merged is not None and merged.size == 3
+    # A hint about another document (the snapshot moved on since) is not trusted: every group is
+    # compared, so a group removed by that other change is still reported.
+    after = state.snapshot()
+    assert after is not None
+    gone = {t: {g: e for g, e in groups.items() if g != "batch"} for t, groups in after.dynamic.items()}
+    bigger = apply_upsert(after.config, gone, "default", "other", GroupUpdate(template="app", size=1))
+    _, etag = edit_dynamic_groups(shard, lambda _d: bigger, known=(after.dynamic, after.groups_etag))
+    change = state.replace_dynamic(bigger, etag, edited=(base, {("default", "other")}))
+    assert change.changed == {("default", "other")}
+    assert change.removed == {("default", "batch")}
+    assert state.merged("default", "batch") is None
+
+
 def test_replace_dynamic_before_load_is_refused(tmp_path: Path, shard: ScopedObjectStore) -> None:
     state = ConfigState(shard, tmp_path / "c", clock=ManualClock())
     with pytest.raises(FailedPrecondition, match="not been loaded"):

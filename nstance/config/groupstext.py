@@ -1,0 +1,108 @@
+"""``groups.jsonc`` text built incrementally: an edit re-serialises only the entries it changed.
+
+``dump_groups_text`` encodes every entry on every call; with 10,000 groups that is about 0.2 s of
+CPU per UpsertGroup, held under the GIL. ``GroupsText.dump`` returns the same bytes (the tests
+compare the two on every vector) but keeps, per tenant, the mapping it last encoded with its text,
+and per group, the entry object with its text. The config models are immutable and an edit copies
+only the tenant it touches (``nstance.config.editing``), so an unchanged tenant is recognised by
+identity and costs nothing, and in the edited tenant only entries that are new objects are encoded;
+the rest is sorting names and joining strings.
+
+Keys are sorted with Python's string order, which equals Go's byte order of their UTF-8 encoding
+(UTF-8 preserves code point order; a string UTF-8 cannot encode fails either way).
+
+Not thread-safe: one instance belongs to one writer (``GroupsWriter`` uses it from one thread at a
+time). Pure apart from its memo; no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import TypeAdapter
+
+from nstance.config.schema import DynamicGroups
+from nstance.config.workloads import DynamicGroupConfig
+from nstance.core.gojson import go_marshal, go_marshal_indent
+
+#: Indentation of a group's entry inside ``{tenant: {group: entry}}`` (two levels of two spaces).
+_GROUP_INDENT = "\n    "
+
+
+def _name(key: str) -> str:
+    return go_marshal(key).decode("utf-8")
+
+
+_TENANT: TypeAdapter[dict[str, DynamicGroupConfig]] = TypeAdapter(dict[str, DynamicGroupConfig])
+
+
+def _entry_text(group: str, dumped: Any) -> str:
+    """``\\n    "group": {...}``: one group's member of its tenant's object, as MarshalIndent writes it."""
+    body = go_marshal_indent(dumped).decode("utf-8")
+    return f"{_GROUP_INDENT}{_name(group)}: {body.replace(chr(10), _GROUP_INDENT)}"
+
+
+def _dumped(groups: Mapping[str, DynamicGroupConfig], names: list[str]) -> dict[str, Any]:
+    """The JSON data of ``names``' entries (one pydantic call for all of them: far cheaper than one each)."""
+    dumped: dict[str, Any] = _TENANT.dump_python(
+        {name: groups[name] for name in names}, mode="json", exclude_defaults=True
+    )
+    return dumped
+
+
+@dataclass(frozen=True, slots=True)
+class _Tenant:
+    """One tenant's object as last encoded: the mapping, its sorted names, each entry's text, the whole."""
+
+    groups: Mapping[str, DynamicGroupConfig]
+    names: list[str]
+    texts: list[str]
+    text: str
+
+
+def _joined(texts: list[str]) -> str:
+    return "{" + ",".join(texts) + "\n  }" if texts else "{}"
+
+
+def _encode_tenant(groups: Mapping[str, DynamicGroupConfig], old: _Tenant | None) -> _Tenant:
+    """The tenant's object, reusing ``old``'s text for every entry that is the same object."""
+    if old is not None and groups.keys() == old.groups.keys():
+        names = old.names  # same names, same order: re-encode only the replaced entries
+        previous = old.groups
+        texts = old.texts.copy()
+        redo = [i for i, name in enumerate(names) if groups[name] is not previous[name]]
+    else:
+        names = sorted(groups)
+        known = dict(zip(old.names, old.texts, strict=True)) if old is not None else {}
+        previous = old.groups if old is not None else {}
+        texts = [known.get(name, "") if previous.get(name) is groups[name] else "" for name in names]
+        redo = [i for i, text in enumerate(texts) if not text]
+    dumped = _dumped(groups, [names[i] for i in redo])
+    for i in redo:
+        texts[i] = _entry_text(names[i], dumped[names[i]])
+    return _Tenant(groups, names, texts, _joined(texts))
+
+
+class GroupsText:
+    """Serialises dynamic groups like ``dump_groups_text``, reusing the text of unchanged entries."""
+
+    def __init__(self) -> None:
+        self._tenants: dict[str, _Tenant] = {}
+
+    def dump(self, dynamic: DynamicGroups) -> str:
+        """The ``groups.jsonc`` text of ``dynamic`` (identical to ``dump_groups_text(dynamic)``)."""
+        if not dynamic:
+            self._tenants = {}
+            return "{}"
+        tenants: dict[str, _Tenant] = {}
+        parts: list[str] = []
+        for name in sorted(dynamic):
+            groups = dynamic[name]
+            old = self._tenants.get(name)
+            tenant = old if old is not None and old.groups is groups else _encode_tenant(groups, old)
+            tenants[name] = tenant
+            parts.append(f"\n  {_name(name)}: {tenant.text}")
+        self._tenants = tenants
+        return "{" + ",".join(parts) + "\n}"
