@@ -27,6 +27,8 @@ from nstance.config.schema import DynamicGroups
 from nstance.config.workloads import DynamicGroupConfig
 from nstance.core.gojson import go_marshal, go_marshal_indent
 
+#: Entries serialised per pydantic call (see ``_dumped``).
+DUMP_CHUNK = 256
 #: Indentation of a group's entry inside ``{tenant: {group: entry}}`` (two levels of two spaces).
 _GROUP_INDENT = "\n    "
 
@@ -45,10 +47,16 @@ def _entry_text(group: str, dumped: Any) -> str:
 
 
 def _dumped(groups: Mapping[str, DynamicGroupConfig], names: list[str]) -> dict[str, Any]:
-    """The JSON data of ``names``' entries (one pydantic call for all of them: far cheaper than one each)."""
-    dumped: dict[str, Any] = _TENANT.dump_python(
-        {name: groups[name] for name in names}, mode="json", exclude_defaults=True
-    )
+    """The JSON data of ``names``' entries.
+
+    One pydantic call per ``DUMP_CHUNK`` entries: far cheaper than one call each, and short enough
+    that the thread hands the GIL back to the event loop between calls (a call holds it throughout;
+    10,000 entries in one call held it for about 0.2 s).
+    """
+    dumped: dict[str, Any] = {}
+    for start in range(0, len(names), DUMP_CHUNK):
+        chunk = {name: groups[name] for name in names[start : start + DUMP_CHUNK]}
+        dumped.update(_TENANT.dump_python(chunk, mode="json", exclude_defaults=True))
     return dumped
 
 

@@ -15,6 +15,11 @@ lives while any of its streams is open. Per health report the hub:
 * notes the instance for registration with its group's load balancers (``loadbalancers``), so a VM
   joins them once its agent is up.
 
+No SQLite access runs on the event loop: the rows of agents opening streams are read in bulk in a
+worker thread (``BatchReader``: a burst of reconnects after a takeover is a few queries, not one
+per agent in the same loop turn), pushes and key checks read in a thread, writes go to the shard's
+database-writer thread.
+
 When the health stream ends, the hub checks the VM with the provider at growing intervals (3 s, 6 s,
 12 s, 24 s, then every 30 s, with jitter) until the agent is back: a VM that is stopped or gone is
 recorded as such and its group reconciled (replacement without drain); a VM that runs is left to
@@ -38,9 +43,11 @@ from typing import Any
 from nstance.config import MergedGroupConfig, infra_hash, runtime_hash
 from nstance.core.errors import NotFound, NstanceError
 from nstance.db import repo
+from nstance.db.models import Instance
 from nstance.providers.base import UNHEALTHY_STATUSES, InstanceNotFound, InstanceStatus
 from nstance.secrets.base import SecretStore
 from nstance.server.agentfiles import InstanceFacts, render_files, required_agent_keys
+from nstance.server.batchread import BatchReader
 from nstance.server.context import ShardContext
 from nstance.server.events import ErrorEventData
 from nstance.server.loadbalancers import LoadBalancerSync
@@ -208,20 +215,28 @@ class AgentHub:
         self._urgent = False
         self._hashes: dict[GroupKey, tuple[object, MergedGroupConfig | None, str]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        #: Instance rows of agents opening a stream: a reconnect burst is read in bulk, off the loop.
+        self._rows: BatchReader[str, Instance] = BatchReader(self._read_rows)
         self.reports = 0
 
     # --- sessions -----------------------------------------------------------------------------
 
-    def _open(self, instance_id: str) -> AgentSession:
+    def _read_rows(self, instance_ids: list[str]) -> dict[str, Instance]:
+        """The rows of these instances (a worker thread)."""
+        with self._ctx.db.read_session() as db:
+            return {row.id: row for row in repo.get_instances(db, instance_ids)}
+
+    async def _open(self, instance_id: str) -> AgentSession:
         session = self.sessions.get(instance_id)
         if session is None:
-            with self._ctx.db.read_session() as db:
-                row = repo.get_instance(db, instance_id)
+            row = await self._rows.get(instance_id)
+            session = self.sessions.get(instance_id)  # another stream of this agent may have won
+            if session is None:
                 if row is None or row.deleted_at is not None:
                     shard = self._ctx.identity.shard
                     raise NotFound(f"instance {instance_id} is not an active instance of shard {shard}")
                 session = AgentSession(instance_id, row.tenant, row.group_key)
-            self.sessions[instance_id] = session
+                self.sessions[instance_id] = session
         session.streams += 1
         return session
 
@@ -240,7 +255,7 @@ class AgentHub:
     async def files(self, instance_id: str) -> AsyncIterator[Delivery]:
         """The file deliveries for one agent, for as long as the stream is open."""
         self._ctx.fence()
-        session = self._open(instance_id)
+        session = await self._open(instance_id)
         session.pushed_hash = None  # a new stream: whatever was pushed before may not have arrived
         try:
             while True:
@@ -252,7 +267,7 @@ class AgentHub:
     async def key_requests(self, instance_id: str) -> AsyncIterator[list[str]]:
         """Key names the agent should generate, batch by batch."""
         self._ctx.fence()
-        session = self._open(instance_id)
+        session = await self._open(instance_id)
         session.keys_checked = False
         try:
             while True:
@@ -294,7 +309,7 @@ class AgentHub:
     async def health(self, instance_id: str, reports: AsyncIterator[HealthReport]) -> None:
         """Process one agent's health stream until it ends."""
         self._ctx.fence()
-        session = self._open(instance_id)
+        session = await self._open(instance_id)
         session.health_streams += 1
         try:
             async for report in reports:
@@ -378,9 +393,23 @@ class AgentHub:
         if self.on_group_change is not None:
             self.on_group_change((session.tenant, session.group))
 
-    async def _request_missing_keys(self, session: AgentSession, needed: list[str]) -> None:
+    def _key_names(self, instance_id: str) -> set[str]:
+        """The names of the public keys stored for an instance (a worker thread)."""
         with self._ctx.db.read_session() as db:
-            have = {k.filename.removesuffix(".pub") for k in repo.list_public_keys(db, session.instance_id)}
+            return {k.filename.removesuffix(".pub") for k in repo.list_public_keys(db, instance_id)}
+
+    def _push_inputs(self, instance_id: str) -> tuple[Instance | None, dict[str, bytes]]:
+        """The instance's row and its stored public keys by name (a worker thread)."""
+        with self._ctx.db.read_session() as db:
+            row = repo.get_instance(db, instance_id)
+            keys = {
+                k.filename.removesuffix(".pub"): k.public_key_pem.encode()
+                for k in repo.list_public_keys(db, instance_id)
+            }
+        return row, keys
+
+    async def _request_missing_keys(self, session: AgentSession, needed: list[str]) -> None:
+        have = await asyncio.to_thread(self._key_names, session.instance_id)
         missing = [name for name in needed if name not in have]
         if missing:
             session.request_keys(missing)
@@ -391,12 +420,7 @@ class AgentHub:
         ctx = self._ctx
         session.pushing = True
         try:
-            with ctx.db.read_session() as db:
-                row = repo.get_instance(db, session.instance_id)
-                keys = {
-                    k.filename.removesuffix(".pub"): k.public_key_pem.encode()
-                    for k in repo.list_public_keys(db, session.instance_id)
-                }
+            row, keys = await asyncio.to_thread(self._push_inputs, session.instance_id)
             snapshot = ctx.config.snapshot()
             if row is None or snapshot is None:
                 return
@@ -500,8 +524,7 @@ class AgentHub:
             await self._sleep(delay * random.uniform(0.8, 1.2))
             if self.connected(instance_id) or not ctx.is_leader():
                 return
-            with ctx.db.read_session() as db:
-                row = repo.get_instance(db, instance_id)
+            row = await self._rows.get(instance_id)
             if row is None or row.deleted_at is not None or row.drain_started_at is not None:
                 return
             if row.provider_id is None:
@@ -516,9 +539,9 @@ class AgentHub:
                 continue
             if status == InstanceStatus.RUNNING or status == InstanceStatus.PENDING:
                 continue
-            now = ctx.clock.now()
-            with ctx.db.session() as db:
-                repo.set_provider_status(db, instance_id, status.value, now=now)
+            await asyncio.get_running_loop().run_in_executor(
+                self._db_writer, self._set_provider_status, instance_id, status.value, ctx.clock.now()
+            )
             log.info(
                 "instance %s: agent gone and the provider says %s; replacing it", instance_id, status.value
             )
@@ -527,6 +550,10 @@ class AgentHub:
             ):
                 self.on_group_change((row.tenant, row.group_key))
             return
+
+    def _set_provider_status(self, instance_id: str, status: str, now: datetime) -> None:
+        with self._ctx.db.session() as db:
+            repo.set_provider_status(db, instance_id, status, now=now)
 
     # --- housekeeping -------------------------------------------------------------------------
 

@@ -35,6 +35,7 @@ from nstance.config.workloads import DynamicGroupConfig
 from nstance.core.backoff import Backoff
 from nstance.core.errors import FailedPrecondition, InvalidArgument, NotFound, NstanceError, Unavailable
 from nstance.db import repo
+from nstance.db.models import Instance
 from nstance.db.quarantine import is_corruption
 from nstance.objectstore.base import ObjectNotFound
 from nstance.pki.certs import issue_client_certificate
@@ -338,11 +339,13 @@ class Shard:
             raise Unavailable("the shard config is not loaded yet; see the server's health endpoint")
         return snapshot
 
-    def _view(self, merged: MergedGroupConfig) -> GroupView:
-        with self.ctx.db.read_session() as session:
-            rows = repo.list_active_instances(
-                session, tenant=merged.tenant, group_key=merged.group, managed_only=True
-            )
+    def _view(self, merged: MergedGroupConfig, rows: list[Instance] | None = None) -> GroupView:
+        """The group's view; ``rows`` are its active managed instances (read here when not given)."""
+        if rows is None:
+            with self.ctx.db.read_session() as session:
+                rows = repo.list_active_instances(
+                    session, tenant=merged.tenant, group_key=merged.group, managed_only=True
+                )
         serving = [r for r in rows if r.drain_started_at is None and r.record_state != "failed"]
         etag = group_etag(
             merged.group,
@@ -369,14 +372,23 @@ class Shard:
         )
 
     def list_groups(self, tenant: str) -> list[GroupView]:
+        """Every group of ``tenant`` with its instances: one query for the tenant, not one per group.
+
+        Blocking (a query over every instance of the tenant): the servicer runs it in a thread.
+        """
         snapshot = self._snapshot()
+        with self.ctx.db.read_session() as session:
+            rows = repo.list_active_instances(session, tenant=tenant, managed_only=True)
+        by_group: dict[str, list[Instance]] = {}
+        for row in rows:
+            by_group.setdefault(row.group_key, []).append(row)
         views = []
-        for t, group in sorted(snapshot.group_keys()):
+        for t, group in snapshot.group_keys():
             if t != tenant:
                 continue
             merged = snapshot.merged(t, group)
             if merged is not None:
-                views.append(self._view(merged))
+                views.append(self._view(merged, by_group.get(group, [])))
         return views
 
     def find_group(self, tenant: str, group: str) -> GroupView | None:
@@ -468,7 +480,8 @@ class Shard:
         await self._groups.submit(
             lambda current: apply_upsert(config, current, tenant, group, update), (tenant, group)
         )
-        return self._group_view(tenant, group)
+        # A query: in a thread, so a burst of upserts answered together does not hold the loop.
+        return await asyncio.to_thread(self._group_view, tenant, group)
 
     async def delete_group(self, tenant: str, group: str) -> None:
         snapshot = self._snapshot()

@@ -9,6 +9,7 @@ between the snapshot and the live stream is lost, and any number of watchers may
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import grpc
@@ -50,7 +51,7 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
     async def ListGroups(
         self, request: Empty, context: grpc.aio.ServicerContext
     ) -> operator_pb2.ListGroupsResponse:
-        views = self._shard.list_groups(_tenant())
+        views = await asyncio.to_thread(self._shard.list_groups, _tenant())
         return operator_pb2.ListGroupsResponse(groups=[convert.group_status(v) for v in views])
 
     async def GetInstanceStatus(
@@ -142,14 +143,18 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         tenant = _tenant()
         async with self._shard.events.groups.subscribe(tenant) as live:
             await context.send_initial_metadata(())
-            for view in self._shard.list_groups(tenant):
+            for view in await asyncio.to_thread(self._shard.list_groups, tenant):
                 yield operator_pb2.GroupEvent(
                     type=operator_pb2.GroupEvent.TYPE_UPSERT, group=convert.group_status(view)
                 )
             async for event in live:
                 # Only the changed group's view: listing every group per event made each change
                 # cost one instance query per group per subscriber.
-                current = None if event.kind == "delete" else self._shard.find_group(tenant, event.group)
+                current = (
+                    None
+                    if event.kind == "delete"
+                    else await asyncio.to_thread(self._shard.find_group, tenant, event.group)
+                )
                 yield convert.group_event(event, current)
 
     async def WatchInstances(
