@@ -80,8 +80,9 @@ class Reconciler:
 
     # --- queueing ---------------------------------------------------------------------------
 
-    def enqueue(self, key: GroupKey) -> None:
-        self.queue.add(key)
+    def enqueue(self, key: GroupKey, *, background: bool = False) -> None:
+        """Mark ``key`` for reconcile; ``background`` (the resync) waits behind every other mark."""
+        self.queue.add(key, background=background)
         self._ctx.metrics.set_reconcile_queue_depth(len(self.queue))
 
     def groups(self) -> set[GroupKey]:
@@ -95,9 +96,13 @@ class Reconciler:
         return keys
 
     async def enqueue_all(self) -> None:
-        """Mark every group for reconcile (the instance query - every row - runs in a worker thread)."""
+        """Mark every group for a background reconcile (the instance query runs in a worker thread).
+
+        Background: a change to one group (an UpsertGroup, an agent gone) is reconciled before the
+        rest of a 10,000-group resync, not after it.
+        """
         for key in sorted(await asyncio.to_thread(self.groups)):
-            self.enqueue(key)
+            self.enqueue(key, background=True)
 
     async def run(self) -> None:
         """Process the queue and resync periodically until ``close``."""

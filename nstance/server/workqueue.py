@@ -5,6 +5,12 @@ while it is being processed coalesce into one more run after the current one fin
 events costs at most two reconciles and nothing is lost. ``add_after`` schedules a mark (retries with
 backoff, drain deadlines, expiry); an earlier schedule for the same key wins over a later one.
 
+Keys marked with ``background=True`` (the periodic resync of every group) wait behind every other
+dirty key: with 10,000 groups a resync queues 10,000 keys, and a group whose size was just changed
+must not wait for all of them. A background key marked again without ``background`` moves ahead.
+Strict priority: background keys run when no other key is waiting (foreground marks coalesce per
+key, so they cannot outrun the workers for long).
+
 There is no capacity limit: the set of keys is bounded by the number of groups. The queue does no work
 itself; ``run`` drives a handler with ``workers`` concurrent tasks until ``close``.
 """
@@ -26,10 +32,17 @@ class WorkQueue(Generic[K]):
     """Dirty keys, processed one worker per key at a time, FIFO among keys."""
 
     def __init__(self) -> None:
-        self._order: deque[K] = deque()
-        self._queued: set[K] = set()
+        #: Waiting keys in order, foreground and background; an entry counts only while its ticket
+        #: is the key's current one in ``_queued`` (a key moved ahead leaves a stale entry behind).
+        self._order: deque[tuple[int, K]] = deque()
+        self._background: deque[tuple[int, K]] = deque()
+        #: Waiting key -> (ticket, background).
+        self._queued: dict[K, tuple[int, bool]] = {}
+        self._tickets = 0
+        self._wake: asyncio.Task[None] | None = None
         self._processing: set[K] = set()
-        self._redo: set[K] = set()
+        #: Keys marked while in progress -> whether every such mark was a background one.
+        self._redo: dict[K, bool] = {}
         self._timers: dict[K, tuple[float, asyncio.TimerHandle]] = {}
         self._wakeup = asyncio.Condition()
         self._closed = False
@@ -46,17 +59,19 @@ class WorkQueue(Generic[K]):
     def closed(self) -> bool:
         return self._closed
 
-    def add(self, key: K) -> None:
-        """Mark ``key`` dirty now."""
+    def add(self, key: K, *, background: bool = False) -> None:
+        """Mark ``key`` dirty now; ``background`` keys wait until no other key does."""
         if self._closed:
             return
         if key in self._processing:
-            self._redo.add(key)
+            self._redo[key] = self._redo.get(key, True) and background
             return
-        if key in self._queued:
+        queued = self._queued.get(key)
+        if queued is not None and (background or not queued[1]):
             return
-        self._queued.add(key)
-        self._order.append(key)
+        self._tickets += 1
+        self._queued[key] = (self._tickets, background)
+        (self._background if background else self._order).append((self._tickets, key))
         self._notify()
 
     def add_after(self, key: K, delay: float) -> None:
@@ -85,26 +100,39 @@ class WorkQueue(Generic[K]):
             async with self._wakeup:
                 self._wakeup.notify_all()
 
-        asyncio.get_running_loop().create_task(wake())
+        # One wake-up per burst: it runs after every mark made before it (10,000 marks, one task).
+        if self._wake is None or self._wake.done():
+            self._wake = asyncio.get_running_loop().create_task(wake())
+
+    def _pop(self) -> K | None:
+        """The next waiting key, foreground first; None when none is waiting."""
+        for lane in (self._order, self._background):
+            while lane:
+                ticket, key = lane.popleft()
+                queued = self._queued.get(key)
+                if queued is not None and queued[0] == ticket:
+                    del self._queued[key]
+                    return key
+        return None
 
     async def get(self) -> K | None:
         """The next dirty key (now owned by the caller until ``done``), or None once closed."""
         async with self._wakeup:
-            while not self._order and not self._closed:
+            while True:
+                if self._closed:
+                    return None
+                key = self._pop()
+                if key is not None:
+                    self._processing.add(key)
+                    return key
                 await self._wakeup.wait()
-            if self._closed:
-                return None
-            key = self._order.popleft()
-            self._queued.discard(key)
-            self._processing.add(key)
-            return key
 
     def done(self, key: K) -> None:
         """Release ``key``; if it was marked again meanwhile, queue it once more."""
         self._processing.discard(key)
-        if key in self._redo:
-            self._redo.discard(key)
-            self.add(key)
+        background = self._redo.pop(key, None)
+        if background is not None:
+            self.add(key, background=background)
 
     async def run(self, handler: Callable[[K], Awaitable[None]], *, workers: int) -> None:
         """Process keys with ``workers`` concurrent tasks until ``close``. Handler errors are logged."""

@@ -6,6 +6,7 @@ import asyncio
 
 from nstance.core.backoff import Backoff
 from nstance.server.workqueue import WorkQueue
+from nstance.testing.waiting import eventually
 
 
 async def test_marks_during_processing_coalesce_into_one_more_run() -> None:
@@ -102,3 +103,25 @@ def test_backoff_grows_caps_and_jitters_within_bounds() -> None:
     for n, d in enumerate(delays):
         raw = min(8.0, 2.0**n)
         assert raw <= d <= raw * 1.25
+
+
+async def test_background_keys_wait_behind_every_other_key() -> None:
+    # A resync of many groups is queued in the background; a group changed meanwhile goes first,
+    # also when it was already waiting as part of the resync.
+    queue: WorkQueue[str] = WorkQueue()
+    runs: list[str] = []
+    for i in range(5):
+        queue.add(f"resync-{i}", background=True)
+    queue.add("changed")
+    queue.add("resync-3")  # marked again by an event: moves ahead of the resync
+    queue.add("changed", background=True)  # already waiting in front: stays there
+    assert len(queue) == 6
+
+    async def handler(key: str) -> None:
+        runs.append(key)
+
+    task = asyncio.create_task(queue.run(handler, workers=1))
+    await eventually(lambda: len(runs) == 6, within=10, what="every key processed")
+    await queue.close()
+    await task
+    assert runs == ["changed", "resync-3", "resync-0", "resync-1", "resync-2", "resync-4"]
