@@ -273,6 +273,8 @@ class ConfigState:
         self._groups_seen: bool | None = None
         #: (config, groups) ETags in force at the last refresh (or first load, or own groups write).
         self._confirmed: tuple[str, str] | None = None
+        #: Documents of this server's last groups write whose disk-cache copy is still to be written.
+        self._cache_due: _Documents | None = None
         prefix = getattr(store, "prefix", "")
         self._where = prefix if isinstance(prefix, str) else ""
 
@@ -518,6 +520,7 @@ class ConfigState:
         text: str | None = None,
         *,
         edited: tuple[DynamicGroups, set[GroupKey]] | None = None,
+        defer_cache: bool = False,
     ) -> ConfigChange:
         """Install a ``groups.jsonc`` this server has just written (ETag ``groups_etag``), without re-reading.
 
@@ -525,7 +528,8 @@ class ConfigState:
         Only the groups whose entry changed are merged and compared, so the cost follows the edit,
         not the number of groups. ``edited`` is ``(base, keys)`` when the caller knows ``dynamic``
         is ``base`` with only ``keys`` edited: if ``base`` is the installed document, the entries
-        are not compared at all (else they are, by identity first).
+        are not compared at all (else they are, by identity first). With ``defer_cache`` the disk
+        cache is written by the next ``flush_cache`` instead (the caller answers first).
         FailedPrecondition before the first load; ConfigError if a group would not resolve against
         the current config (the snapshot is then left as it was).
         """
@@ -551,16 +555,26 @@ class ConfigState:
             self._groups_seen = True
             if self._confirmed is not None:  # our own write is not news to the next RefreshConfig
                 self._confirmed = (self._confirmed[0], groups_etag)
-            self._write_cache(
-                _Documents(
-                    config=self._config_text.encode("utf-8"),
-                    config_etag=snap.config_etag,
-                    config_last_modified=snap.config_last_modified,
-                    groups=(text if text is not None else dump_groups_text(dynamic)).encode("utf-8"),
-                    groups_etag=groups_etag,
-                )
+            docs = _Documents(
+                config=self._config_text.encode("utf-8"),
+                config_etag=snap.config_etag,
+                config_last_modified=snap.config_last_modified,
+                groups=(text if text is not None else dump_groups_text(dynamic)).encode("utf-8"),
+                groups_etag=groups_etag,
             )
+            if defer_cache:
+                self._cache_due = docs
+            else:
+                self._write_cache(docs)
             return change
+
+    def flush_cache(self) -> None:
+        """Write the disk cache a ``replace_dynamic(defer_cache=True)`` left to do (if still current)."""
+        with self._lock:
+            docs, self._cache_due = self._cache_due, None
+            snap = self._snapshot
+            if docs is not None and snap is not None and snap.groups_etag == docs.groups_etag:
+                self._write_cache(docs)
 
     # -- disk cache ----------------------------------------------------------------------------
 

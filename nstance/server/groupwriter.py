@@ -7,8 +7,9 @@ one server therefore never race each other on the document's ETag (a burst of 10
 the operator used to retry most of its writes and exhaust the retries of some); compare-and-swap
 retries remain only for writers on other servers (a handover). An edit that refuses (raises) fails
 only its own call; the others of the batch are written. The installed snapshot is replaced once per
-write, in the same worker thread (``ConfigState.replace_dynamic`` merges the changed groups and
-rewrites the disk cache), and ``on_change`` is called on the event loop with the resulting change.
+write, in the same worker thread (``ConfigState.replace_dynamic`` merges the changed groups), and
+``on_change`` is called on the event loop with the resulting change; the disk cache is rewritten
+after that, once the callers have their answer.
 The document is serialised with a ``GroupsText`` kept across writes, so a write encodes only the
 entries its edits changed (the whole document is still written: object storage holds one file).
 
@@ -127,6 +128,16 @@ class GroupsWriter:
                     future.set_result(None)
                 else:
                     future.set_exception(outcome)
+            if change is not None:
+                # After the reconcile was asked for and the callers answered: the disk cache (an
+                # fsynced copy for start-ups without storage) is not on the way to the first create.
+                try:
+                    await asyncio.to_thread(self._config.flush_cache)
+                except asyncio.CancelledError:
+                    for _, _, future in self._queue:
+                        future.cancel()
+                    self._queue = []
+                    raise
 
     def _write(self, batch: _Batch) -> ConfigChange | None:
         """One compare-and-swap write of every edit of ``batch``, then the snapshot (worker thread)."""
@@ -137,4 +148,6 @@ class GroupsWriter:
         fault_point("after-groups-write")
         if all(outcome is not None for outcome in batch.outcomes):
             return None  # every edit refused: nothing was written
-        return self._config.replace_dynamic(dynamic, etag, self._text.dump(dynamic), edited=batch.edited())
+        return self._config.replace_dynamic(
+            dynamic, etag, self._text.dump(dynamic), edited=batch.edited(), defer_cache=True
+        )

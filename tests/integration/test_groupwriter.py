@@ -21,6 +21,7 @@ from nstance.server.configstate import ConfigChange, ConfigState
 from nstance.server.dynamic_groups import GROUPS_KEY, edit_dynamic_groups
 from nstance.server.groupwriter import Edit, GroupsWriter
 from nstance.testing.shardproc import server_addrs, shard_config
+from nstance.testing.waiting import eventually
 
 
 @pytest.fixture
@@ -85,3 +86,26 @@ async def test_a_write_by_another_server_in_between_is_kept(
     edit_dynamic_groups(store, _upsert(config, "theirs", 3))
     await writer.submit(_upsert(config, "mine", 2))
     assert _stored(store) == {"mine": 2, "theirs": 3}
+
+
+async def test_edits_with_their_keys_reach_the_snapshot_and_then_the_disk_cache(
+    state: tuple[MemoryObjectStore, ConfigState],
+) -> None:
+    # The writer names the group each edit changes (the snapshot update then compares nothing else)
+    # and writes the disk cache after the callers were answered, not before.
+    store, config = state
+    changes: list[ConfigChange] = []
+    writer = GroupsWriter(store, config, changes.append)
+    await asyncio.gather(
+        *(writer.submit(_upsert(config, f"pool-{i}", i + 1), ("default", f"pool-{i}")) for i in range(10))
+    )
+    assert set().union(*(c.changed for c in changes)) == {("default", f"pool-{i}") for i in range(10)}
+    assert [config.merged("default", f"pool-{i}").size for i in range(10)] == list(range(1, 11))  # type: ignore[union-attr]
+
+    def cached() -> dict[str, int]:
+        document = json.loads(config.cache_path.read_text())
+        groups = load_groups_text(document["groups"]["text"], "cache")
+        return {name: entry.size or 0 for name, entry in groups.get("default", {}).items()}
+
+    await eventually(lambda: cached() == _stored(store), within=10, what="the disk cache")
+    assert json.loads(config.cache_path.read_text())["groups"]["etag"] == store.get(GROUPS_KEY)[1]
