@@ -49,6 +49,8 @@ ROTATION_REASONS = frozenset({REASON_DRIFT, REASON_ELIGIBLE_EXPIRY, REASON_FORCE
 #: Groups whose rows are read from SQLite at the same time (worker threads compete with the event loop
 #: for the GIL: sixteen concurrent reads of 1,000 rows each stalled the loop for 150 ms).
 READ_CONCURRENCY = 2
+#: One worker in this many may run a resync (background) reconcile: the rest stay free for changes.
+BACKGROUND_SHARE = 4
 #: Health intervals an agent may miss (while its VM runs) before the instance is replaced.
 MISSED_REPORTS = 3
 
@@ -71,7 +73,7 @@ class Reconciler:
         self._resync_interval = resync_interval
         self._backoff = backoff or Backoff(base=1.0, cap=120.0)
         self._failures: dict[GroupKey, int] = {}
-        self.queue: WorkQueue[GroupKey] = WorkQueue()
+        self.queue: WorkQueue[GroupKey] = WorkQueue(background_limit=max(1, workers // BACKGROUND_SHARE))
         self._reads = asyncio.Semaphore(READ_CONCURRENCY)
         self.reconciles = 0
         #: When this leadership began (a reconciler lives for one term): silence is counted from here.

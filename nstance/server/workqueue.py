@@ -9,7 +9,8 @@ Keys marked with ``background=True`` (the periodic resync of every group) wait b
 dirty key: with 10,000 groups a resync queues 10,000 keys, and a group whose size was just changed
 must not wait for all of them. A background key marked again without ``background`` moves ahead.
 Strict priority: background keys run when no other key is waiting (foreground marks coalesce per
-key, so they cannot outrun the workers for long).
+key, so they cannot outrun the workers for long), and at most ``background_limit`` of them at a
+time, so a changed group finds an idle worker and the CPU is not taken by a resync in full swing.
 
 There is no capacity limit: the set of keys is bounded by the number of groups. The queue does no work
 itself; ``run`` drives a handler with ``workers`` concurrent tasks until ``close``.
@@ -31,7 +32,12 @@ log = logging.getLogger(__name__)
 class WorkQueue(Generic[K]):
     """Dirty keys, processed one worker per key at a time, FIFO among keys."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, background_limit: int | None = None) -> None:
+        """``background_limit``: most background keys in progress at once (None: no limit)."""
+        if background_limit is not None and background_limit < 1:
+            raise ValueError(f"background_limit must be at least 1 (got {background_limit})")
+        self._background_limit = background_limit
+        self._processing_background: set[K] = set()
         #: Waiting keys in order, foreground and background; an entry counts only while its ticket
         #: is the key's current one in ``_queued`` (a key moved ahead leaves a stale entry behind).
         self._order: deque[tuple[int, K]] = deque()
@@ -105,13 +111,19 @@ class WorkQueue(Generic[K]):
             self._wake = asyncio.get_running_loop().create_task(wake())
 
     def _pop(self) -> K | None:
-        """The next waiting key, foreground first; None when none is waiting."""
-        for lane in (self._order, self._background):
+        """The next waiting key, foreground first; None when none may be handed out now."""
+        limit = self._background_limit
+        lanes = [self._order]
+        if limit is None or len(self._processing_background) < limit:
+            lanes.append(self._background)
+        for lane in lanes:
             while lane:
                 ticket, key = lane.popleft()
                 queued = self._queued.get(key)
                 if queued is not None and queued[0] == ticket:
                     del self._queued[key]
+                    if lane is self._background:
+                        self._processing_background.add(key)
                     return key
         return None
 
@@ -130,6 +142,10 @@ class WorkQueue(Generic[K]):
     def done(self, key: K) -> None:
         """Release ``key``; if it was marked again meanwhile, queue it once more."""
         self._processing.discard(key)
+        if key in self._processing_background:
+            self._processing_background.discard(key)
+            if self._background:
+                self._notify()  # a background slot is free: a waiting worker may take the next key
         background = self._redo.pop(key, None)
         if background is not None:
             self.add(key, background=background)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from nstance.core.backoff import Backoff
 from nstance.server.workqueue import WorkQueue
 from nstance.testing.waiting import eventually
@@ -125,3 +127,38 @@ async def test_background_keys_wait_behind_every_other_key() -> None:
     await queue.close()
     await task
     assert runs == ["changed", "resync-3", "resync-0", "resync-1", "resync-2", "resync-4"]
+
+
+async def test_at_most_background_limit_background_keys_run_at_once() -> None:
+    queue: WorkQueue[str] = WorkQueue(background_limit=1)
+    running: set[str] = set()
+    most = 0
+    runs: list[str] = []
+    release = asyncio.Event()
+
+    async def handler(key: str) -> None:
+        nonlocal most
+        running.add(key)
+        most = max(most, len(running))
+        runs.append(key)
+        if key.startswith("resync"):
+            await release.wait()
+        running.discard(key)
+
+    for i in range(3):
+        queue.add(f"resync-{i}", background=True)
+    task = asyncio.create_task(queue.run(handler, workers=4))
+    await eventually(lambda: runs == ["resync-0"], within=10, what="the first background key")
+    queue.add("changed")  # three workers are idle: it runs now, beside the background one
+    await eventually(lambda: runs == ["resync-0", "changed"], within=10, what="the changed key")
+    release.set()
+    await eventually(lambda: len(runs) == 4, within=10, what="the other background keys, one at a time")
+    await queue.close()
+    await task
+    assert runs == ["resync-0", "changed", "resync-1", "resync-2"]
+    assert most == 2  # one background key and the changed one; never two background keys
+
+
+def test_background_limit_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="background_limit"):
+        WorkQueue[str](background_limit=0)
