@@ -97,14 +97,15 @@ class Reconciler:
             keys |= repo.groups_with_managed_instances(session)
         return keys
 
-    async def enqueue_all(self) -> None:
-        """Mark every group for a background reconcile (the instance query runs in a worker thread).
+    async def enqueue_all(self, *, background: bool = False) -> None:
+        """Mark every group for reconcile (the instance query runs in a worker thread).
 
-        Background: a change to one group (an UpsertGroup, an agent gone) is reconciled before the
-        rest of a 10,000-group resync, not after it.
+        The periodic resync marks them ``background``: a change to one group (an UpsertGroup, an
+        agent gone) is then reconciled before the rest of a 10,000-group resync, not after it. The
+        first pass of a leadership is not background: every group needs it as soon as possible.
         """
         for key in sorted(await asyncio.to_thread(self.groups)):
-            self.enqueue(key, background=True)
+            self.enqueue(key, background=background)
 
     async def run(self) -> None:
         """Process the queue and resync periodically until ``close``."""
@@ -117,7 +118,7 @@ class Reconciler:
     async def _resync_loop(self) -> None:
         while not self.queue.closed:
             await asyncio.sleep(self._resync_interval)
-            await self.enqueue_all()
+            await self.enqueue_all(background=True)
 
     async def close(self) -> None:
         await self.queue.close()
