@@ -17,6 +17,7 @@ time). Pure apart from its memo; no I/O.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -74,9 +75,19 @@ def _joined(texts: list[str]) -> str:
     return "{" + ",".join(texts) + "\n  }" if texts else "{}"
 
 
-def _encode_tenant(groups: Mapping[str, DynamicGroupConfig], old: _Tenant | None) -> _Tenant:
-    """The tenant's object, reusing ``old``'s text for every entry that is the same object."""
-    if old is not None and groups.keys() == old.groups.keys():
+def _encode_tenant(
+    groups: Mapping[str, DynamicGroupConfig], old: _Tenant | None, only: set[str] | None = None
+) -> _Tenant:
+    """The tenant's object, reusing ``old``'s text for every entry that is the same object.
+
+    ``only``: the names that may differ from ``old`` (the caller knows the rest are the same
+    objects), so the others are not even compared.
+    """
+    if old is not None and only is not None and all(n in groups and n in old.groups for n in only):
+        names = old.names  # only entries replaced, at known names: find them by bisection
+        texts = old.texts.copy()
+        redo = [bisect_left(names, name) for name in only if groups[name] is not old.groups[name]]
+    elif old is not None and groups.keys() == old.groups.keys():
         names = old.names  # same names, same order: re-encode only the replaced entries
         previous = old.groups
         texts = old.texts.copy()
@@ -99,8 +110,18 @@ class GroupsText:
     def __init__(self) -> None:
         self._tenants: dict[str, _Tenant] = {}
 
-    def dump(self, dynamic: DynamicGroups) -> str:
-        """The ``groups.jsonc`` text of ``dynamic`` (identical to ``dump_groups_text(dynamic)``)."""
+    def dump(
+        self, dynamic: DynamicGroups, edited: tuple[DynamicGroups, set[tuple[str, str]]] | None = None
+    ) -> str:
+        """The ``groups.jsonc`` text of ``dynamic`` (identical to ``dump_groups_text(dynamic)``).
+
+        ``edited`` is ``(base, keys)`` when ``dynamic`` is ``base`` with only ``keys`` (tenant, group)
+        edited: a tenant this instance last encoded from ``base`` then has only those entries checked.
+        """
+        only: dict[str, set[str]] = {}
+        if edited is not None:
+            for owner, group in edited[1]:
+                only.setdefault(owner, set()).add(group)
         if not dynamic:
             self._tenants = {}
             return "{}"
@@ -109,7 +130,11 @@ class GroupsText:
         for name in sorted(dynamic):
             groups = dynamic[name]
             old = self._tenants.get(name)
-            tenant = old if old is not None and old.groups is groups else _encode_tenant(groups, old)
+            if old is not None and old.groups is groups:
+                tenant = old
+            else:
+                hinted = edited is not None and old is not None and old.groups is edited[0].get(name)
+                tenant = _encode_tenant(groups, old, only.get(name, set()) if hinted else None)
             tenants[name] = tenant
             parts.append(f"\n  {_name(name)}: {tenant.text}")
         self._tenants = tenants

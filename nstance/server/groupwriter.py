@@ -143,7 +143,9 @@ class GroupsWriter:
         """One compare-and-swap write of every edit of ``batch``, then the snapshot (worker thread)."""
         snapshot = self._config.snapshot()
         known = (snapshot.dynamic, snapshot.groups_etag or None) if snapshot is not None else None
-        dynamic, etag = edit_dynamic_groups(self._store, batch.apply, known=known, dump=self._text.dump)
+        dynamic, etag = edit_dynamic_groups(
+            self._store, batch.apply, known=known, dump=lambda d: self._text.dump(d, batch.edited())
+        )
         self.writes += 1
         fault_point("after-groups-write")
         if all(outcome is not None for outcome in batch.outcomes):

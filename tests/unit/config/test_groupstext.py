@@ -95,3 +95,25 @@ def test_only_the_changed_entries_are_encoded(monkeypatch: pytest.MonkeyPatch) -
     added = apply_upsert(config, resized, "t1", "new", GroupUpdate(template="web", size=1))
     assert text.dump(added) == dump_groups_text(added)
     assert encoded == ["new"]
+
+
+def test_with_the_edited_keys_the_text_stays_exact(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The writer passes (base, keys): the other entries of the tenant are not compared, and the
+    # text is still the full serialisation - for a resize, an added and a deleted group.
+    config = load(base_config())
+    dynamic: DynamicGroups = {}
+    for i in range(30):
+        dynamic = apply_upsert(config, dynamic, "t1", f"g{i:02d}", GroupUpdate(template="web", size=1))
+    text = GroupsText()
+    text.dump(dynamic)
+    resized = apply_upsert(config, dynamic, "t1", "g07", GroupUpdate(size=4))
+    assert text.dump(resized, (dynamic, {("t1", "g07")})) == dump_groups_text(resized)
+    added = apply_upsert(config, resized, "t1", "g07a", GroupUpdate(template="web", size=1))
+    assert text.dump(added, (resized, {("t1", "g07a")})) == dump_groups_text(added)
+    gone = apply_delete(added, "t1", "g03")
+    assert text.dump(gone, (added, {("t1", "g03")})) == dump_groups_text(gone)
+    refused = dict(gone)  # a refused edit: the key is named but its entry is the same object
+    assert text.dump(refused, (gone, {("t1", "g10")})) == dump_groups_text(refused)
+    # A hint about another base is ignored: the entries are compared as without one.
+    other = apply_upsert(config, gone, "t1", "g20", GroupUpdate(size=9))
+    assert text.dump(other, (dynamic, {("t1", "g01")})) == dump_groups_text(other)
