@@ -431,7 +431,8 @@ def test_replace_dynamic_with_the_edited_keys_reports_the_same_change(
     assert change.changed == {("default", "batch")}
     assert change.removed == frozenset()
     merged = state.merged("default", "batch")
-    assert merged is not None and merged.size == 3
+    assert merged is not None
+    assert merged.size == 3
     # A hint about another document (the snapshot moved on since) is not trusted: every group is
     # compared, so a group removed by that other change is still reported.
     after = state.snapshot()
