@@ -33,6 +33,7 @@ from .options import (
     KeyProviderOpt,
     KeySourceOpt,
     SecretsPrefixOpt,
+    SecretsProjectOpt,
     SecretsProviderOpt,
     StorageBucketOpt,
     StoragePrefixOpt,
@@ -76,26 +77,6 @@ def _checked_identifier(value: str, flag: str) -> str:
     if problem:
         raise _fail(f"{flag} {value!r}: {problem}")
     return value
-
-
-def _options(
-    storage_provider: str,
-    storage_bucket: str,
-    storage_prefix: str,
-    secrets_provider: str,
-    secrets_prefix: str,
-    key_provider: str,
-    key_source: str,
-) -> StorageOptions:
-    return StorageOptions(
-        storage_provider=storage_provider,
-        storage_bucket=storage_bucket,
-        storage_prefix=storage_prefix,
-        secrets_provider=secrets_provider,
-        secrets_prefix=secrets_prefix,
-        key_provider=key_provider,
-        key_source=key_source,
-    )
 
 
 @app.callback()
@@ -180,7 +161,8 @@ def cluster_init(
     storage_bucket: StorageBucketOpt = "",
     storage_prefix: StoragePrefixOpt = "cluster/",
     secrets_provider: SecretsProviderOpt = "object-storage",
-    secrets_prefix: SecretsPrefixOpt = "secret/",
+    secrets_prefix: SecretsPrefixOpt = "",
+    secrets_project: SecretsProjectOpt = "",
     key_provider: KeyProviderOpt = "env",
     key_source: KeySourceOpt = "NSTANCE_ENCRYPTION_KEY",
     ca_key_type: Annotated[
@@ -198,14 +180,15 @@ def cluster_init(
     _checked_identifier(cluster_id, "--cluster-id")
     if ca_key_type not in ("ecdsa-p256", "ed25519"):
         raise _fail(f"--ca-key-type {ca_key_type!r} is not supported; use ecdsa-p256 or ed25519")
-    opts = _options(
-        storage_provider,
-        storage_bucket,
-        storage_prefix,
-        secrets_provider,
-        secrets_prefix,
-        key_provider,
-        key_source,
+    opts = StorageOptions(
+        storage_provider=storage_provider,
+        storage_bucket=storage_bucket,
+        storage_prefix=storage_prefix,
+        secrets_provider=secrets_provider,
+        secrets_prefix=secrets_prefix,
+        secrets_project=secrets_project,
+        key_provider=key_provider,
+        key_source=key_source,
     )
     with _expected_errors():
         stores = open_cluster_stores(opts, create=True)
@@ -268,21 +251,23 @@ def cluster_nonce(
     storage_bucket: StorageBucketOpt = "",
     storage_prefix: StoragePrefixOpt = "cluster/",
     secrets_provider: SecretsProviderOpt = "object-storage",
-    secrets_prefix: SecretsPrefixOpt = "secret/",
+    secrets_prefix: SecretsPrefixOpt = "",
+    secrets_project: SecretsProjectOpt = "",
     key_provider: KeyProviderOpt = "env",
     key_source: KeySourceOpt = "NSTANCE_ENCRYPTION_KEY",
 ) -> None:
     """Sign an operator registration nonce (JWT) with the cluster's registration-nonce key."""
     _checked_identifier(cluster_id, "--cluster-id")
     _checked_identifier(tenant, "--tenant")
-    opts = _options(
-        storage_provider,
-        storage_bucket,
-        storage_prefix,
-        secrets_provider,
-        secrets_prefix,
-        key_provider,
-        key_source,
+    opts = StorageOptions(
+        storage_provider=storage_provider,
+        storage_bucket=storage_bucket,
+        storage_prefix=storage_prefix,
+        secrets_provider=secrets_provider,
+        secrets_prefix=secrets_prefix,
+        secrets_project=secrets_project,
+        key_provider=key_provider,
+        key_source=key_source,
     )
     with _expected_errors():
         ttl = parse_duration(expiry)

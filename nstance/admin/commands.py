@@ -70,6 +70,7 @@ from .options import (
     KeyProviderOpt,
     KeySourceOpt,
     SecretsPrefixOpt,
+    SecretsProjectOpt,
     SecretsProviderOpt,
     StorageBucketOpt,
     StoragePrefixOpt,
@@ -778,7 +779,8 @@ def cluster_register_operator(
     storage_bucket: StorageBucketOpt = "",
     storage_prefix: StoragePrefixOpt = "cluster/",
     secrets_provider: SecretsProviderOpt = "object-storage",
-    secrets_prefix: SecretsPrefixOpt = "secret/",
+    secrets_prefix: SecretsPrefixOpt = "",
+    secrets_project: SecretsProjectOpt = "",
     key_provider: KeyProviderOpt = "env",
     key_source: KeySourceOpt = "NSTANCE_ENCRYPTION_KEY",
 ) -> None:
@@ -804,6 +806,7 @@ def cluster_register_operator(
         storage_prefix=storage_prefix,
         secrets_provider=secrets_provider,
         secrets_prefix=secrets_prefix,
+        secrets_project=secrets_project,
         key_provider=key_provider,
         key_source=key_source,
     )

@@ -35,13 +35,44 @@ SecretsProviderOpt = Annotated[
     typer.Option(
         "--secrets-provider",
         envvar="NSTANCE_SECRETS_PROVIDER",
-        help="object-storage (AES-256-GCM), aws-secrets-manager or memory.",
+        help=(
+            "object-storage (AES-256-GCM), aws-parameter-store, aws-secrets-manager, "
+            "google-secret-manager or memory."
+        ),
     ),
 ]
-SecretsPrefixOpt = Annotated[str, typer.Option("--secrets-prefix", help="Name prefix of secrets.")]
+SecretsPrefixOpt = Annotated[
+    str,
+    typer.Option(
+        "--secrets-prefix",
+        help=(
+            "Name prefix of secrets. Default: the provider's, as the server uses (secret/, /nstance/, "
+            "nstance/, nstance-)."
+        ),
+    ),
+]
+SecretsProjectOpt = Annotated[
+    str,
+    typer.Option(
+        "--secrets-project",
+        envvar="NSTANCE_SECRETS_PROJECT",
+        help="Google project of google-secret-manager secrets (and of a google-secret-manager key).",
+    ),
+]
 KeyProviderOpt = Annotated[
-    str, typer.Option("--key-provider", help="Where the object-storage encryption key is: env or file.")
+    str,
+    typer.Option(
+        "--key-provider",
+        help=(
+            "Where the object-storage encryption key is: env, file, aws-parameter-store, "
+            "aws-secrets-manager or google-secret-manager."
+        ),
+    ),
 ]
 KeySourceOpt = Annotated[
-    str, typer.Option("--key-source", help="Environment variable name (env) or path (file) of the key.")
+    str,
+    typer.Option(
+        "--key-source",
+        help="Environment variable name (env), path (file) or secret/parameter name of the key.",
+    ),
 ]

@@ -52,9 +52,6 @@ class LeaderElectionConfig(StrictModel):
         return self
 
 
-NOT_SUPPORTED_YET = "is not supported by this server yet (it could not start with it)"
-
-
 class StorageConfig(StrictModel):
     """Where cluster-scope objects live when they are not in the shard's bucket."""
 
@@ -81,8 +78,8 @@ class EncryptionKeyConfig(StrictModel):
 
     provider: EncryptionKeyProvider
     """`env` (an environment variable), `file`, `aws-secrets-manager` (a secret's name or ARN; the default
-    of upstream's Terraform module) or `aws-parameter-store` (a `SecureString` parameter).
-    `google-secret-manager` is accepted by the schema and refused by validation (not supported yet)."""
+    of upstream's Terraform module), `aws-parameter-store` (a `SecureString` parameter) or
+    `google-secret-manager` (the latest version of the secret `source` in project `project_id`)."""
     source: NonEmptyStr
     """The variable name, file path, secret name or ARN, or parameter name holding the key: 32 raw bytes
     (what upstream reads; `nstance-admin secrets generate-key` prints such a key), 64 hex characters, or
@@ -93,8 +90,8 @@ class EncryptionKeyConfig(StrictModel):
     @model_validator(mode="after")
     def _rules(self) -> Self:
         rules = Rules()
-        if self.provider == "google-secret-manager":
-            rules.add("provider", f'"google-secret-manager" {NOT_SUPPORTED_YET}')
+        if self.provider == "google-secret-manager" and not self.project_id:
+            rules.add("project_id", 'is required when provider is "google-secret-manager"')
         rules.check()
         return self
 
@@ -116,17 +113,18 @@ class SecretsConfig(StrictModel):
 
     provider: SecretsProvider
     """`object-storage` (AES-256-GCM encrypted objects in the cluster scope), `aws-parameter-store`
-    (`SecureString` parameters), `aws-secrets-manager`, or `memory` (a process-local store, for tests).
-    `google-secret-manager` (alias `gcp-secret-manager`) is accepted by the schema and refused by
-    validation (not supported yet). Without a `cluster.secrets` block, `aws` shards use
-    `aws-parameter-store` and `google` shards `google-secret-manager`, as upstream."""
+    (`SecureString` parameters), `aws-secrets-manager`, `google-secret-manager` (alias
+    `gcp-secret-manager`; secrets in project `project_id`) or `memory` (a process-local store, for tests).
+    Without a `cluster.secrets` block, `aws` shards use `aws-parameter-store` and `google` shards
+    `google-secret-manager`, as upstream."""
     prefix: str = ""
     """Name prefix of every secret. Empty: upstream's default of the provider: `secret/` for
     `object-storage` (so `cluster/secret/ca.key`), `/nstance/` for `aws-parameter-store`, `nstance/` for
     `aws-secrets-manager`, `nstance-` for `google-secret-manager`. Pass the same value to
     `nstance-admin --secrets-prefix`."""
     project_id: str = ""
-    """Google project of `google-secret-manager`; required with that provider."""
+    """Google project of `google-secret-manager`; required with that provider. On a `google` shard it
+    defaults to `shard.infra.options.project` (upstream requires it written out)."""
     encryption_key: EncryptionKeyConfig | None = None
     """The current key of `object-storage` secrets: it encrypts every write and is tried first on reads.
     Required with `object-storage`, refused with any other provider."""
@@ -152,8 +150,12 @@ class SecretsConfig(StrictModel):
             rules.add("bind_names", 'is only used with provider "object-storage"; remove it')
         if self.provider != "object-storage" and self.old_encryption_keys:
             rules.add("old_encryption_keys", 'is only used with provider "object-storage"; remove it')
-        if self.provider == "google-secret-manager":
-            rules.add("provider", f'"google-secret-manager" {NOT_SUPPORTED_YET}')
+        if self.provider == "google-secret-manager" and not self.project_id:
+            rules.add(
+                "project_id",
+                'is required when provider is "google-secret-manager" (on a google shard it defaults to '
+                "shard.infra.options.project)",
+            )
         rules.check()
         return self
 

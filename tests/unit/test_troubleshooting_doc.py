@@ -113,8 +113,11 @@ QUOTED_MESSAGES: list[tuple[str, str]] = [
     ("is not set or empty; it must hold the secrets encryption key", "nstance/secrets/keys.py"),
     ("is not in a recognised format (", "nstance/secrets/keys.py"),
     ("cannot read encryption key file", "nstance/secrets/keys.py"),
-    ("is not supported yet; use one of: ", "nstance/secrets/factory.py"),
+    ("unknown secrets provider ", "nstance/secrets/factory.py"),
+    ("unknown encryption key provider ", "nstance/secrets/keys.py"),
     ("AWS Secrets Manager could not", "nstance/secrets/aws.py"),
+    ("Google Secret Manager could not", "nstance/secrets/googlesm.py"),
+    ("exists but has no version", "nstance/secrets/googlesm.py"),
     ("it cannot issue", "nstance/pki/certs.py"),
     # elections and the leader address
     ("not assigned: ", "nstance/server/leadernet.py"),
