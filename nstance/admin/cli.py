@@ -18,6 +18,7 @@ from typing import Annotated
 import typer
 
 from nstance.config import validate_config_file
+from nstance.core.atomicfile import write_atomic
 from nstance.core.cli import DEBUG_ENV, VERSION_HELP, print_version, run_app
 from nstance.core.durations import parse_duration
 from nstance.core.errors import NstanceError
@@ -218,22 +219,6 @@ def cluster_init(
     typer.echo(f"CA sha256 {result.identity.ca_fingerprint} ({result.identity.ca.key_type})")
 
 
-def _write_private_file(path: Path, data: str) -> None:
-    """Write ``data`` to ``path`` readable only by the owner, atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 @cluster_app.command("nonce")
 def cluster_nonce(
     cluster_id: ClusterIdOpt,
@@ -282,7 +267,7 @@ def cluster_nonce(
         sys.stdout.write(token + "\n")
         return
     path = Path(output) if output else _state["temp_dir"] / "cli-operator-identity" / "nonce.jwt"
-    _write_private_file(path, token + "\n")
+    write_atomic(path, (token + "\n").encode(), mode=0o600, dir_mode=None)
     typer.echo(f"wrote operator nonce for tenant {tenant} (valid {expiry}) to {path}")
 
 

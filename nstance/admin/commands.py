@@ -20,7 +20,6 @@ typer apps of ``cli``; this module does not import ``cli``.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ import typer
 from cryptography.x509.oid import NameOID
 from google.protobuf.message import Message
 
+from nstance.core.atomicfile import write_atomic
 from nstance.core.durations import parse_duration
 from nstance.core.errors import FailedPrecondition, NotFound, NstanceError
 from nstance.core.ids import identifier_problem, new_puid
@@ -688,22 +688,6 @@ def config_refresh(
 # --- cluster register-operator -------------------------------------------------------------------
 
 
-def _write_file(path: Path, data: bytes, mode: int) -> None:
-    """Write ``data`` to ``path`` atomically with permissions ``mode``."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def _operator_public_key(path: Path) -> PublicKey:
     try:
         data = path.read_bytes()
@@ -844,11 +828,11 @@ def cluster_register_operator(
 
     written = [directory / CA_FILE]
     try:
-        _write_file(directory / CA_FILE, identity.ca.cert_pem, 0o644)
+        write_atomic(directory / CA_FILE, identity.ca.cert_pem, mode=0o644, dir_mode=None)
         if private_key is not None:
-            _write_file(directory / KEY_FILE, private_key_to_pem(private_key), 0o600)
+            write_atomic(directory / KEY_FILE, private_key_to_pem(private_key), mode=0o600, dir_mode=None)
             written.append(directory / KEY_FILE)
-        _write_file(directory / CERT_FILE, issued.cert_pem, 0o644)
+        write_atomic(directory / CERT_FILE, issued.cert_pem, mode=0o644, dir_mode=None)
         written.append(directory / CERT_FILE)
     except OSError as exc:
         raise _fail(
