@@ -273,6 +273,12 @@ class ShardClient:
         result: operator_pb2.DeleteInstanceResponse = self._stub.DeleteInstance(request, timeout=self.timeout)
         return result
 
+    def list_instances(self, group: str = "") -> list[operator_pb2.InstanceSummary]:
+        """ListInstances (this implementation's addition; an upstream server answers UNIMPLEMENTED)."""
+        request = operator_pb2.ListInstancesRequest(group=group)
+        response: operator_pb2.ListInstancesResponse = self._stub.ListInstances(request, timeout=self.timeout)
+        return list(response.instances)
+
     def get_instance_status(self, instance_id: str) -> operator_pb2.InstanceStatusResponse:
         request = operator_pb2.GetInstanceStatusRequest(instance_id=instance_id)
         result: operator_pb2.InstanceStatusResponse = self._stub.GetInstanceStatus(

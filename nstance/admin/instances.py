@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
+import grpc
 import typer
 
 from nstance.core.errors import NotFound
@@ -51,24 +52,58 @@ def instance_list(
     timeout: TimeoutOpt = "30s",
     output: OutputOpt = "table",
 ) -> None:
-    """List running managed instances by provider ID, per group.
+    """List the instances of each shard - managed and on-demand - with their instance IDs.
 
-    The Operator API has no instance listing: this shows each group's provider IDs from ListGroups.
-
-    On-demand instances, instances not yet running and instance IDs are not shown (see `instance show`).
+    A server without ListInstances (upstream's) is asked for its groups instead: then only the
+    provider IDs of running managed instances can be shown, and a note on stderr says so.
     """
     target = resolve_target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
 
     def action(client: ShardClient) -> list[Row]:
-        groups = [client.get_group(group)] if group else sorted(client.list_groups(), key=lambda g: g.key)
+        try:
+            found = client.list_instances(group or "")
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+                raise
+            return _provider_ids_only(client, group)
         return [
-            {"shard": client.shard, "group": g.key, "provider_id": provider_id}
-            for g in groups
-            for provider_id in g.provider_ids
+            {
+                "shard": client.shard,
+                "instance_id": item.instance_id,
+                "group": item.group,
+                "status": "draining" if item.draining else item.status,
+                "on_demand": item.on_demand,
+                "provider_id": item.provider_instance_id,
+                "created_at": timestamp(item, "created_at"),
+                "last_seen": timestamp(item, "last_seen"),
+            }
+            for item in found
         ]
 
-    columns = [("SHARD", "shard"), ("GROUP", "group"), ("PROVIDER_ID", "provider_id")]
-    execute(target, action, View(columns, empty="no running managed instances"))
+    columns = [
+        ("SHARD", "shard"),
+        ("INSTANCE_ID", "instance_id"),
+        ("GROUP", "group"),
+        ("STATUS", "status"),
+        ("ON_DEMAND", "on_demand"),
+        ("PROVIDER_ID", "provider_id"),
+    ]
+    execute(target, action, View(columns, empty="no instances"))
+
+
+def _provider_ids_only(client: ShardClient, group: str | None) -> list[Row]:
+    """The fallback for a server without ListInstances: running managed instances by provider ID."""
+    typer.echo(
+        f"note: shard {client.shard} has no ListInstances (an upstream server?): showing only the "
+        "provider IDs of its running managed instances",
+        err=True,
+    )
+    groups = [client.get_group(group)] if group else sorted(client.list_groups(), key=lambda g: g.key)
+    return [
+        {"shard": client.shard, "group": g.key, "status": "running", "on_demand": False, "provider_id": pid}
+        for g in groups
+        for pid in g.provider_ids
+    ]
 
 
 @instance_app.command("show")
