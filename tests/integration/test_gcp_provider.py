@@ -756,7 +756,7 @@ async def test_registering_a_vm_gce_does_not_know_is_refused_naming_the_neg(
 async def test_many_targets_are_attached_in_chunks_and_listed_across_pages(
     fake: GceFake, sleeps: Sleeps
 ) -> None:
-    provider = make_provider(fake, sleeps, page_size=2, neg_batch_size=2)
+    provider = make_provider(fake, sleeps, page_size=2, lb_batch_size=2)
     fake.add_network_endpoint_group("ingress")
     lb = google_lb("ingress")
     targets = await new_targets(provider, 5)
