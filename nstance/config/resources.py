@@ -114,7 +114,8 @@ class LoadBalancerConfig(StrictModel):
         rules = Rules()
         required = _LB_REQUIRED[self.provider]
         if not any(getattr(self, name) for name in required):
-            rules.add(required[0], f'must have at least one entry for provider "{self.provider}"')
+            also = f" (or set {required[1]})" if self.provider == "google" else ""
+            rules.add(required[0], f'must have at least one entry for provider "{self.provider}"{also}')
         for provider, names in _LB_FIELDS.items():
             if provider == self.provider:
                 continue

@@ -5,7 +5,8 @@ across pages; creates are idempotent per token (requestId) and per name; deletes
 throttling and 5xx are retried with backoff and then reported as the right error; a VM that is not yet
 visible after its insert is not an error; an instance type of the wrong arch is refused before launch;
 operations are waited on the configured endpoint (never compute.googleapis.com). And the capabilities:
-VMs join and leave load balancers through network endpoint groups, the leader alias IP follows the
+VMs join and leave load balancers through network endpoint groups (or upstream v1's unmanaged instance
+groups), the leader alias IP follows the
 leader without ever being held twice, the server learns its own VM id from the metadata server, and
 config validation can check a machine type's architecture.
 """
@@ -45,6 +46,7 @@ from nstance.providers.features import (
     TargetState,
 )
 from nstance.providers.gcp import GcpProvider, gcp_provider_from_options, request_id_for
+from nstance.providers.gcp.instancegroups import group_ref
 from nstance.providers.gcp.labels import label_key, label_value, merge_labels
 from nstance.providers.gcp.loadbalancers import neg_refs
 from nstance.providers.gcp.resources import subnetwork_path
@@ -795,6 +797,220 @@ async def test_a_detach_still_running_reads_draining_until_its_operation_is_done
         assert await impatient.target_states("ingress", lb, targets) == {key: TargetState.DRAINING}
         assert await impatient.target_states("ingress", lb, targets) == {key: TargetState.DEREGISTERED}
         assert slow.network_endpoints("ingress") == []
+        await provider.close()
+        await impatient.close()
+
+
+# ---- load balancers: upstream v1's unmanaged instance group ------------------------------------------
+
+
+def v1_lb(group: str = "web-ig") -> LoadBalancerConfig:
+    """Upstream v1's own shape: provider "gcp", a backend service and its instance group."""
+    return LoadBalancerConfig.model_validate(
+        {"provider": "gcp", "backend_service_name": "web-backend", "instance_group_name": group}
+    )
+
+
+async def test_v1_instance_group_gets_each_vm_once_and_registering_again_adds_nothing(
+    fake: GceFake, provider: GcpProvider
+) -> None:
+    fake.add_instance_group("web-ig", named_ports={"http": 30080})
+    fake.add_network_endpoint_group("web-ig")  # a NEG of the same name is not what a v1 entry means
+    lb = v1_lb()
+    first, second = targets = await new_targets(provider)
+
+    await provider.register_targets("web", lb, [first])
+    await provider.register_targets("web", lb, targets)  # only the VM not in the group yet is added
+    await provider.register_targets("web", lb, targets)  # again: nothing to add
+
+    assert fake.instance_group_members("web-ig") == [first.instance_id, second.instance_id]
+    assert [c.status for c in fake.calls("instanceGroups.addInstances")] == [200, 200]
+    assert fake.network_endpoints("web-ig") == []
+    assert fake.calls("zoneOperations.wait"), "add operations are waited on the configured endpoint"
+    assert await provider.target_states("web", lb, targets) == {
+        t.instance_id: TargetState.REGISTERED for t in targets
+    }
+
+
+async def test_a_vm_another_writer_added_meanwhile_is_not_an_error(
+    fake: GceFake, provider: GcpProvider
+) -> None:
+    fake.add_instance_group("web-ig")
+    targets = await new_targets(provider)
+    fake.inject_error(
+        "instanceGroups.addInstances", code=400, reason="memberAlreadyExists", message="is already a member"
+    )
+
+    await provider.register_targets("web", v1_lb(), targets)
+
+    assert sorted(fake.instance_group_members("web-ig")) == sorted(t.instance_id for t in targets)
+    assert [c.status for c in fake.calls("instanceGroups.addInstances")] == [400, 200]
+    assert len(fake.calls("instanceGroups.listInstances")) == 2  # listed again before adding the rest
+
+
+async def test_deregistered_vms_leave_the_instance_group(fake: GceFake, provider: GcpProvider) -> None:
+    fake.add_instance_group("web-ig")
+    lb = v1_lb()
+    targets = await new_targets(provider)
+    bystander = await new_targets(provider, 1)
+    await provider.register_targets("web", lb, [*targets, *bystander])
+
+    await provider.deregister_targets("web", lb, targets)
+
+    assert fake.instance_group_members("web-ig") == [bystander[0].instance_id]
+    assert len(fake.calls("instanceGroups.removeInstances")) == 1  # both VMs in one call
+    assert await provider.target_states("web", lb, [*targets, *bystander]) == {
+        targets[0].instance_id: TargetState.DEREGISTERED,
+        targets[1].instance_id: TargetState.DEREGISTERED,
+        bystander[0].instance_id: TargetState.REGISTERED,
+    }
+    await provider.deregister_targets("web", lb, targets)  # again: not members, nothing to do
+    assert len(fake.calls("instanceGroups.removeInstances")) == 1
+
+
+async def test_a_missing_group_needs_no_deregistration_and_refuses_registration(
+    fake: GceFake, provider: GcpProvider
+) -> None:
+    fake.add_instance_group("web-ig")
+    targets = await new_targets(provider)
+    await provider.register_targets("web", v1_lb(), targets)
+    fake.delete_instance_group("web-ig")
+
+    await provider.deregister_targets("web", v1_lb(), targets)
+
+    assert await provider.target_states("web", v1_lb(), targets) == {
+        t.instance_id: TargetState.DEREGISTERED for t in targets
+    }
+    assert fake.calls("instanceGroups.removeInstances") == []
+    with pytest.raises(
+        ProviderInvalidRequest,
+        match=rf"load_balancers\.web\.instance_group_name: instance group projects/proj-1/zones/{ZONE}"
+        r"/instanceGroups/web-ig does not exist",
+    ):
+        await provider.register_targets("web", v1_lb(), targets)
+
+
+async def test_a_vm_deleted_at_the_provider_leaves_its_group(fake: GceFake, provider: GcpProvider) -> None:
+    fake.add_instance_group("web-ig")
+    targets = await new_targets(provider)
+    await provider.register_targets("web", v1_lb(), targets)
+
+    await provider.delete_instance(targets[0].instance_id, targets[0].provider_id)
+
+    assert fake.instance_group_members("web-ig") == [targets[1].instance_id]
+    states = await provider.target_states("web", v1_lb(), targets)
+    assert states[targets[0].instance_id] == TargetState.DEREGISTERED
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "Bad_Name",
+        "regions/us-central1/instanceGroups/web-ig",
+        f"zones/{ZONE}/networkEndpointGroups/web-ig",
+        "projects/proj-1/zones/us-central1-b/instanceGroups/web-ig",
+    ],
+)
+async def test_a_bad_instance_group_reference_is_refused_naming_its_config_path(
+    fake: GceFake, provider: GcpProvider, bad: str
+) -> None:
+    fake.add_instance_group("web-ig")
+    targets = [LbTarget(instance_id="web-1", provider_id="1")]
+    path = r"load_balancers\.web\.instance_group_name: "
+
+    with pytest.raises(ProviderInvalidRequest, match=path):
+        await provider.register_targets("web", v1_lb(bad), targets)
+    with pytest.raises(ProviderInvalidRequest, match=path):
+        await provider.deregister_targets("web", v1_lb(bad), targets)
+    with pytest.raises(ProviderInvalidRequest, match=path):
+        await provider.target_states("web", v1_lb(bad), targets)
+    assert [c for c in fake.calls() if c.method.startswith("instanceGroups.")] == []
+
+
+def test_instance_group_references_accept_a_name_a_zonal_path_a_project_path_and_a_url() -> None:
+    path = f"projects/proj-1/zones/{ZONE}/instanceGroups/web-ig"
+    for ref in (
+        "web-ig",
+        f"zones/{ZONE}/instanceGroups/web-ig",
+        path,
+        f"https://www.googleapis.com/compute/v1/{path}",
+    ):
+        parsed = group_ref("web", v1_lb(ref), project="proj-1", zone=ZONE)
+        assert (parsed.path, parsed.where) == (path, "load_balancers.web.instance_group_name")
+    with pytest.raises(ProviderInvalidRequest, match=r"load_balancers\.web\.instance_group_name: is not set"):
+        group_ref("web", google_lb("web-neg"), project="proj-1", zone=ZONE)
+
+
+async def test_a_vm_gce_refuses_for_the_group_is_refused_naming_the_entry(
+    fake: GceFake, provider: GcpProvider
+) -> None:
+    fake.add_instance_group("web-ig")
+    fake.add_instance_group("other-net", network="other")
+    made = await new_targets(provider, 1)
+    where = r"load_balancers\.web\.instance_group_name: "
+
+    with pytest.raises(ProviderInvalidRequest, match=where + r".*web-gone.*was not found"):
+        await provider.register_targets("web", v1_lb(), [LbTarget(instance_id="web-gone", provider_id="1")])
+    with pytest.raises(ProviderInvalidRequest, match=where + r".*expected to be in the network"):
+        await provider.register_targets("web", v1_lb("other-net"), made)
+    assert fake.instance_group_members("web-ig") == fake.instance_group_members("other-net") == []
+
+
+async def test_a_removal_gce_refuses_while_the_vm_is_still_a_member_is_an_error(
+    fake: GceFake, provider: GcpProvider
+) -> None:
+    fake.add_instance_group("web-ig")
+    targets = await new_targets(provider, 1)
+    await provider.register_targets("web", v1_lb(), targets)
+    fake.inject_error("instanceGroups.removeInstances", code=400, reason="invalid", message="refused")
+
+    with pytest.raises(ProviderInvalidRequest, match=r"load_balancers\.web\.instance_group_name: .*refused"):
+        await provider.deregister_targets("web", v1_lb(), targets)
+
+    assert fake.instance_group_members("web-ig") == [targets[0].instance_id]
+
+
+async def test_many_vms_are_added_in_chunks_and_members_listed_across_pages(
+    fake: GceFake, sleeps: Sleeps
+) -> None:
+    provider = make_provider(fake, sleeps, page_size=2, lb_batch_size=2)
+    fake.add_instance_group("web-ig")
+    lb = v1_lb()
+    targets = await new_targets(provider, 5)
+    fake.inject_error("instanceGroups.addInstances", code=503, reason="backendError")
+
+    await provider.register_targets("web", lb, targets)
+
+    assert fake.instance_group_members("web-ig") == [t.instance_id for t in targets]
+    assert [c.status for c in fake.calls("instanceGroups.addInstances")] == [503, 200, 200, 200]
+    assert set((await provider.target_states("web", lb, targets)).values()) == {TargetState.REGISTERED}
+    lists = fake.calls("instanceGroups.listInstances")
+    assert [bool(c.query.get("pageToken")) for c in lists] == [False, False, True, True]  # 5 read in 3 pages
+    await provider.deregister_targets("web", lb, targets)
+    assert fake.instance_group_members("web-ig") == []
+    assert len(fake.calls("instanceGroups.removeInstances")) == 3
+    await provider.close()
+
+
+async def test_a_group_removal_still_running_reads_draining_until_its_operation_is_done(
+    sleeps: Sleeps,
+) -> None:
+    with GceFake(project="proj-1", zones=(ZONE,), operation_polls=3) as slow:
+        slow.add_subnetwork("workers", cidr="10.20.0.0/24")
+        slow.add_instance_group("web-ig")
+        lb = v1_lb()
+        provider = make_provider(slow, sleeps)
+        impatient = make_provider(slow, sleeps, operation_timeout=0.0)  # never waits for an operation
+        targets = await new_targets(provider, 1)
+        await provider.register_targets("web", lb, targets)
+        key = targets[0].instance_id
+
+        await impatient.deregister_targets("web", lb, targets)  # the removal is still running (draining)
+
+        assert await impatient.target_states("web", lb, targets) == {key: TargetState.DRAINING}
+        assert await impatient.target_states("web", lb, targets) == {key: TargetState.DRAINING}
+        assert await impatient.target_states("web", lb, targets) == {key: TargetState.DEREGISTERED}
+        assert slow.instance_group_members("web-ig") == []
         await provider.close()
         await impatient.close()
 

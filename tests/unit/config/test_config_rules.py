@@ -532,7 +532,8 @@ def test_load_balancer_ports_and_shapes() -> None:
         "load_balancers.a.target_groups[0].target_port: must be a port number between 1 and 65535",
         'load_balancers.b.listeners: is for provider "tunnel", not "aws"',
         'load_balancers.b.target_groups: must have at least one entry for provider "aws"',
-        'load_balancers.c.network_endpoint_groups: must have at least one entry for provider "google"',
+        'load_balancers.c.network_endpoint_groups: must have at least one entry for provider "google" '
+        "(or set instance_group_name)",
         'load_balancers.d.provider: "tunnel" load balancers are not supported by this server yet',
     ]
 

@@ -89,14 +89,32 @@ def test_v1_load_balancer_shapes() -> None:
 
     doc = base_config()
     doc["shard"]["infra"]["provider"] = "gcp"
+    # Upstream v1's own shape: both names, which v1 requires together.
+    v1 = {"provider": "gcp", "backend_service_name": "web-backend", "instance_group_name": "web-ig"}
+    doc["load_balancers"] = {"web": v1}
+    assert _problems_of(doc) == []
     doc["load_balancers"] = {"web": {"provider": "gcp", "instance_group_name": "web-ig"}}
-    assert _problems_of(doc) == [
-        "load_balancers.web.instance_group_name: upstream's v1 unmanaged instance groups are not supported; "
-        'list the zone\'s network endpoint groups in "network_endpoint_groups" instead'
-    ]
+    assert _problems_of(doc) == []  # the backend service is documentation here; not required
     doc["load_balancers"] = {"web": {"provider": "gcp", "network_endpoint_groups": ["neg-a"]}}
     assert _problems_of(doc) == []
+    # Go v1 reads only the instance group of such an entry and v2 only its NEGs: refused, not guessed.
+    doc["load_balancers"] = {"web": {**v1, "network_endpoint_groups": ["neg-a"]}}
+    assert _problems_of(doc) == [
+        "load_balancers.web.instance_group_name: cannot be combined with network_endpoint_groups "
+        "(upstream's v1 reads only the instance group and v2 only the NEGs); make them two "
+        "load_balancers entries"
+    ]
+    doc["load_balancers"] = {"web": {"provider": "gcp", "backend_service_name": "web-backend"}}
+    assert _problems_of(doc) == [
+        'load_balancers.web.network_endpoint_groups: must have at least one entry for provider "google" '
+        "(or set instance_group_name)"
+    ]
     doc["shard"]["infra"]["provider"] = "aws"
+    doc["load_balancers"] = {"web": {"provider": "aws", "instance_group_name": "web-ig"}}
+    assert sorted(_problems_of(doc)) == [
+        'load_balancers.web.instance_group_name: is for provider "google", not "aws"',
+        'load_balancers.web.target_groups: must have at least one entry for provider "aws"',
+    ]
     doc["load_balancers"] = {"web": {"provider": "aws", "target_group_arns": ["arn:aws:tg/a"]}}
     assert _problems_of(doc) == []
     doc["load_balancers"] = {"web": {"provider": "aws"}}
