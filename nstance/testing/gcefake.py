@@ -7,7 +7,9 @@ numeric id), list (``filter``, ``maxResults``, ``pageToken``), delete and ``upda
 fields (a hex id makes the client fail to parse); machine types get (with ``architecture``); regional
 subnetworks get; zonal ``networkEndpointGroups`` get, ``attachNetworkEndpoints``,
 ``detachNetworkEndpoints`` (both return zone operations) and ``listNetworkEndpoints`` (paged, with
-``healthStatus: SHOW`` giving each endpoint's ``healths[].healthState``). Errors use Google's JSON error
+``healthStatus: SHOW`` giving each endpoint's ``healths[].healthState``); zonal unmanaged
+``instanceGroups`` get, ``addInstances``, ``removeInstances`` (both return zone operations) and
+``listInstances`` (paged, ``instanceState`` ``ALL`` or ``RUNNING``). Errors use Google's JSON error
 body (``{"error": {"code", "message", "errors": [{"domain", "reason", "message"}]}}``) with the real
 HTTP codes: 404 ``notFound``, 409 ``alreadyExists``, 400 ``invalid``, 429 ``rateLimitExceeded``, 503
 ``backendError``. Validation follows the real service where the provider depends on it: instance names
@@ -30,6 +32,14 @@ The fake is strict where the real service's leniency is not documented: attachin
 already attached, or detaching one that is not, is refused with 400. Attach and detach take effect when
 their operation finishes; an unknown NEG answers 404. Tests set endpoint health with
 ``set_endpoint_health``.
+
+Instance groups (``add_instance_group``) hold VM names. A member is referenced as the real API takes
+it: a full URL, ``projects/P/zones/Z/instances/N`` or ``zones/Z/instances/N`` of the group's project
+and zone (400 otherwise); adding a VM that does not exist answers 404, one without an interface in the
+group's network 400, and one that is already a member 400 ``memberAlreadyExists`` ("Resource '...' is
+already a member of '...'"), refusing the whole call, as GCE does. Removing a VM that is not a member
+is refused with 400 (the fake's strictness again). Changes take effect when their operation finishes;
+a finished VM delete also drops the VM from its groups, as GCE does.
 
 Operations start ``RUNNING``; ``wait`` finishes them at once (the real ``wait`` blocks up to two
 minutes), while ``get`` finishes them after ``operation_polls`` polls. A finished insert makes the
