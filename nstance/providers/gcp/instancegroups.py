@@ -31,7 +31,6 @@ from __future__ import annotations
 import functools
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from google.api_core import exceptions as gexc
@@ -42,24 +41,13 @@ from nstance.providers.base import ProviderInvalidRequest, ProviderUnavailable
 from nstance.providers.features import LbTarget, TargetState
 from nstance.providers.gcp.calls import GceCalls, error_reasons
 from nstance.providers.gcp.loadbalancers import DEFAULT_BATCH_SIZE, PendingRemovals, chunks, vm_name
-from nstance.providers.gcp.resources import scoped_path
+from nstance.providers.gcp.resources import ZonalRef, zonal_ref
 
 #: Rounds of "list, then add the missing VMs" when others add the same VMs concurrently.
 _ADD_ROUNDS = 3
 
 
-@dataclass(frozen=True, slots=True)
-class GroupRef:
-    """The unmanaged instance group of a ``load_balancers`` entry, and where it was configured."""
-
-    project: str
-    zone: str
-    name: str
-    where: str  # config path, for error messages
-
-    @property
-    def path(self) -> str:
-        return f"projects/{self.project}/zones/{self.zone}/instanceGroups/{self.name}"
+GroupRef = ZonalRef  # the unmanaged instance group of a ``load_balancers`` entry
 
 
 def group_ref(name: str, lb: LoadBalancerConfig, *, project: str, zone: str) -> GroupRef:
@@ -69,20 +57,15 @@ def group_ref(name: str, lb: LoadBalancerConfig, *, project: str, zone: str) -> 
         raise ProviderInvalidRequest(
             f"{where}: is not set; this entry has no unmanaged instance group to register VMs with"
         )
-    ref = lb.instance_group_name
-    path = scoped_path(ref, project=project, scope="zones", location=zone, collection="instanceGroups")
-    if not path:
-        raise ProviderInvalidRequest(
-            f"{where}: {ref!r} is not a zonal instance group; use its name (in zone {zone}), "
-            "zones/ZONE/instanceGroups/NAME, projects/PROJECT/zones/ZONE/instanceGroups/NAME or its URL"
-        )
-    parts = path.split("/")
-    if parts[3] != zone:
-        raise ProviderInvalidRequest(
-            f"{where}: instance group {path} is in zone {parts[3]}, but this shard's VMs are in zone {zone}; "
-            f"an unmanaged instance group holds only VMs of its own zone, so name the group of zone {zone}"
-        )
-    return GroupRef(project=parts[1], zone=parts[3], name=parts[5], where=where)
+    return zonal_ref(
+        lb.instance_group_name,
+        where=where,
+        project=project,
+        zone=zone,
+        collection="instanceGroups",
+        noun="instance group",
+        holder="an unmanaged instance group holds only VMs of its own zone",
+    )
 
 
 class InstanceGroupTargets:
@@ -283,32 +266,28 @@ class InstanceGroupTargets:
     def _change_blocking(
         self, group: GroupRef, verb: str, refs: list[compute_v1.InstanceReference], request_id: str
     ) -> compute_v1.Operation:
+        where = {"project": group.project, "zone": group.zone, "instance_group": group.name}
+        options: dict[str, Any] = {"retry": None, "timeout": self._api.request_timeout}
         if verb == "add":
             return self._client.add_instances_unary(
                 request=compute_v1.AddInstancesInstanceGroupRequest(
-                    project=group.project,
-                    zone=group.zone,
-                    instance_group=group.name,
+                    **where,
                     instance_groups_add_instances_request_resource=(
                         compute_v1.InstanceGroupsAddInstancesRequest(instances=refs)
                     ),
                     request_id=request_id,
                 ),
-                retry=None,
-                timeout=self._api.request_timeout,
+                **options,
             )
         return self._client.remove_instances_unary(
             request=compute_v1.RemoveInstancesInstanceGroupRequest(
-                project=group.project,
-                zone=group.zone,
-                instance_group=group.name,
+                **where,
                 instance_groups_remove_instances_request_resource=(
                     compute_v1.InstanceGroupsRemoveInstancesRequest(instances=refs)
                 ),
                 request_id=request_id,
             ),
-            retry=None,
-            timeout=self._api.request_timeout,
+            **options,
         )
 
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 import functools
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from google.api_core import exceptions as gexc
@@ -42,7 +41,7 @@ from nstance.config.resources import LoadBalancerConfig
 from nstance.providers.base import InstanceNotFound, ProviderInvalidRequest, ProviderUnavailable
 from nstance.providers.features import LbTarget, TargetState, combine_states
 from nstance.providers.gcp.calls import GceCalls
-from nstance.providers.gcp.resources import scoped_path
+from nstance.providers.gcp.resources import ZonalRef, zonal_ref
 
 T = TypeVar("T")
 
@@ -50,18 +49,7 @@ T = TypeVar("T")
 DEFAULT_BATCH_SIZE = 500
 
 
-@dataclass(frozen=True, slots=True)
-class NegRef:
-    """One zonal network endpoint group of a ``load_balancers`` entry, and where it was configured."""
-
-    project: str
-    zone: str
-    name: str
-    where: str  # config path, for error messages
-
-    @property
-    def path(self) -> str:
-        return f"projects/{self.project}/zones/{self.zone}/networkEndpointGroups/{self.name}"
+NegRef = ZonalRef  # one zonal network endpoint group of a ``load_balancers`` entry
 
 
 def neg_refs(name: str, lb: LoadBalancerConfig, *, project: str, zone: str) -> list[NegRef]:
@@ -71,26 +59,18 @@ def neg_refs(name: str, lb: LoadBalancerConfig, *, project: str, zone: str) -> l
             f'load_balancers.{name}.provider: is "{lb.provider}"; the gcp provider registers VMs only with '
             'entries of provider "google" (network_endpoint_groups)'
         )
-    out: list[NegRef] = []
-    for index, ref in enumerate(lb.network_endpoint_groups):
-        where = f"load_balancers.{name}.network_endpoint_groups[{index}]"
-        path = scoped_path(
-            ref, project=project, scope="zones", location=zone, collection="networkEndpointGroups"
+    return [
+        zonal_ref(
+            ref,
+            where=f"load_balancers.{name}.network_endpoint_groups[{index}]",
+            project=project,
+            zone=zone,
+            collection="networkEndpointGroups",
+            noun="network endpoint group",
+            holder="a zonal NEG holds only VMs of its own zone",
         )
-        if not path:
-            raise ProviderInvalidRequest(
-                f"{where}: {ref!r} is not a zonal network endpoint group; use its name (in zone {zone}), "
-                "zones/ZONE/networkEndpointGroups/NAME, "
-                "projects/PROJECT/zones/ZONE/networkEndpointGroups/NAME or its URL"
-            )
-        parts = path.split("/")
-        if parts[3] != zone:
-            raise ProviderInvalidRequest(
-                f"{where}: network endpoint group {path} is in zone {parts[3]}, but this shard's VMs are in "
-                f"zone {zone}; a zonal NEG holds only VMs of its own zone, so list the NEG of zone {zone}"
-            )
-        out.append(NegRef(project=parts[1], zone=parts[3], name=parts[5], where=where))
-    return out
+        for index, ref in enumerate(lb.network_endpoint_groups)
+    ]
 
 
 def vm_name(target: LbTarget) -> str:
