@@ -84,8 +84,8 @@ class LoadBalancerConfig(StrictModel):
 
     provider: Annotated[Literal["aws", "google", "tunnel"], BeforeValidator(_lb_provider_alias)]
     """`aws` (target groups) or `google` (zonal network endpoint groups, or upstream v1's unmanaged
-    instance group; `gcp` is upstream's v1 name); must be the shard's provider. `tunnel` is accepted by the schema and refused by validation (not
-    supported yet)."""
+    instance group; `gcp` is upstream's v1 name); must be the shard's provider. `tunnel` is accepted
+    by the schema and refused by validation (not supported yet)."""
     target_groups: list[TargetGroupConfig] = Field(default_factory=list)
     """`aws`: target groups; at least one of `target_groups` and `target_group_arns`, and only for
     `aws`."""
