@@ -329,7 +329,7 @@ class GceFake:
         """The next ``method`` operation ends DONE with this error.
 
         ``method`` is an ``operationType``: ``insert``, ``delete``, ``attachNetworkEndpoints``,
-        ``detachNetworkEndpoints`` or ``updateNetworkInterface``.
+        ``detachNetworkEndpoints``, ``addInstances``, ``removeInstances`` or ``updateNetworkInterface``.
         """
         with self._lock:
             self._state.op_failures.setdefault(method, []).append((code, message))

@@ -970,6 +970,23 @@ async def test_a_removal_gce_refuses_while_the_vm_is_still_a_member_is_an_error(
     assert fake.instance_group_members("web-ig") == [targets[0].instance_id]
 
 
+async def test_a_failed_add_operation_is_reported_and_a_later_registration_adds_the_vms(
+    fake: GceFake, provider: GcpProvider
+) -> None:
+    fake.add_instance_group("web-ig")
+    targets = await new_targets(provider)
+    fake.fail_next_operation("addInstances", code="INVALID_USAGE", message="the group is being updated")
+
+    with pytest.raises(
+        ProviderInvalidRequest, match=r"load_balancers\.web\.instance_group_name: .*INVALID_USAGE"
+    ):
+        await provider.register_targets("web", v1_lb(), targets)
+    assert fake.instance_group_members("web-ig") == []
+
+    await provider.register_targets("web", v1_lb(), targets)
+    assert sorted(fake.instance_group_members("web-ig")) == sorted(t.instance_id for t in targets)
+
+
 async def test_many_vms_are_added_in_chunks_and_members_listed_across_pages(
     fake: GceFake, sleeps: Sleeps
 ) -> None:

@@ -233,8 +233,6 @@ class InstanceGroupTargets:
             raise self._api.map_error(exc, what) from exc
         done = await self._api.wait(op, what, project=group.project, zone=group.zone)
         if self._api.is_done(done):
-            if verb == "add" and any(e.code == "MEMBER_ALREADY_EXISTS" for e in done.error.errors):
-                raise _AlreadyMember()
             self._api.raise_op_error(done, what)
         return done
 
