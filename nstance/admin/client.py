@@ -17,8 +17,8 @@
 * ``run_on_shards`` calls a function against each selected shard in order, one at a time, and keeps
   going after a failure; callers exit non-zero when any shard failed.
 
-This module does no printing and no exit-code policy (that is ``commands``), and never writes the
-identity: it only reads it.
+This module does no printing and no exit-code policy (that is ``output`` and ``shardcalls``), and
+never writes the identity: it only reads it.
 """
 
 from __future__ import annotations

@@ -2,11 +2,13 @@
 
 Declared once so that every storage command spells, documents and reads its storage flags the same way,
 and the same way as nstance-server (``--storage-provider``/``--storage``, ``--storage-bucket``/``--bucket``,
-environment ``NSTANCE_STORAGE`` and ``NSTANCE_BUCKET``). Only typer annotations here; no behaviour.
+environment ``NSTANCE_STORAGE`` and ``NSTANCE_BUCKET``). Only typer annotations here, and ``temp_dir``,
+which reads the root ``--temp-dir``.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -76,3 +78,9 @@ KeySourceOpt = Annotated[
         help="Environment variable name (env), path (file) or secret/parameter name of the key.",
     ),
 ]
+
+
+def temp_dir(ctx: typer.Context) -> Path:
+    """The ``--temp-dir`` given to ``nstance-admin`` (generated identities and nonces go below it)."""
+    value = ctx.find_root().params.get("temp_dir")
+    return Path(value) if value else Path("./temp")

@@ -31,7 +31,6 @@ import contextlib
 import json
 import os
 import re
-import secrets
 import shutil
 import signal
 import sys
@@ -43,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import nstance
+from nstance.core.atomicfile import write_atomic
 from nstance.core.clock import Clock
 from nstance.core.errors import InvalidArgument
 from nstance.providers.base import (
@@ -399,18 +399,7 @@ def _make_dir(path: Path) -> None:
 
 def _write_private(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically, mode 0600."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        with open(fd, "wb", closefd=True) as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_atomic(path, data, mode=0o600, dir_mode=None)
 
 
 def _reap(pid: int) -> None:

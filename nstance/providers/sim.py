@@ -48,7 +48,6 @@ import json
 import os
 import random
 import re
-import secrets
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -58,6 +57,7 @@ from types import MappingProxyType
 from typing import Any
 
 from nstance.config.resources import ImageConfig, LoadBalancerConfig
+from nstance.core.atomicfile import write_atomic
 from nstance.core.clock import Clock
 from nstance.core.durations import parse_duration
 from nstance.core.errors import FailedPrecondition, InvalidArgument
@@ -782,18 +782,7 @@ class SimProvider:
             "leader_network": dict(self._leader),
         }
         data = json.dumps(doc, indent=1, sort_keys=True).encode("utf-8")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-        try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        write_atomic(path, data, mode=0o644, dir_mode=None)
 
 
 def _target_ids(targets: Sequence[LbTarget]) -> tuple[list[str], list[str]]:

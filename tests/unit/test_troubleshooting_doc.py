@@ -233,14 +233,14 @@ QUOTED_MESSAGES: list[tuple[str, str]] = [
     ("no usable operator identity in", "nstance/admin/client.py"),
     ("is unusable: ", "nstance/admin/client.py"),
     ("does not exist on this shard", "nstance/admin/client.py"),
-    ("nothing was changed. Use --exist-ok to accept this.", "nstance/admin/cli.py"),
-    ("is invalid; nothing was uploaded", "nstance/admin/cli.py"),
+    ("nothing was changed. Use --exist-ok to accept this.", "nstance/admin/cluster.py"),
+    ("is invalid; nothing was uploaded", "nstance/admin/configcmds.py"),
     ("is invalid; nothing was planned", "nstance/admin/plan.py"),
     ("cannot compare with the stored config, it is invalid: ", "nstance/admin/plan.py"),
-    ("must be a positive duration", "nstance/admin/cli.py"),
+    ("must be a positive duration", "nstance/admin/cluster.py"),
     (
         "already holds an operator identity; use --force to replace it, or choose another --output-dir",
-        "nstance/admin/commands.py",
+        "nstance/admin/cluster.py",
     ),
     ("is already revoked since", "nstance/admin/certs.py"),
     # providers
