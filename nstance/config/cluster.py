@@ -124,7 +124,8 @@ class SecretsConfig(StrictModel):
     `nstance-admin --secrets-prefix`."""
     project_id: str = ""
     """Google project of `google-secret-manager`; required with that provider. On a `google` shard it
-    defaults to `shard.infra.options.project` (upstream requires it written out)."""
+    defaults to the provider's project, `shard.infra.options.project_id` (or `.project`); upstream
+    requires it written out."""
     encryption_key: EncryptionKeyConfig | None = None
     """The current key of `object-storage` secrets: it encrypts every write and is tried first on reads.
     Required with `object-storage`, refused with any other provider."""
@@ -154,7 +155,7 @@ class SecretsConfig(StrictModel):
             rules.add(
                 "project_id",
                 'is required when provider is "google-secret-manager" (on a google shard it defaults to '
-                "shard.infra.options.project)",
+                "shard.infra.options.project_id)",
             )
         rules.check()
         return self

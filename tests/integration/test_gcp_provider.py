@@ -514,6 +514,14 @@ def test_options_are_checked_by_path(tmp_path: Path) -> None:
         gcp_provider_from_options(
             {"project": "p", "credentials_file": "missing.json"}, clock=clock, base_dir=tmp_path, zone=ZONE
         )
+    with pytest.raises(
+        InvalidArgument, match=r"shard\.infra\.options\.project: 'a' differs from project_id 'b'"
+    ):
+        gcp_provider_from_options(
+            {"project": "a", "project_id": "b"}, clock=clock, base_dir=tmp_path, zone=ZONE
+        )
+    with pytest.raises(InvalidArgument, match=r"shard\.infra\.options\.project_id: must be a GCP project id"):
+        gcp_provider_from_options({"project_id": 7}, clock=clock, base_dir=tmp_path, zone=ZONE)
 
 
 async def test_provider_from_options_talks_to_a_plain_http_endpoint_anonymously(
@@ -529,6 +537,18 @@ async def test_provider_from_options_talks_to_a_plain_http_endpoint_anonymously(
     made = await provider.create_instance(req())
     assert [i.provider_id for i in await provider.list_instances("c1", "s1")] == [made.provider_id]
     await provider.close()
+
+
+async def test_upstreams_project_id_option_names_the_project(fake: GceFake, tmp_path: Path) -> None:
+    """Both of upstream's generations read the project from ``shard.infra.options.project_id``."""
+    options = {"project_id": fake.project, "endpoint": fake.endpoint}
+    provider = gcp_provider_from_options(options, clock=ManualClock(), base_dir=tmp_path, zone=ZONE)
+    assert provider.project == "proj-1"
+    made = await provider.create_instance(req())
+    assert [i.provider_id for i in await provider.list_instances("c1", "s1")] == [made.provider_id]
+    await provider.close()
+    same = {**options, "project": fake.project}  # both keys, one project: fine
+    await gcp_provider_from_options(same, clock=ManualClock(), base_dir=tmp_path, zone=ZONE).close()
 
 
 async def test_instance_id_that_is_not_a_gce_name_is_refused(provider: GcpProvider) -> None:

@@ -56,6 +56,7 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1
 
 from nstance.config.resources import LoadBalancerConfig
+from nstance.config.shard import GOOGLE_PROJECT_KEYS, google_project
 from nstance.core.backoff import Backoff
 from nstance.core.clock import Clock
 from nstance.core.durations import parse_duration
@@ -79,6 +80,7 @@ from nstance.providers.gcp.resources import build_instance, check_arch, short_su
 from nstance.providers.gcp.status import map_status
 
 OPTION_KEYS: tuple[str, ...] = (
+    "project_id",
     "project",
     "endpoint",
     "credentials_file",
@@ -552,10 +554,20 @@ def gcp_provider_from_options(
         )
     if not zone:
         raise InvalidArgument("shard.infra.zone: required for the gcp provider (for example us-central1-a)")
-    project = options.get("project") or os.environ.get("GOOGLE_CLOUD_PROJECT", "")
-    if not isinstance(project, str) or not project:
+    named = {k: options[k] for k in GOOGLE_PROJECT_KEYS if options.get(k) not in (None, "")}
+    for key, value in named.items():
+        if not isinstance(value, str):
+            raise InvalidArgument(f"{prefix}.{key}: must be a GCP project id (got {value!r})")
+    if len(set(named.values())) > 1:
         raise InvalidArgument(
-            f"{prefix}.project: the GCP project id is required (or set GOOGLE_CLOUD_PROJECT)"
+            f"{prefix}.project: {named['project']!r} differs from project_id {named['project_id']!r}; "
+            "set one of them"
+        )
+    project = google_project(options) or os.environ.get("GOOGLE_CLOUD_PROJECT", "")
+    if not project:
+        raise InvalidArgument(
+            f"{prefix}.project_id: the GCP project id is required (upstream's project_id, or project; "
+            "or set GOOGLE_CLOUD_PROJECT)"
         )
     endpoint = options.get("endpoint", "")
     if not isinstance(endpoint, str) or (endpoint and not endpoint.startswith(("http://", "https://"))):

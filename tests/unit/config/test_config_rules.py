@@ -310,6 +310,8 @@ def test_without_a_secrets_block_the_provider_default_applies(provider: str, exp
     assert secrets.provider == expected
     if provider == "google":
         assert secrets.project_id == "fleet-project"  # taken from the provider's own project
+        doc["shard"]["infra"]["options"] = {"project_id": "upstream-key"}  # upstream's name of the option
+        assert load(doc).cluster.secrets.project_id == "upstream-key"
         doc["shard"]["infra"]["options"] = {}
         assert only(doc).startswith("cluster.secrets.project_id: is required")
     doc["shard"]["infra"]["provider"] = "proxmox"
