@@ -58,6 +58,7 @@ from nstance.testing.requests import sample_create_request
 ZONE = "us-central1-a"
 IMAGE = "projects/debian-cloud/global/images/family/debian-12"
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gcp" / "config.jsonc"
+UPSTREAM = Path(__file__).resolve().parents[1] / "fixtures" / "upstream"
 
 
 class Sleeps:
@@ -413,6 +414,10 @@ async def test_bad_args_are_refused_with_their_config_path(fake: GceFake, provid
         await provider.create_instance(req(args={"SourceImage": IMAGE, "DiskSizeGb": "big"}))
     with pytest.raises(ProviderInvalidRequest, match=r"args\.Labels\.nstance-x: .*belong to Nstance"):
         await provider.create_instance(req(args={"SourceImage": IMAGE, "Labels": {"nstance-x": "y"}}))
+    with pytest.raises(
+        ProviderInvalidRequest, match=r"args\.Labels\.nstance-group: .*\(Nstance writes 'web' here\)"
+    ):
+        await provider.create_instance(req(args={"SourceImage": IMAGE, "Labels": {"nstance-group": "db"}}))
     with pytest.raises(ProviderInvalidRequest, match=r"args\.Labels\.Env"):
         await provider.create_instance(req(args={"SourceImage": IMAGE, "Labels": {"Env": "prod"}}))
     assert fake.calls("instances.insert") == []
@@ -819,6 +824,44 @@ async def test_a_detach_still_running_reads_draining_until_its_operation_is_done
         assert slow.network_endpoints("ingress") == []
         await provider.close()
         await impatient.close()
+
+
+async def test_upstreams_v1_terraform_config_launches_and_fills_its_instance_group(tmp_path: Path) -> None:
+    """What upstream's v1 Terraform module uploads (tests/fixtures/upstream/tf-gcp-shard.json) runs here."""
+    config = load_config_file(UPSTREAM / "tf-gcp-shard.json")
+    infra = config.shard.infra
+    assert (infra.provider, infra.zone, infra.options) == ("google", ZONE, {"project_id": "acme-prod"})
+    with GceFake(project="acme-prod", zones=(ZONE,)) as fake:
+        fake.add_subnetwork("agents-usc1a", cidr="10.40.0.0/24")
+        fake.add_instance_group("ingress-usc1a")
+        options = {**infra.options, "endpoint": fake.endpoint}  # upstream's own options, aimed at the fake
+        provider = gcp_provider_from_options(options, clock=ManualClock(), base_dir=tmp_path, zone=infra.zone)
+        merged = merged_group(config, {}, "default", "main")
+        made = []
+        for _ in range(2):
+            request = req(
+                cluster_id=config.cluster.id,
+                shard=config.shard.id,
+                group="main",
+                template=merged.template,
+                kind=merged.kind,
+                arch=merged.arch,
+                instance_type=merged.instance_type,
+                subnet_id=config.shard.subnet_pools[merged.subnet_pool][0],
+                args=merged.args,
+                instance_id=new_instance_id(merged.kind),
+            )
+            made.append(await provider.create_instance(request))
+        targets = [LbTarget(m.instance_id, m.provider_id, m.ip4) for m in made]
+        (lb_name,) = merged.load_balancers
+
+        await provider.register_targets(lb_name, config.load_balancers[lb_name], targets)
+
+        assert sorted(fake.instance_group_members("ingress-usc1a")) == sorted(m.instance_id for m in made)
+        vm_doc = vm(fake, made[0].instance_id)
+        assert vm_doc["tags"]["items"] == ["nstance-agent-usc1a-1"]
+        assert vm_doc["serviceAccounts"][0]["email"] == "nstance-agent@acme-prod.iam.gserviceaccount.com"
+        await provider.close()
 
 
 # ---- load balancers: upstream v1's unmanaged instance group ------------------------------------------

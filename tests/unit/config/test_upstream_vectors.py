@@ -23,6 +23,8 @@ FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "upstream"
         ("config-proxmox.jsonc", "proxmox"),
         ("tf-aws-shard.json", "aws"),
         ("tf-aws-shard-object-storage.json", "aws"),
+        ("tf-gcp-shard.json", "google"),
+        ("tf-gcp-shard-object-storage.json", "google"),
     ],
 )
 def test_upstream_configs_load(name: str, provider: str) -> None:
@@ -47,6 +49,26 @@ def test_terraform_module_config_keeps_its_v1_shapes() -> None:
     storage = load_config_file(FIXTURES / "tf-aws-shard-object-storage.json").cluster.secrets
     assert storage.encryption_key is not None
     assert storage.encryption_key.provider == "aws-secrets-manager"
+
+
+def test_terraform_gcp_module_config_keeps_its_v1_shapes() -> None:
+    config = load_config_file(FIXTURES / "tf-gcp-shard.json")
+    assert config.shard.infra.options == {"project_id": "acme-prod"}  # the provider reads project_id
+    lb = config.load_balancers["ingress"]
+    assert (lb.provider, lb.instance_group_name, lb.backend_service_name) == ("google", "ingress-usc1a", None)
+    secrets = config.cluster.secrets  # {"provider": "gcp-secret-manager", "options": {"project_id": ...}}
+    assert (secrets.provider, secrets.prefix, secrets.project_id) == (
+        "google-secret-manager",
+        "nstance-prod-",
+        "acme-prod",
+    )
+    key = load_config_file(FIXTURES / "tf-gcp-shard-object-storage.json").cluster.secrets.encryption_key
+    assert key is not None
+    assert (key.provider, key.source, key.project_id) == (
+        "google-secret-manager",
+        "nstance-prod-encryption-key",
+        "acme-prod",
+    )
 
 
 def test_terraform_agent_userdata_renders_without_its_optional_ssh_var() -> None:
@@ -120,6 +142,27 @@ def test_v1_load_balancer_shapes() -> None:
     doc["load_balancers"] = {"web": {"provider": "aws"}}
     assert _problems_of(doc) == [
         'load_balancers.web.target_groups: must have at least one entry for provider "aws"'
+    ]
+
+
+def test_v1_secret_options_carry_only_the_google_project() -> None:
+    from config_samples import base_config
+
+    doc = base_config()
+    key = {"provider": "gcp-secret-manager", "source": "k", "project_id": "a", "options": {"project_id": "b"}}
+    doc["cluster"]["secrets"] = {"provider": "object-storage", "encryption_key": key}
+    assert _problems_of(doc) == [
+        "cluster.secrets.encryption_key.options.project_id: differs from project_id; set one of them"
+    ]
+    key["options"] = {"project_id": "a", "region": "x"}
+    assert _problems_of(doc) == [
+        "cluster.secrets.encryption_key.options.region: unknown field (upstream v1's options carry only "
+        "project_id)"
+    ]
+    doc["cluster"]["secrets"] = {"provider": "gcp-secret-manager", "options": "acme"}
+    assert _problems_of(doc) == [
+        'cluster.secrets.options: must be an object such as {"project_id": "my-project"} '
+        "(upstream v1's shape)"
     ]
 
 
