@@ -24,6 +24,7 @@ from google.auth.credentials import AnonymousCredentials
 from nstance.config.loader import load_config_file
 from nstance.config.merge import all_group_keys, merged_group
 from nstance.config.resources import LoadBalancerConfig
+from nstance.config.schema import ServerConfig
 from nstance.core.backoff import Backoff
 from nstance.core.clock import ManualClock
 from nstance.core.errors import InvalidArgument
@@ -110,6 +111,23 @@ def req(cluster_id: str = "c1", shard: str = "s1", **changes: Any) -> CreateRequ
     changes.setdefault("subnet_id", "workers")
     changes.setdefault("args", {"SourceImage": IMAGE})
     return sample_create_request(cluster_id=cluster_id, shard=shard, **changes)
+
+
+def group_request(config: ServerConfig, tenant: str, group: str, **changes: Any) -> CreateRequest:
+    """A create request for a new VM of ``tenant``/``group`` of ``config``, with its merged settings."""
+    merged = merged_group(config, {}, tenant, group)
+    return req(
+        tenant=tenant,
+        group=group,
+        template=merged.template,
+        kind=merged.kind,
+        arch=merged.arch,
+        instance_type=merged.instance_type,
+        subnet_id=config.shard.subnet_pools[merged.subnet_pool][0],
+        args=merged.args,
+        instance_id=new_instance_id(merged.kind),
+        **changes,
+    )
 
 
 def vm(fake: GceFake, name: str) -> dict[str, Any]:
@@ -571,20 +589,7 @@ async def test_every_group_of_the_shipped_example_launches_on_the_fake(
     fake.add_machine_type("c4a-standard-8", guest_cpus=8, memory_mb=32768, architecture="ARM64")
     fake.add_subnetwork("control", cidr="10.30.0.0/24")
     for tenant, group in all_group_keys(config, {}):
-        merged = merged_group(config, {}, tenant, group)
-        request = req(
-            tenant=tenant,
-            group=group,
-            template=merged.template,
-            kind=merged.kind,
-            arch=merged.arch,
-            instance_type=merged.instance_type,
-            subnet_id=config.shard.subnet_pools[merged.subnet_pool][0],
-            args=merged.args,
-            spot=False,
-            instance_id=new_instance_id(merged.kind),
-        )
-        made = await provider.create_instance(request)
+        made = await provider.create_instance(group_request(config, tenant, group, spot=False))
         assert made.status == InstanceStatus.RUNNING, (tenant, group)
     spot = next(i for i in fake.instances() if i["labels"]["nstance-template"] == "kns")
     assert spot["scheduling"]["provisioningModel"] == "SPOT"
@@ -837,21 +842,10 @@ async def test_upstreams_v1_terraform_config_launches_and_fills_its_instance_gro
         options = {**infra.options, "endpoint": fake.endpoint}  # upstream's own options, aimed at the fake
         provider = gcp_provider_from_options(options, clock=ManualClock(), base_dir=tmp_path, zone=infra.zone)
         merged = merged_group(config, {}, "default", "main")
-        made = []
-        for _ in range(2):
-            request = req(
-                cluster_id=config.cluster.id,
-                shard=config.shard.id,
-                group="main",
-                template=merged.template,
-                kind=merged.kind,
-                arch=merged.arch,
-                instance_type=merged.instance_type,
-                subnet_id=config.shard.subnet_pools[merged.subnet_pool][0],
-                args=merged.args,
-                instance_id=new_instance_id(merged.kind),
-            )
-            made.append(await provider.create_instance(request))
+        where = {"cluster_id": config.cluster.id, "shard": config.shard.id}
+        made = [
+            await provider.create_instance(group_request(config, "default", "main", **where)) for _ in "ab"
+        ]
         targets = [LbTarget(m.instance_id, m.provider_id, m.ip4) for m in made]
         (lb_name,) = merged.load_balancers
 
