@@ -4,8 +4,8 @@ Load balancers use upstream's v2 shape (provider ``aws`` with ``target_groups``,
 ``network_endpoint_groups`` and ``frontends``, ``tunnel`` with ``listeners``; fields of another
 provider are refused) and its v1 shape (``aws`` with ``target_group_arns``; ``gcp``, the v1 name of
 ``google``, with ``instance_group_name`` and ``backend_service_name``; one entry is either shape, not
-both). Images describe a lookup (filters, owners, sort,
-fallback). Certificates are issuance templates; ``ca``, ``agent`` and ``operator`` are reserved names. No I/O.
+both). Images describe a lookup (filters, owners, sort, fallback). Certificates are issuance templates;
+``ca``, ``agent`` and ``operator`` are reserved names. No I/O.
 """
 
 from __future__ import annotations
