@@ -44,7 +44,7 @@ from typing import Any
 import nstance
 from nstance.core.atomicfile import write_atomic
 from nstance.core.clock import Clock
-from nstance.core.errors import InvalidArgument
+from nstance.providers import options as opt
 from nstance.providers.base import (
     CreateRequest,
     InstanceNotFound,
@@ -465,21 +465,8 @@ def local_provider_from_options(
     options: Mapping[str, Any], *, clock: Clock, base_dir: Path, zone: str = ""
 ) -> LocalProvider:
     """Build a LocalProvider from ``shard.infra.options``; refuse unknown keys and bad values by path."""
-    prefix = "shard.infra.options"
-    unknown = sorted(set(options) - set(OPTION_KEYS))
-    if unknown:
-        raise InvalidArgument(
-            f"{prefix}.{unknown[0]}: unknown option for the local provider; allowed: {', '.join(OPTION_KEYS)}"
-        )
-    instances_dir = options.get("instances_dir", "local-instances")
-    if not isinstance(instances_dir, str) or not instances_dir:
-        raise InvalidArgument(
-            f"{prefix}.instances_dir: must be a non-empty path string (got {instances_dir!r})"
-        )
-    stop = options.get("stop_instances_on_close", False)
-    if not isinstance(stop, bool):
-        raise InvalidArgument(f"{prefix}.stop_instances_on_close: must be true or false (got {stop!r})")
-    path = Path(instances_dir)
-    return LocalProvider(
-        path if path.is_absolute() else base_dir / path, clock=clock, stop_instances_on_close=stop, zone=zone
-    )
+    opt.check_known(options, OPTION_KEYS, "local")
+    instances_dir = opt.path(options, "instances_dir", base_dir, "local-instances")
+    assert instances_dir is not None  # it has a default
+    stop = opt.flag(options, "stop_instances_on_close")
+    return LocalProvider(instances_dir, clock=clock, stop_instances_on_close=stop, zone=zone)

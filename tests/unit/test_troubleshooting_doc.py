@@ -275,9 +275,9 @@ QUOTED_MESSAGES: list[tuple[str, str]] = [
     ("not a numeric GCE id; check GCE_METADATA_HOST", "nstance/providers/gcp/provider.py"),
     (
         "the proxmox provider needs an API token: set token_id (or PROXMOX_TOKEN_ID)",
-        "nstance/providers/proxmox/provider.py",
+        "nstance/providers/proxmox/options.py",
     ),
-    ("is not a readable file", "nstance/providers/proxmox/provider.py"),
+    ("is not a readable file", "nstance/providers/proxmox/options.py"),
     ("lacks a privilege or its secret is wrong", "nstance/providers/proxmox/provider.py"),
     ("(or the API token may not audit it)", "nstance/providers/proxmox/provider.py"),
     ("convert it with 'qm template' or name another", "nstance/providers/proxmox/provider.py"),

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import math
 import os
 import uuid
 from collections.abc import Mapping, Sequence
@@ -59,9 +58,9 @@ from nstance.config.resources import LoadBalancerConfig
 from nstance.config.shard import GOOGLE_PROJECT_KEYS, google_project
 from nstance.core.backoff import Backoff
 from nstance.core.clock import Clock
-from nstance.core.durations import parse_duration
 from nstance.core.errors import InvalidArgument
 from nstance.providers import metadata
+from nstance.providers import options as opt
 from nstance.providers.base import (
     CreateRequest,
     InstanceNotFound,
@@ -546,12 +545,8 @@ def gcp_provider_from_options(
     options: Mapping[str, Any], *, clock: Clock, base_dir: Path, zone: str = ""
 ) -> GcpProvider:
     """Build a GcpProvider from ``shard.infra.options``; refuse unknown keys and bad values by path."""
-    prefix = "shard.infra.options"
-    unknown = sorted(set(options) - set(OPTION_KEYS))
-    if unknown:
-        raise InvalidArgument(
-            f"{prefix}.{unknown[0]}: unknown option for the gcp provider; allowed: {', '.join(OPTION_KEYS)}"
-        )
+    prefix = opt.PREFIX
+    opt.check_known(options, OPTION_KEYS, "gcp")
     if not zone:
         raise InvalidArgument("shard.infra.zone: required for the gcp provider (for example us-central1-a)")
     named = {k: options[k] for k in GOOGLE_PROJECT_KEYS if options.get(k) not in (None, "")}
@@ -573,13 +568,9 @@ def gcp_provider_from_options(
     if not isinstance(endpoint, str) or (endpoint and not endpoint.startswith(("http://", "https://"))):
         raise InvalidArgument(f"{prefix}.endpoint: must be an http:// or https:// URL (got {endpoint!r})")
     credentials: gauth_credentials.Credentials | None = None
-    credentials_file = options.get("credentials_file")
-    if credentials_file is not None:
-        if not isinstance(credentials_file, str) or not credentials_file:
-            raise InvalidArgument(f"{prefix}.credentials_file: must be a path (got {credentials_file!r})")
-        path = Path(credentials_file)
-        path = path if path.is_absolute() else base_dir / path
-        credentials = _load_credentials(path, f"{prefix}.credentials_file")
+    credentials_path = opt.path(options, "credentials_file", base_dir)
+    if credentials_path is not None:
+        credentials = _load_credentials(credentials_path, f"{prefix}.credentials_file")
     elif endpoint.startswith("http://"):
         # Plain HTTP is only ever a local emulator or fake; never send real tokens to it.
         credentials = AnonymousCredentials()  # type: ignore[no-untyped-call]
@@ -589,10 +580,10 @@ def gcp_provider_from_options(
         clock=clock,
         endpoint=endpoint,
         credentials=credentials,
-        page_size=_int_option(options, "page_size", prefix, default=500, low=1, high=500),
-        max_attempts=_int_option(options, "max_attempts", prefix, default=5, low=1, high=20),
-        operation_timeout=_seconds_option(options, "operation_timeout", prefix, default=300.0),
-        request_timeout=_seconds_option(options, "request_timeout", prefix, default=30.0),
+        page_size=opt.whole(options, "page_size", 500, 1, 500),
+        max_attempts=opt.whole(options, "max_attempts", 5, 1, 20),
+        operation_timeout=opt.seconds(options, "operation_timeout", 300.0),
+        request_timeout=opt.seconds(options, "request_timeout", 30.0),
     )
 
 
@@ -606,30 +597,3 @@ def _load_credentials(path: Path, option: str) -> gauth_credentials.Credentials:
     except (OSError, ValueError) as exc:
         raise InvalidArgument(f"{option}: cannot load service-account key {path}: {exc}") from exc
     return loaded
-
-
-def _int_option(
-    options: Mapping[str, Any], key: str, prefix: str, *, default: int, low: int, high: int
-) -> int:
-    value = options.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise InvalidArgument(f"{prefix}.{key}: must be a whole number from {low} to {high} (got {value!r})")
-    return value
-
-
-def _seconds_option(options: Mapping[str, Any], key: str, prefix: str, *, default: float) -> float:
-    value = options.get(key)
-    if value is None:
-        return default
-    if isinstance(value, str):
-        try:
-            seconds = parse_duration(value).total_seconds()
-        except InvalidArgument as exc:
-            raise InvalidArgument(f"{prefix}.{key}: {exc}") from exc
-    elif isinstance(value, int | float) and not isinstance(value, bool):
-        seconds = float(value)
-    else:
-        raise InvalidArgument(f'{prefix}.{key}: must be a duration like "5m" or seconds (got {value!r})')
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise InvalidArgument(f"{prefix}.{key}: must be positive (got {value!r})")
-    return seconds
