@@ -543,7 +543,7 @@ def test_options_are_checked_by_path(tmp_path: Path) -> None:
         gcp_provider_from_options(
             {"project": "a", "project_id": "b"}, clock=clock, base_dir=tmp_path, zone=ZONE
         )
-    with pytest.raises(InvalidArgument, match=r"shard\.infra\.options\.project_id: must be a GCP project id"):
+    with pytest.raises(InvalidArgument, match=r"options\.project_id: must be a non-empty string"):
         gcp_provider_from_options({"project_id": 7}, clock=clock, base_dir=tmp_path, zone=ZONE)
 
 

@@ -549,10 +549,7 @@ def gcp_provider_from_options(
     opt.check_known(options, OPTION_KEYS, "gcp")
     if not zone:
         raise InvalidArgument("shard.infra.zone: required for the gcp provider (for example us-central1-a)")
-    named = {k: options[k] for k in GOOGLE_PROJECT_KEYS if options.get(k) not in (None, "")}
-    for key, value in named.items():
-        if not isinstance(value, str):
-            raise InvalidArgument(f"{prefix}.{key}: must be a GCP project id (got {value!r})")
+    named = {key: opt.text(options, key) for key in GOOGLE_PROJECT_KEYS if key in options}
     if len(set(named.values())) > 1:
         raise InvalidArgument(
             f"{prefix}.project: {named['project']!r} differs from project_id {named['project_id']!r}; "
@@ -561,8 +558,8 @@ def gcp_provider_from_options(
     project = google_project(options) or os.environ.get("GOOGLE_CLOUD_PROJECT", "")
     if not project:
         raise InvalidArgument(
-            f"{prefix}.project_id: the GCP project id is required (upstream's project_id, or project; "
-            "or set GOOGLE_CLOUD_PROJECT)"
+            f"{prefix}.project_id: the GCP project id is required (or set GOOGLE_CLOUD_PROJECT); "
+            "project_id is upstream's name, project also works"
         )
     endpoint = options.get("endpoint", "")
     if not isinstance(endpoint, str) or (endpoint and not endpoint.startswith(("http://", "https://"))):
