@@ -68,8 +68,34 @@ class StorageConfig(StrictModel):
     """Key prefix of the cluster scope inside that bucket."""
 
 
-EncryptionKeyProvider = Literal[
-    "env", "file", "aws-parameter-store", "aws-secrets-manager", "google-secret-manager"
+def _secrets_alias(value: object) -> object:
+    return "google-secret-manager" if value == "gcp-secret-manager" else value
+
+
+def read_v1_options(data: object) -> object:
+    """Upstream v1 wrote the Google project as ``options: {"project_id": ...}``; read it as ``project_id``."""
+    if not isinstance(data, dict) or "options" not in data:
+        return data
+    options = data["options"]
+    rules = Rules()
+    if not isinstance(options, dict):
+        rules.add("options", 'must be an object such as {"project_id": "my-project"} (upstream v1\'s shape)')
+    else:
+        for key in sorted(set(options) - {"project_id"}):
+            rules.add(("options", key), "unknown field (upstream v1's options carry only project_id)")
+        project = options.get("project_id")
+        if project is not None and data.get("project_id") not in (None, "", project):
+            rules.add(("options", "project_id"), "differs from project_id; set one of them")
+    rules.check()
+    out = {k: v for k, v in data.items() if k != "options"}
+    if isinstance(options, dict) and options.get("project_id") is not None and not out.get("project_id"):
+        out["project_id"] = options["project_id"]
+    return out
+
+
+EncryptionKeyProvider = Annotated[
+    Literal["env", "file", "aws-parameter-store", "aws-secrets-manager", "google-secret-manager"],
+    BeforeValidator(_secrets_alias),
 ]
 
 
@@ -85,7 +111,13 @@ class EncryptionKeyConfig(StrictModel):
     (what upstream reads; `nstance-admin secrets generate-key` prints such a key), 64 hex characters, or
     base64 of 32 bytes."""
     project_id: str = ""
-    """Google project of `google-secret-manager`; required with that provider."""
+    """Google project of `google-secret-manager`; required with that provider. Upstream v1's
+    `options: {"project_id": ...}` is read as this field."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _v1_options(cls, data: object) -> object:
+        return read_v1_options(data)
 
     @model_validator(mode="after")
     def _rules(self) -> Self:
@@ -94,10 +126,6 @@ class EncryptionKeyConfig(StrictModel):
             rules.add("project_id", 'is required when provider is "google-secret-manager"')
         rules.check()
         return self
-
-
-def _secrets_alias(value: object) -> object:
-    return "google-secret-manager" if value == "gcp-secret-manager" else value
 
 
 SecretsProvider = Annotated[
@@ -124,7 +152,8 @@ class SecretsConfig(StrictModel):
     `nstance-admin --secrets-prefix`."""
     project_id: str = ""
     """Google project of `google-secret-manager`; required with that provider. On a `google` shard it
-    defaults to `shard.infra.options.project` (upstream requires it written out)."""
+    defaults to the provider's project, `shard.infra.options.project_id` (or `.project`); upstream
+    requires it written out. Upstream v1's `options: {"project_id": ...}` is read as this field."""
     encryption_key: EncryptionKeyConfig | None = None
     """The current key of `object-storage` secrets: it encrypts every write and is tried first on reads.
     Required with `object-storage`, refused with any other provider."""
@@ -138,6 +167,11 @@ class SecretsConfig(StrictModel):
     always read. Not an upstream field (upstream ignores it)."""
     cache_ttl: Duration = timedelta(0)
     """Accepted for upstream compatibility. This server does not cache secrets, so the value has no effect."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _v1_options(cls, data: object) -> object:
+        return read_v1_options(data)
 
     @model_validator(mode="after")
     def _rules(self) -> Self:
@@ -154,7 +188,7 @@ class SecretsConfig(StrictModel):
             rules.add(
                 "project_id",
                 'is required when provider is "google-secret-manager" (on a google shard it defaults to '
-                "shard.infra.options.project)",
+                "shard.infra.options.project_id)",
             )
         rules.check()
         return self

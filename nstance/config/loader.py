@@ -20,6 +20,7 @@ from nstance.config.errors import ConfigError, Problem, join_path
 from nstance.config.fields import GroupName, TenantName
 from nstance.config.jsonc import parse_jsonc
 from nstance.config.schema import UNSUPPORTED_SECTIONS, DynamicGroups, ServerConfig
+from nstance.config.shard import google_project
 from nstance.config.translate import problems_from_validation
 from nstance.config.workloads import DynamicGroupConfig
 from nstance.core.gojson import go_marshal_indent
@@ -88,8 +89,8 @@ DEFAULT_SECRETS_PROVIDERS: dict[str, str] = {
 def _default_secrets(raw: dict[str, Any]) -> dict[str, Any]:
     """Fill in ``cluster.secrets`` from the shard's provider when it is absent, as upstream v2 does.
 
-    On a ``google`` shard, a Secret Manager store without ``project_id`` takes the provider's
-    ``shard.infra.options.project`` (upstream requires the field written out; this saves repeating it).
+    On a ``google`` shard, a Secret Manager store without ``project_id`` takes the provider's project
+    (``shard.infra.options.project_id`` or ``.project``; upstream requires the field written out).
     """
     cluster, shard = raw.get("cluster"), raw.get("shard")
     if not isinstance(cluster, dict) or not isinstance(shard, dict):
@@ -109,8 +110,8 @@ def _default_secrets(raw: dict[str, Any]) -> dict[str, Any]:
         and provider in ("google", "gcp")
     ):
         options = infra.get("options") if isinstance(infra, dict) else None
-        project = options.get("project") if isinstance(options, dict) else None
-        if isinstance(project, str) and project:
+        project = google_project(options) if isinstance(options, dict) else ""
+        if project:
             secrets = {**secrets, "project_id": project}
     if secrets is cluster.get("secrets"):
         return raw

@@ -5,7 +5,8 @@ id and its ``nstance-*`` labels carry the rest of the metadata (see ``labels``);
 GCE's numeric instance id, so a VM recreated under the same name is told apart.
 
 Besides the ``Provider`` protocol it has the optional capabilities of ``nstance.providers.features``
-that GCE offers: ``LoadBalancing`` through zonal network endpoint groups (``loadbalancers``),
+that GCE offers: ``LoadBalancing`` through zonal network endpoint groups (``loadbalancers``) or,
+for upstream's v1 ``instance_group_name`` entries, an unmanaged instance group (``instancegroups``),
 ``LeaderNetworking`` with an alias IP range (``network``), ``OwnInstance`` from the metadata server
 (``nstance.providers.metadata``) and ``InstanceTypeCheck`` (the machine type's architecture). It has
 no ``ImageLookup``: GCE image families already resolve to the newest image at create time.
@@ -54,6 +55,7 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1
 
 from nstance.config.resources import LoadBalancerConfig
+from nstance.config.shard import GOOGLE_PROJECT_KEYS, google_project
 from nstance.core.backoff import Backoff
 from nstance.core.clock import Clock
 from nstance.core.errors import InvalidArgument
@@ -70,12 +72,14 @@ from nstance.providers.base import (
 from nstance.providers.features import LbTarget, TargetState
 from nstance.providers.gcp import labels as lbl
 from nstance.providers.gcp.calls import GceCalls, Sleep
+from nstance.providers.gcp.instancegroups import InstanceGroupTargets
 from nstance.providers.gcp.loadbalancers import DEFAULT_BATCH_SIZE, NegTargets
 from nstance.providers.gcp.network import AliasLeaderNetwork
 from nstance.providers.gcp.resources import build_instance, check_arch, short_subnet, subnetwork_path
 from nstance.providers.gcp.status import map_status
 
 OPTION_KEYS: tuple[str, ...] = (
+    "project_id",
     "project",
     "endpoint",
     "credentials_file",
@@ -112,7 +116,7 @@ class GcpProvider:
         not_found_retries: int = 5,
         backoff: Backoff | None = None,
         sleep: Sleep = asyncio.sleep,
-        neg_batch_size: int = DEFAULT_BATCH_SIZE,
+        lb_batch_size: int = DEFAULT_BATCH_SIZE,  # VMs per NEG attach/detach or group add/remove call
     ) -> None:
         if not project or not zone:
             raise InvalidArgument("gcp: a project and a zone are required")
@@ -137,6 +141,7 @@ class GcpProvider:
             self._machine_type_client = compute_v1.MachineTypesClient(**kwargs)
             self._subnetworks = compute_v1.SubnetworksClient(**kwargs)
             self._neg_client = compute_v1.NetworkEndpointGroupsClient(**kwargs)
+            self._group_client = compute_v1.InstanceGroupsClient(**kwargs)
         except gauth_exceptions.DefaultCredentialsError as exc:
             raise InvalidArgument(
                 "shard.infra.options.credentials_file: no Google credentials found "
@@ -154,7 +159,10 @@ class GcpProvider:
             request_timeout=request_timeout,
             operation_timeout=operation_timeout,
         )
-        self._negs = NegTargets(self._neg_client, self._api, page_size=page_size, batch_size=neg_batch_size)
+        self._negs = NegTargets(self._neg_client, self._api, page_size=page_size, batch_size=lb_batch_size)
+        self._groups = InstanceGroupTargets(
+            self._group_client, self._api, page_size=page_size, batch_size=lb_batch_size
+        )
         self._leader = AliasLeaderNetwork(
             self._instances,
             self._api,
@@ -311,21 +319,25 @@ class GcpProvider:
 
     # ---- capabilities (nstance.providers.features) -------------------------------------------
 
+    def _lb_members(self, lb: LoadBalancerConfig) -> NegTargets | InstanceGroupTargets:
+        """The instance group of an ``instance_group_name`` entry, else the entry's NEGs."""
+        return self._groups if lb.instance_group_name is not None else self._negs
+
     async def register_targets(self, name: str, lb: LoadBalancerConfig, targets: Sequence[LbTarget]) -> None:
-        """Attach the VMs to every network endpoint group of ``load_balancers.<name>``."""
-        await self._negs.register(name, lb, targets)
+        """Add the VMs to every NEG (or the instance group) of ``load_balancers.<name>``."""
+        await self._lb_members(lb).register(name, lb, targets)
 
     async def deregister_targets(
         self, name: str, lb: LoadBalancerConfig, targets: Sequence[LbTarget]
     ) -> None:
-        """Detach the VMs from every NEG of ``name`` (waits for the detach, not for draining)."""
-        await self._negs.deregister(name, lb, targets)
+        """Take the VMs out of every NEG (or the instance group) of ``name``; waits for the operation."""
+        await self._lb_members(lb).deregister(name, lb, targets)
 
     async def target_states(
         self, name: str, lb: LoadBalancerConfig, targets: Sequence[LbTarget]
     ) -> dict[str, TargetState]:
-        """Each VM's state across the NEGs of ``name``, keyed by instance id."""
-        return await self._negs.states(name, lb, targets)
+        """Each VM's state across the NEGs (or in the instance group) of ``name``, keyed by instance id."""
+        return await self._lb_members(lb).states(name, lb, targets)
 
     async def assign_leader_network(self, provider_id: str, ip: str, interface_id: str) -> None:
         """Give VM ``provider_id`` (GCE id or name) the alias range ``ip/32`` on ``interface_id`` (nic0)."""
@@ -358,6 +370,7 @@ class GcpProvider:
             self._machine_type_client,
             self._subnetworks,
             self._neg_client,
+            self._group_client,
         )
         for client in clients:
             await asyncio.to_thread(client.transport.close)
@@ -536,10 +549,17 @@ def gcp_provider_from_options(
     opt.check_known(options, OPTION_KEYS, "gcp")
     if not zone:
         raise InvalidArgument("shard.infra.zone: required for the gcp provider (for example us-central1-a)")
-    project = options.get("project") or os.environ.get("GOOGLE_CLOUD_PROJECT", "")
-    if not isinstance(project, str) or not project:
+    named = {key: opt.text(options, key) for key in GOOGLE_PROJECT_KEYS if key in options}
+    if len(set(named.values())) > 1:
         raise InvalidArgument(
-            f"{prefix}.project: the GCP project id is required (or set GOOGLE_CLOUD_PROJECT)"
+            f"{prefix}.project: {named['project']!r} differs from project_id {named['project_id']!r}; "
+            "set one of them"
+        )
+    project = google_project(options) or os.environ.get("GOOGLE_CLOUD_PROJECT", "")
+    if not project:
+        raise InvalidArgument(
+            f"{prefix}.project_id: the GCP project id is required (or set GOOGLE_CLOUD_PROJECT); "
+            "project_id is upstream's name, project also works"
         )
     endpoint = options.get("endpoint", "")
     if not isinstance(endpoint, str) or (endpoint and not endpoint.startswith(("http://", "https://"))):

@@ -310,6 +310,8 @@ def test_without_a_secrets_block_the_provider_default_applies(provider: str, exp
     assert secrets.provider == expected
     if provider == "google":
         assert secrets.project_id == "fleet-project"  # taken from the provider's own project
+        doc["shard"]["infra"]["options"] = {"project_id": "upstream-key"}  # upstream's name of the option
+        assert load(doc).cluster.secrets.project_id == "upstream-key"
         doc["shard"]["infra"]["options"] = {}
         assert only(doc).startswith("cluster.secrets.project_id: is required")
     doc["shard"]["infra"]["provider"] = "proxmox"
@@ -532,7 +534,8 @@ def test_load_balancer_ports_and_shapes() -> None:
         "load_balancers.a.target_groups[0].target_port: must be a port number between 1 and 65535",
         'load_balancers.b.listeners: is for provider "tunnel", not "aws"',
         'load_balancers.b.target_groups: must have at least one entry for provider "aws"',
-        'load_balancers.c.network_endpoint_groups: must have at least one entry for provider "google"',
+        'load_balancers.c.network_endpoint_groups: must have at least one entry for provider "google" '
+        "(or set instance_group_name)",
         'load_balancers.d.provider: "tunnel" load balancers are not supported by this server yet',
     ]
 
