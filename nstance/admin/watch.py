@@ -33,7 +33,7 @@ from nstance.core.errors import NstanceError
 from nstance.rpc import operator_pb2
 
 from .client import ShardClient, describe_rpc_error, open_channel
-from .commands import AllShardsOpt, IdentityDirOpt, ServersOpt, ShardOpt, TimeoutOpt, resolve_target
+from .shardcalls import AllShardsOpt, IdentityDirOpt, ServersOpt, ShardOpt, TimeoutOpt, resolve_target
 
 HOME = "\033[H"
 CLEAR_LINE = "\033[K"
