@@ -49,6 +49,8 @@ ROTATION_REASONS = frozenset({REASON_DRIFT, REASON_ELIGIBLE_EXPIRY, REASON_FORCE
 #: Groups whose rows are read from SQLite at the same time (worker threads compete with the event loop
 #: for the GIL: sixteen concurrent reads of 1,000 rows each stalled the loop for 150 ms).
 READ_CONCURRENCY = 2
+#: Groups marked per loop turn by ``enqueue_all``.
+ENQUEUE_BATCH = 500
 #: One worker in this many may run a resync (background) reconcile: the rest stay free for changes.
 BACKGROUND_SHARE = 4
 #: Health intervals an agent may miss (while its VM runs) before the instance is replaced.
@@ -104,8 +106,13 @@ class Reconciler:
         agent gone) is then reconciled before the rest of a 10,000-group resync, not after it. The
         first pass of a leadership is not background: every group needs it as soon as possible.
         """
-        for key in sorted(await asyncio.to_thread(self.groups)):
-            self.enqueue(key, background=background)
+        keys = sorted(await asyncio.to_thread(self.groups))
+        for start in range(0, len(keys), ENQUEUE_BATCH):
+            if start:
+                await asyncio.sleep(0)  # 10,000 marks in one callback held the loop for a second
+            for key in keys[start : start + ENQUEUE_BATCH]:
+                self.queue.add(key, background=background)
+            self._ctx.metrics.set_reconcile_queue_depth(len(self.queue))
 
     async def run(self) -> None:
         """Process the queue and resync periodically until ``close``."""
