@@ -505,13 +505,16 @@ class ServerApp:
                 handshake_timeout=shard_cfg.limits.handshake_timeout.total_seconds(),
             )
             fronts.append(front)
-            server_auth, _ = server_credentials(
+            server_auth, registration_cert = server_credentials(
                 identity.ca,
                 hosts=hosts,
                 clock=self.clock,
                 require_client_cert=False,
                 key_type=opts.server_key_type,
             )
+            self.metrics.set_certificate_expiry("ca", identity.ca.not_after)
+            self.metrics.set_certificate_expiry("server-mtls", mtls.not_after)
+            self.metrics.set_certificate_expiry("server-registration", registration_cert.not_after)
             limits = shard_cfg.limits
             caps = plan_connection_caps(limits, open_files)
             log.log(
