@@ -298,14 +298,17 @@ class ServerApp:
         secrets_cfg = config.cluster.secrets
         keys: list[bytes] = []
         if secrets_cfg.encryption_key is not None:
-            sources = [(secrets_cfg.encryption_key.provider, secrets_cfg.encryption_key.source)]
-            sources += [(k.provider, k.source) for k in secrets_cfg.old_encryption_keys]
+            sources = [
+                (k.provider, k.source, k.project_id)
+                for k in (secrets_cfg.encryption_key, *secrets_cfg.old_encryption_keys)
+            ]
             keys = load_encryption_keys(sources, self.opts.environ)
         secrets = open_secret_store(
             secrets_cfg.provider,
             object_store=cluster_store,
             prefix=secrets_cfg.prefix or None,
             keys=keys,
+            project_id=secrets_cfg.project_id,
             bind_names=secrets_cfg.bind_names,
         )
         self._secrets = secrets
