@@ -44,9 +44,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from datetime import datetime
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime
 from typing import Any, Final, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
