@@ -285,6 +285,19 @@ def test_list_instances_names_managed_and_on_demand_instances_by_id(server: Serv
         rows = json.loads(result.stdout)
         assert {r["instance_id"] for r in rows} == {i.instance_id for i in listed}
         assert [r["on_demand"] for r in rows if r["instance_id"] == iid] == [True]
+
+        # The live view shows them by ID too, from the same listing (no --instances-dir needed).
+        frame = CliRunner().invoke(
+            admin_app,
+            [
+                "watch", "--once", "--shard", SHARD, "--servers", f"{SHARD}={server.addrs['operator_addr']}",
+                "--identity-dir", str(server.identity),
+            ],
+        )  # fmt: skip
+        assert frame.exit_code == 0, frame.stderr
+        lines = frame.stdout.splitlines()
+        assert any(iid in line and "idle (on-demand)" in line for line in lines), frame.stdout
+        assert sum(any(i.instance_id in line for line in lines) for i in managed) == 2, frame.stdout
     finally:
         stub.DeleteInstance(operator_pb2.DeleteInstanceRequest(instance_id=iid), timeout=10)
         scale(stub, "idle", 0)
