@@ -7,8 +7,11 @@ call the ``on_*`` methods with each watch event; these decide which objects need
 * an object's own changes count only when its *trigger* changes (uid, generation, deletion,
   finalizers, and a few kind-specific fields), so status writes do not loop;
 * a CAPI MachinePool change re-runs the NstanceMachinePool of the same name (spec.replicas);
-* any change of a shard group (status included) re-runs the pool that controls it; clearing a shard
-  group's ``status.observedGeneration`` makes it apply its group to the shard again;
+* a shard group runs on spec changes only (its generation), not on status writes - its own or the
+  sync manager's; clearing ``status.observedGeneration`` of an applied (Ready) shard group makes it
+  apply its group to the shard again;
+* a shard-group change re-runs the pool that controls it only when something the pool decides on
+  changed (``pool_view``: spec, labels, owner, deletion, and the status fields the pool aggregates);
 * a deleted pool re-runs the other pools of the same group (a DuplicateGroup pool can take over);
 * a CAPI Machine change re-runs its NstanceMachine (failure domain, deletion) and its on-demand Pod
   (nodeRef, for pinning).
@@ -19,9 +22,11 @@ Must not: talk to Kubernetes or shards itself (the reconcile functions do), or b
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Hashable, Mapping
 from typing import Any
 
+from nstance.operator.conditions import find_condition, is_true
 from nstance.operator.context import OperatorContext
 from nstance.operator.controllers import cluster, machine, machinepool, ondemand, shardgroup
 from nstance.operator.controllers.common import controller_uid, is_deleting, meta, spec, status
@@ -36,6 +41,7 @@ from nstance.operator.controllers.shardcalls import ShardCallError
 from nstance.operator.crds.names import (
     KIND_MACHINE,
     KIND_MACHINE_POOL,
+    READY,
     SERVER_DELETED,
 )
 from nstance.operator.kube import KubeError
@@ -63,6 +69,38 @@ def _base_trigger(obj: Mapping[str, Any]) -> tuple[Hashable, ...]:
     )
 
 
+def pool_view(shard_group: Mapping[str, Any]) -> Hashable:
+    """What the pool controller decides on of one of its shard groups.
+
+    The spec, labels, owners and deletion (``ensure_shard_groups``) and the status fields the pool
+    aggregates (``update_status``: replicas, isStatic, config, providerIDs, the Ready condition). A
+    change elsewhere (lastSyncTime, observedGeneration, ShardReachable, ConfigValid) does not re-run
+    the pool.
+    """
+    m, current = meta(shard_group), status(shard_group)
+    ready = find_condition(current.get("conditions"), READY) or {}
+    view = {
+        "uid": m.get("uid"),
+        "deleting": is_deleting(shard_group),
+        "labels": m.get("labels"),
+        "owners": m.get("ownerReferences"),
+        "spec": spec(shard_group),
+        "status": {name: current.get(name) for name in ("replicas", "isStatic", "config", "providerIDs")},
+        "ready": [ready.get("status"), ready.get("reason"), ready.get("message")],
+    }
+    return json.dumps(view, sort_keys=True, default=str)
+
+
+def _apply_requested(obj: Mapping[str, Any]) -> bool:
+    """Whether someone cleared the ``status.observedGeneration`` of a shard group that was applied.
+
+    Only that edge of the status is a trigger: the controller's own status write (observedGeneration
+    set to the generation it applied) and the sync manager's replica updates must not run it again.
+    """
+    current = status(obj)
+    return current.get("observedGeneration") is None and is_true(current.get("conditions"), READY)
+
+
 def _owner_name(obj: Mapping[str, Any], kind: str) -> str | None:
     for ref in meta(obj).get("ownerReferences") or []:
         if isinstance(ref, Mapping) and ref.get("kind") == kind:
@@ -85,6 +123,8 @@ class Controllers:
         self.machines = queue("nstancemachine", functools.partial(machine.reconcile, ctx), workers)
         self.pods = queue("ondemandpod", functools.partial(ondemand.reconcile, ctx), workers)
         self._pool_groups: dict[Key, str] = {}
+        self._pool_views: dict[Key, Hashable] = {}
+        """The last ``pool_view`` of each shard group that re-ran its pool."""
 
     @property
     def queues(self) -> tuple[WorkQueue, ...]:
@@ -140,13 +180,18 @@ class Controllers:
         if event_type == DELETED:
             self.shard_groups.forget(key)
         else:
-            # observedGeneration is part of the trigger so that clearing it (sync manager, or a user)
-            # asks for the group to be applied to its shard again.
-            observed = status(obj).get("observedGeneration")
-            self.shard_groups.observe(key, (*_base_trigger(obj), observed))
+            self.shard_groups.observe(key, (*_base_trigger(obj), _apply_requested(obj)))
         owner = _owner_name(obj, KIND_MACHINE_POOL)
-        if owner and controller_uid(obj) is not None:
-            self.pools.enqueue((key[0], owner))
+        if owner is None or controller_uid(obj) is None:
+            return
+        view = None if event_type == DELETED else pool_view(obj)
+        if event_type == DELETED:
+            self._pool_views.pop(key, None)
+        elif self._pool_views.get(key) == view:
+            return
+        else:
+            self._pool_views[key] = view
+        self.pools.enqueue((key[0], owner))
 
     def on_machine(self, event_type: str | None, obj: Mapping[str, Any]) -> None:
         key = key_of(obj)
