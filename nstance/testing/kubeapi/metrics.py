@@ -65,7 +65,7 @@ class RequestCounter:
 
     def render(self) -> str:
         lines = [
-            f"# HELP {METRIC} Counter of apiserver requests by verb, group, resource, subresource and client.",
+            f"# HELP {METRIC} Requests by verb, group, resource, subresource and client.",
             f"# TYPE {METRIC} counter",
         ]
         for key, count in sorted(self.counts.items()):
