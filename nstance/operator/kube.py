@@ -155,6 +155,11 @@ class Kube:
         return cls(api)
 
     @property
+    def api(self) -> ApiClient:
+        """The underlying client (shared by wrappers such as ``kubecache.CachedKube``)."""
+        return self._api
+
+    @property
     def configuration(self) -> Configuration:
         return self._api.configuration
 

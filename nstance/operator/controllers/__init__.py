@@ -16,6 +16,9 @@ call the ``on_*`` methods with each watch event; these decide which objects need
 * a CAPI Machine change re-runs its NstanceMachine (failure domain, deletion) and its on-demand Pod
   (nodeRef, for pinning).
 
+Each event of a pool, MachinePool or shard group is put into the context's read cache
+(``kubecache``, when the context's ``kube`` is a ``CachedKube``) before its key is queued.
+
 Must not: talk to Kubernetes or shards itself (the reconcile functions do), or block the handlers.
 """
 
@@ -37,6 +40,11 @@ from nstance.operator.controllers.ondemand.names import (
     on_demand_instance_type,
 )
 from nstance.operator.controllers.queue import Key, Reconcile, WorkQueue
+from nstance.operator.controllers.resources import (
+    CAPI_MACHINE_POOLS,
+    NSTANCE_MACHINE_POOLS,
+    NSTANCE_SHARD_GROUPS,
+)
 from nstance.operator.controllers.shardcalls import ShardCallError
 from nstance.operator.crds.names import (
     KIND_MACHINE,
@@ -44,7 +52,8 @@ from nstance.operator.crds.names import (
     READY,
     SERVER_DELETED,
 )
-from nstance.operator.kube import KubeError
+from nstance.operator.kube import KubeError, Resource
+from nstance.operator.kubecache import CachedKube
 
 __all__ = ["Controllers", "Key", "WorkQueue"]
 
@@ -122,6 +131,7 @@ class Controllers:
         self.shard_groups = queue("nstanceshardgroup", functools.partial(shardgroup.reconcile, ctx), workers)
         self.machines = queue("nstancemachine", functools.partial(machine.reconcile, ctx), workers)
         self.pods = queue("ondemandpod", functools.partial(ondemand.reconcile, ctx), workers)
+        self._cache = ctx.kube.cache if isinstance(ctx.kube, CachedKube) else None
         self._pool_groups: dict[Key, str] = {}
         self._pool_views: dict[Key, Hashable] = {}
         """The last ``pool_view`` of each shard group that re-ran its pool."""
@@ -154,7 +164,14 @@ class Controllers:
         initialization = status(obj).get("initialization") or {}
         self.clusters.observe(key, (*_base_trigger(obj), initialization.get("provisioned")))
 
+    def _cached(self, resource: Resource, event_type: str | None, obj: Mapping[str, Any]) -> None:
+        """Put the event's object into the read cache before its reconcile is queued, so the
+        reconcile reads at least this version."""
+        if self._cache is not None:
+            self._cache.observe(resource, event_type, obj)
+
     def on_pool(self, event_type: str | None, obj: Mapping[str, Any]) -> None:
+        self._cached(NSTANCE_MACHINE_POOLS, event_type, obj)
         key = key_of(obj)
         group = str(spec(obj).get("group") or "")
         if event_type == DELETED:
@@ -169,6 +186,7 @@ class Controllers:
         self.pools.observe(key, (*_base_trigger(obj), tuple(sorted(annotations.items()))))
 
     def on_machine_pool(self, event_type: str | None, obj: Mapping[str, Any]) -> None:
+        self._cached(CAPI_MACHINE_POOLS, event_type, obj)
         template = spec(obj).get("template") or {}
         ref = (template.get("spec") or {}).get("infrastructureRef") if isinstance(template, Mapping) else None
         if isinstance(ref, Mapping) and ref.get("kind") not in (None, KIND_MACHINE_POOL):
@@ -176,6 +194,7 @@ class Controllers:
         self.pools.enqueue(key_of(obj))
 
     def on_shard_group(self, event_type: str | None, obj: Mapping[str, Any]) -> None:
+        self._cached(NSTANCE_SHARD_GROUPS, event_type, obj)
         key = key_of(obj)
         if event_type == DELETED:
             self.shard_groups.forget(key)
