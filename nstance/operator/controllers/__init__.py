@@ -11,7 +11,8 @@ call the ``on_*`` methods with each watch event; these decide which objects need
   sync manager's; clearing ``status.observedGeneration`` of an applied (Ready) shard group makes it
   apply its group to the shard again;
 * a shard-group change re-runs the pool that controls it only when something the pool decides on
-  changed (``pool_view``: spec, labels, owner, deletion, and the status fields the pool aggregates);
+  changed (``pool_view``: spec, labels, owner, deletion, and the status fields the pool aggregates),
+  ``POOL_SETTLE`` seconds later so the shard groups of one change are summed up in one run;
 * a deleted pool re-runs the other pools of the same group (a DuplicateGroup pool can take over);
 * a CAPI Machine change re-runs its NstanceMachine (failure domain, deletion) and its on-demand Pod
   (nodeRef, for pinning).
@@ -61,6 +62,18 @@ DELETED = "DELETED"
 
 EXPECTED_FAILURES: tuple[type[BaseException], ...] = (KubeError, ShardCallError, TimeoutError)
 """Reconcile failures that are the outside world's (logged without a traceback and retried)."""
+
+
+POOL_SETTLE = 0.5
+"""Seconds a pool waits after a change of one of its shard groups before it runs (its own changes,
+and its MachinePool's, run it at once)."""
+POOL_WORKERS = 16
+"""Concurrent pool reconciles: a run reads from the cache and waits on a few writes (its shard groups'
+specs, its status), so a burst of pool changes is served in parallel rather than four at a time."""
+SHARD_GROUP_WORKERS = 32
+"""Concurrent shard-group reconciles. Each waits mostly on one UpsertGroup or DeleteGroup call, and a
+server folds the calls queued on it into one write of its groups document, so a burst of pool changes
+needs many calls in flight rather than a few in sequence (a pool change is one call per shard)."""
 
 
 def key_of(obj: Mapping[str, Any]) -> Key:
@@ -120,15 +133,28 @@ def _owner_name(obj: Mapping[str, Any], kind: str) -> str | None:
 class Controllers:
     """Work queues of every controller, bound to one operator context."""
 
-    def __init__(self, ctx: OperatorContext, *, workers: int = 4) -> None:
+    def __init__(
+        self,
+        ctx: OperatorContext,
+        *,
+        workers: int = 4,
+        pool_workers: int = POOL_WORKERS,
+        shard_group_workers: int = SHARD_GROUP_WORKERS,
+    ) -> None:
         self.ctx = ctx
 
         def queue(name: str, reconcile: Reconcile, count: int) -> WorkQueue:
             return WorkQueue(name, reconcile, count, expected=EXPECTED_FAILURES)
 
         self.clusters = queue("nstancecluster", functools.partial(cluster.reconcile, ctx), 1)
-        self.pools = queue("nstancemachinepool", functools.partial(machinepool.reconcile, ctx), workers)
-        self.shard_groups = queue("nstanceshardgroup", functools.partial(shardgroup.reconcile, ctx), workers)
+        self.pools = queue(
+            "nstancemachinepool", functools.partial(machinepool.reconcile, ctx), max(workers, pool_workers)
+        )
+        self.shard_groups = queue(
+            "nstanceshardgroup",
+            functools.partial(shardgroup.reconcile, ctx),
+            max(workers, shard_group_workers),
+        )
         self.machines = queue("nstancemachine", functools.partial(machine.reconcile, ctx), workers)
         self.pods = queue("ondemandpod", functools.partial(ondemand.reconcile, ctx), workers)
         self._cache = ctx.kube.cache if isinstance(ctx.kube, CachedKube) else None
@@ -210,7 +236,9 @@ class Controllers:
             return
         else:
             self._pool_views[key] = view
-        self.pools.enqueue((key[0], owner))
+        # The shard groups of one pool change settle within moments of each other (one per shard):
+        # one pool run after them writes the pool's status once instead of once per shard.
+        self.pools.enqueue((key[0], owner), POOL_SETTLE)
 
     def on_machine(self, event_type: str | None, obj: Mapping[str, Any]) -> None:
         key = key_of(obj)
