@@ -9,11 +9,12 @@ Every pooled connection gets ``journal_mode=WAL`` (readers never block the write
 ``busy_timeout=5000`` and ``synchronous=NORMAL`` (durable at checkpoints; a power cut may lose the last
 transactions, which the rebuild from object storage restores).
 
-SQLAlchemy, not the ``sqlite3`` module, emits BEGIN. ``Database.session()`` starts with
-``BEGIN IMMEDIATE``: it takes the write lock up front, so two writers queue on ``busy_timeout`` instead of
+The ``sqlite3`` module never emits BEGIN on its own; we do. ``Database.session()`` (ORM) and
+``Database.write_connection()`` (plain SQL on the DBAPI connection, for the hot paths) start with
+``BEGIN IMMEDIATE``: the write lock is taken up front, so two writers queue on ``busy_timeout`` instead of
 one failing with "database is locked" when it upgrades a read snapshot to a write.
-``Database.read_session()`` (and any plain ``engine.connect()``) uses a deferred BEGIN: a consistent
-snapshot that never blocks writers.
+``Database.read_session()``, ``Database.read_connection()`` (and any plain ``engine.connect()``) use a
+deferred BEGIN: a consistent snapshot that never blocks writers.
 
 The schema is created and upgraded only by alembic (``migrate``), never by ``metadata.create_all``.
 """
@@ -22,10 +23,11 @@ from __future__ import annotations
 
 import importlib.resources
 import logging
+import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from alembic import command
 from alembic.config import Config
@@ -48,6 +50,8 @@ _PRAGMAS: Final = (
     f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}",
     "PRAGMA synchronous=NORMAL",
 )
+#: What a failed statement raises: SQLAlchemy wraps driver errors, plain SQL raises them as they are.
+_DB_ERRORS: Final = (DBAPIError, sqlite3.DatabaseError)
 
 
 def migrations_path() -> str:
@@ -160,18 +164,47 @@ class Database:
         try:
             with self._write_sessions.begin() as session:
                 yield session
-        except DBAPIError as exc:
+        except _DB_ERRORS as exc:
             self._noticed(exc)
             raise
 
     @contextmanager
-    def write_connection(self) -> Iterator[Connection]:
-        """A read-write transaction (``BEGIN IMMEDIATE``) on a plain Connection, for plain-SQL hot paths.
+    def write_connection(self) -> Iterator[sqlite3.Connection]:
+        """A read-write transaction (``BEGIN IMMEDIATE``) on a pooled DBAPI connection, for plain SQL.
 
-        No ORM Session is built, which is most of the cost of a one-statement transaction.
+        Committed on success, rolled back on error. Neither an ORM Session nor a SQLAlchemy Connection
+        is built: for a one-statement transaction those cost several times the statement.
         """
-        with self._write_engine.begin() as conn:
+        with self._plain("BEGIN IMMEDIATE", commit=True) as conn:
             yield conn
+
+    @contextmanager
+    def read_connection(self) -> Iterator[sqlite3.Connection]:
+        """A consistent snapshot (deferred ``BEGIN``) on a pooled DBAPI connection; always rolled back."""
+        with self._plain("BEGIN", commit=False) as conn:
+            yield conn
+
+    @contextmanager
+    def _plain(self, begin: str, *, commit: bool) -> Iterator[sqlite3.Connection]:
+        try:
+            pooled = self.engine.raw_connection()
+            try:
+                conn = cast(sqlite3.Connection, pooled.driver_connection)
+                conn.execute(begin)
+                try:
+                    yield conn
+                except BaseException:
+                    conn.rollback()
+                    raise
+                if commit:
+                    conn.commit()
+                else:
+                    conn.rollback()
+            finally:
+                pooled.close()  # back to the pool
+        except _DB_ERRORS as exc:
+            self._noticed(exc)
+            raise
 
     @contextmanager
     def read_session(self) -> Iterator[Session]:
@@ -184,7 +217,7 @@ class Database:
         try:
             with self._read_sessions() as session:
                 yield session
-        except DBAPIError as exc:
+        except _DB_ERRORS as exc:
             self._noticed(exc)
             raise
 

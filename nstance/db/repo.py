@@ -1,11 +1,18 @@
 """Repository functions over the SQLite cache: the only queries the rest of the server runs.
 
 Each function takes an open ``Session`` (from ``Database.session()`` for writes, ``read_session()`` for
-reads; the registration hot path's plain-SQL functions take a ``Connection`` from
-``Database.write_connection()``) and neither commits nor rolls back: the caller owns the transaction,
-so several calls can form one atomic step. Times are passed in (``now``) from the injected clock, never
-read here. Functions return ORM rows, which stay readable after the session ends
-(``expire_on_commit=False``).
+reads) and neither commits nor rolls back: the caller owns the transaction, so several calls can form
+one atomic step. Times are passed in (``now``) from the injected clock, never read here.
+
+The hot paths (the reconciler's, GC's and provider sync's listings, instance lookups, health, status
+and delete writes, registration) run plain SQL on the DBAPI connection instead of the ORM: the ORM
+spent about ten times the statement's own cost building and tracking objects. Those functions take a
+``Bind``: a Session (they run in its transaction) or a plain ``sqlite3.Connection`` from
+``Database.read_connection()`` / ``write_connection()``, which skips the Session's own cost too; they
+return ``rows.InstanceRow`` tuples. The other functions use the ORM and return ORM rows, which stay
+readable after the session ends (``expire_on_commit=False``). Writes of the hot paths run on the
+shard's single database writer thread (``InstanceOps.db_writer``), so they never queue on SQLite's
+write lock behind each other.
 
 Single-use guarantees rest on one conditional statement whose affected-row count is checked, never on
 read-then-write: ``mark_registered_atomically`` and ``claim_operator_nonce`` are safe when any number
@@ -15,12 +22,14 @@ of threads or processes race on the same nonce.
 from __future__ import annotations
 
 import enum
-from datetime import UTC, datetime
-from typing import Any, NamedTuple
+import json
+import sqlite3
+from datetime import datetime
+from typing import Any, NamedTuple, TypeAlias, cast
 
 from sqlalchemy import Executable, Table, bindparam, case, delete, func, or_, select, update
 from sqlalchemy.dialects.sqlite import insert
-from sqlalchemy.engine import Connection, CursorResult
+from sqlalchemy.engine import CursorResult
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -39,9 +48,31 @@ from nstance.db.models import (
     PublicKey,
     RevokedCert,
 )
+from nstance.db.rows import INSTANCE_COLUMNS, InstanceRow, instance_row, sqlite_time
 from nstance.db.types import UTCDateTime
 
 _INSTANCES: Table = Instance.__table__  # type: ignore[assignment]  # Core statements for the batch paths
+
+#: What the plain-SQL functions run on: a Session (in its transaction) or a DBAPI connection.
+Bind: TypeAlias = Session | sqlite3.Connection
+
+
+def _plain(bind: Bind) -> sqlite3.Connection:
+    """The DBAPI connection under ``bind``; a Session's is taken in (and starts) its transaction."""
+    if isinstance(bind, Session):
+        return cast(sqlite3.Connection, bind.connection().connection.driver_connection)
+    return bind
+
+
+def _instances(bind: Bind, where: str, params: tuple[Any, ...] = ()) -> list[InstanceRow]:
+    """Instance rows matching ``where`` (plain SQL, with its ORDER BY), as ``InstanceRow``."""
+    cursor = _plain(bind).execute(f"SELECT {INSTANCE_COLUMNS} FROM instances WHERE {where}", params)
+    return [instance_row(values) for values in cursor.fetchall()]
+
+
+def _changed(bind: Bind, sql: str, params: tuple[Any, ...]) -> int:
+    """Run one plain-SQL write; the number of rows it changed."""
+    return _plain(bind).execute(sql, params).rowcount
 
 
 def _rowcount(session: Session, statement: Executable) -> int:
@@ -151,17 +182,20 @@ def set_provider_details(
     return _rowcount(session, update(Instance).where(Instance.id == instance_id).values(**values)) == 1
 
 
-def set_provider_status(session: Session, instance_id: str, status: str, *, now: datetime) -> bool:
+def set_provider_status(bind: Bind, instance_id: str, status: str, *, now: datetime) -> bool:
     """Store the normalised provider status seen at ``now``. Returns False if the instance is unknown."""
-    statement = (
-        update(Instance)
-        .where(Instance.id == instance_id)
-        .values(provider_status=status, provider_at=now, updated_at=now)
-    )
-    return _rowcount(session, statement) == 1
+    stamp = sqlite_time(now)
+    sql = "UPDATE instances SET provider_status = ?, provider_at = ?, updated_at = ? WHERE id = ?"
+    return _changed(bind, sql, (status, stamp, stamp, instance_id)) == 1
 
 
-def record_health_many(session: Session, items: list[dict[str, Any]]) -> None:
+_HEALTH_SQL = (
+    "UPDATE instances SET health_at = ?, health = ?, runtime_config_hash = coalesce(?, runtime_config_hash) "
+    "WHERE id = ? AND deleted_at IS NULL"
+)
+
+
+def record_health_many(bind: Bind, items: list[dict[str, Any]]) -> None:
     """Store many agents' health reports as one executemany UPDATE (deleted rows are skipped).
 
     Each item has ``instance_id``, ``health_at``, ``health`` (JSON) and ``runtime_config_hash``
@@ -169,26 +203,16 @@ def record_health_many(session: Session, items: list[dict[str, Any]]) -> None:
     """
     if not items:
         return
-    c = _INSTANCES.c
-    statement = (
-        _INSTANCES.update()
-        .where(c.id == bindparam("b_id"), c.deleted_at.is_(None))
-        .values(
-            health_at=bindparam("b_health_at"),
-            health=bindparam("b_health"),
-            runtime_config_hash=func.coalesce(bindparam("b_hash"), c.runtime_config_hash),
+    params = [
+        (
+            sqlite_time(item["health_at"]),
+            json.dumps(item["health"]),  # what the ORM's JSON type stores (None as JSON null)
+            item.get("runtime_config_hash"),
+            item["instance_id"],
         )
-    )
-    rows = [
-        {
-            "b_id": item["instance_id"],
-            "b_health_at": item["health_at"],
-            "b_health": item["health"],
-            "b_hash": item.get("runtime_config_hash"),
-        }
         for item in items
     ]
-    session.execute(statement, rows)
+    _plain(bind).executemany(_HEALTH_SQL, params)
 
 
 def mark_registered_atomically(
@@ -227,60 +251,59 @@ def mark_registered_atomically(
     return _rowcount(session, statement) == 1
 
 
-def get_instance(session: Session, instance_id: str) -> Instance | None:
+def get_instance(bind: Bind, instance_id: str) -> InstanceRow | None:
     """The instance row with this id (deleted rows included), or None."""
-    return session.get(Instance, instance_id)
+    found = _instances(bind, "id = ?", (instance_id,))
+    return found[0] if found else None
 
 
-def get_instance_by_nonce(session: Session, nonce: str) -> Instance | None:
+def get_instance_by_nonce(bind: Bind, nonce: str) -> InstanceRow | None:
     """The instance row created with this registration JWT, or None."""
-    return session.scalars(select(Instance).where(Instance.nonce == nonce)).one_or_none()
+    found = _instances(bind, "nonce = ?", (nonce,))  # unique
+    return found[0] if found else None
+
+
+_ACTIVE = "deleted_at IS NULL AND (provider_status IS NULL OR provider_status NOT IN ({}))".format(
+    ", ".join(f"'{status}'" for status in INACTIVE_PROVIDER_STATUSES)
+)
+_OLDEST_FIRST = " ORDER BY created_at, id"
 
 
 def list_active_instances(
-    session: Session,
+    bind: Bind,
     *,
     tenant: str | None = None,
     group_key: str | None = None,
     managed_only: bool = False,
-) -> list[Instance]:
+) -> list[InstanceRow]:
     """Instances not deleted and not being deleted by the provider, oldest first.
 
     ``managed_only`` leaves out on-demand instances (the reconciler counts only managed ones).
     """
-    statement = select(Instance).where(
-        Instance.deleted_at.is_(None),
-        or_(
-            Instance.provider_status.is_(None),
-            Instance.provider_status.not_in(INACTIVE_PROVIDER_STATUSES),
-        ),
-    )
+    where = _ACTIVE
+    params: tuple[str, ...] = ()
     if tenant is not None:
-        statement = statement.where(Instance.tenant == tenant)
+        where += " AND tenant = ?"
+        params += (tenant,)
     if group_key is not None:
-        statement = statement.where(Instance.group_key == group_key)
+        where += " AND group_key = ?"
+        params += (group_key,)
     if managed_only:
-        statement = statement.where(Instance.on_demand.is_(False))
-    statement = statement.order_by(Instance.created_at.asc(), Instance.id.asc())
-    return list(session.scalars(statement))
+        where += " AND on_demand = 0"
+    return _instances(bind, where + _OLDEST_FIRST, params)
 
 
-def soft_delete(session: Session, instance_id: str, *, now: datetime) -> bool:
+def soft_delete(bind: Bind, instance_id: str, *, now: datetime) -> bool:
     """Mark an instance deleted at ``now``; True only if it existed and was not deleted already."""
-    statement = (
-        update(Instance)
-        .where(Instance.id == instance_id, Instance.deleted_at.is_(None))
-        .values(deleted_at=now, updated_at=now)
-    )
-    return _rowcount(session, statement) == 1
+    stamp = sqlite_time(now)
+    sql = "UPDATE instances SET deleted_at = ?, updated_at = ? WHERE id = ? AND deleted_at IS NULL"
+    return _changed(bind, sql, (stamp, stamp, instance_id)) == 1
 
 
-def list_instances(session: Session, *, include_deleted: bool = False) -> list[Instance]:
+def list_instances(bind: Bind, *, include_deleted: bool = False) -> list[InstanceRow]:
     """Every instance row (deleted ones only when asked), oldest first."""
-    statement = select(Instance)
-    if not include_deleted:
-        statement = statement.where(Instance.deleted_at.is_(None))
-    return list(session.scalars(statement.order_by(Instance.created_at.asc(), Instance.id.asc())))
+    where = "1" if include_deleted else "deleted_at IS NULL"
+    return _instances(bind, where + _OLDEST_FIRST)
 
 
 def insert_instances(session: Session, rows: list[dict[str, Any]], *, now: datetime) -> None:
@@ -352,29 +375,20 @@ def set_provider_details_many(session: Session, items: list[dict[str, Any]], *, 
     session.execute(statement, rows)
 
 
-def count_instances(session: Session) -> dict[tuple[str, str, str], int]:
+def count_instances(bind: Bind) -> dict[tuple[str, str, str], int]:
     """Live instances counted by (tenant, group, state) with one aggregate query (for metrics)."""
-    state = case(
-        (Instance.drain_started_at.is_not(None), "draining"),
-        (Instance.record_state == RECORD_FAILED, "failed"),
-        else_=func.coalesce(Instance.provider_status, "pending"),
+    sql = (
+        "SELECT tenant, group_key, CASE WHEN drain_started_at IS NOT NULL THEN 'draining' "
+        f"WHEN record_state = '{RECORD_FAILED}' THEN 'failed' ELSE coalesce(provider_status, 'pending') END "
+        "AS state, count(*) FROM instances WHERE deleted_at IS NULL GROUP BY tenant, group_key, state"
     )
-    statement = (
-        select(Instance.tenant, Instance.group_key, state, func.count())
-        .where(Instance.deleted_at.is_(None))
-        .group_by(Instance.tenant, Instance.group_key, state)
-    )
-    return {(t, g, str(st)): int(n) for t, g, st, n in session.execute(statement).all()}
+    return {(t, g, str(st)): int(n) for t, g, st, n in _plain(bind).execute(sql).fetchall()}
 
 
-def groups_with_managed_instances(session: Session) -> set[tuple[str, str]]:
+def groups_with_managed_instances(bind: Bind) -> set[tuple[str, str]]:
     """(tenant, group) of every group that still has a live managed instance."""
-    statement = (
-        select(Instance.tenant, Instance.group_key)
-        .where(Instance.deleted_at.is_(None), Instance.on_demand.is_(False))
-        .distinct()
-    )
-    return {(t, g) for t, g in session.execute(statement).all()}
+    sql = "SELECT DISTINCT tenant, group_key FROM instances WHERE deleted_at IS NULL AND on_demand = 0"
+    return {(t, g) for t, g in _plain(bind).execute(sql).fetchall()}
 
 
 def mark_create_failed(session: Session, instance_id: str, *, now: datetime) -> bool:
@@ -432,21 +446,12 @@ def restore_instance(session: Session, **values: Any) -> None:
     session.execute(statement.on_conflict_do_update(index_elements=[Instance.id], set_=updates))
 
 
-def sqlite_time(value: datetime | None) -> str | None:
-    """An aware datetime as the text ``UTCDateTime`` stores (naive UTC, microseconds), for plain SQL."""
-    if value is None:
-        return None
-    if value.tzinfo is None or value.utcoffset() is None:
-        raise ValueError(f"naive datetime {value.isoformat()} refused: pass a timezone-aware datetime")
-    return value.astimezone(UTC).replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds")
-
-
 _TIME_COLUMNS = frozenset(c.name for c in _INSTANCES.c if isinstance(c.type, UTCDateTime))
 _RESTORE_COLUMNS = frozenset(c.name for c in _INSTANCES.c) - {"health"}
 
 
 def restore_instances(
-    session: Session, rows: list[dict[str, Any]], *, keep_stored_if_null: tuple[str, ...] = ()
+    bind: Bind, rows: list[dict[str, Any]], *, keep_stored_if_null: tuple[str, ...] = ()
 ) -> None:
     """``restore_instance`` for many rows as one executemany upsert (the cache rebuild's batch step).
 
@@ -481,7 +486,7 @@ def restore_instances(
         for i in times:
             values[i] = sqlite_time(values[i])
         params.append(tuple(values))
-    session.connection().exec_driver_sql(sql, params)
+    _plain(bind).executemany(sql, params)
 
 
 def soft_delete_many(session: Session, instance_ids: list[str], *, now: datetime) -> None:
@@ -497,22 +502,18 @@ def soft_delete_many(session: Session, instance_ids: list[str], *, now: datetime
     session.execute(statement, [{"b_id": instance_id} for instance_id in instance_ids])
 
 
-def live_instance_ids(session: Session) -> set[str]:
-    """The ids of every instance row not soft-deleted (one column, no ORM objects)."""
-    c = _INSTANCES.c
-    return set(session.scalars(select(c.id).where(c.deleted_at.is_(None))))
+def live_instance_ids(bind: Bind) -> set[str]:
+    """The ids of every instance row not soft-deleted (one column, no row objects)."""
+    return {iid for (iid,) in _plain(bind).execute("SELECT id FROM instances WHERE deleted_at IS NULL")}
 
 
-def get_instances(session: Session, instance_ids: list[str]) -> list[Instance]:
+def get_instances(bind: Bind, instance_ids: list[str]) -> list[InstanceRow]:
     """The rows with these ids (unknown ids are left out), oldest first."""
     if not instance_ids:
         return []
-    statement = (
-        select(Instance)
-        .where(Instance.id.in_(instance_ids))
-        .order_by(Instance.created_at.asc(), Instance.id.asc())
-    )
-    return list(session.scalars(statement))
+    unique = list(dict.fromkeys(instance_ids))
+    marks = ", ".join("?" for _ in unique)
+    return _instances(bind, f"id IN ({marks}){_OLDEST_FIRST}", tuple(unique))
 
 
 def forget_instance(session: Session, instance_id: str) -> bool:
@@ -527,14 +528,10 @@ class PurgedInstance(NamedTuple):
     instance_id: str
 
 
-def purge_deleted_before(session: Session, cutoff: datetime) -> list[PurgedInstance]:
+def purge_deleted_before(bind: Bind, cutoff: datetime) -> list[PurgedInstance]:
     """Remove rows soft-deleted before ``cutoff`` (their public keys and LB rows go with them)."""
-    statement = (
-        delete(Instance)
-        .where(Instance.deleted_at.is_not(None), Instance.deleted_at < cutoff)
-        .returning(Instance.tenant, Instance.id)
-    )
-    rows = session.execute(statement).all()
+    sql = "DELETE FROM instances WHERE deleted_at IS NOT NULL AND deleted_at < ? RETURNING tenant, id"
+    rows = _plain(bind).execute(sql, (sqlite_time(cutoff),)).fetchall()
     return sorted(PurgedInstance(tenant, instance_id) for tenant, instance_id in rows)
 
 
@@ -850,7 +847,7 @@ _CLAIM_AGENT_SQL = (
 
 
 def claim_agent_registration(
-    conn: Connection,
+    conn: sqlite3.Connection,
     *,
     nonce: str,
     instance_id: str,
@@ -862,12 +859,12 @@ def claim_agent_registration(
 ) -> AgentClaim:
     """``mark_registered_atomically`` for the registration hot path: one plain-SQL statement.
 
-    Takes a Connection (``Database.write_connection``), not a Session. The row must also belong to
+    Takes the DBAPI connection of ``Database.write_connection``, not a Session. The row must also belong to
     ``tenant``. Claimed for exactly one caller; every other caller gets ``claimed=False`` (then read the
     row to learn why: unknown, another instance or tenant, deleted, or already registered).
     """
     stamp = sqlite_time(now)
-    row = conn.exec_driver_sql(
+    row = conn.execute(
         _CLAIM_AGENT_SQL,
         (
             stamp,
@@ -879,12 +876,18 @@ def claim_agent_registration(
             instance_id,
             tenant,
         ),
-    ).first()
+    ).fetchone()
     return AgentClaim(claimed=row is not None, group_key=str(row[0]) if row is not None else "")
 
 
 def store_reported_addresses(
-    conn: Connection, instance_id: str, *, now: datetime, ip4: str = "", ip6: str = "", hostname: str = ""
+    conn: sqlite3.Connection,
+    instance_id: str,
+    *,
+    now: datetime,
+    ip4: str = "",
+    ip6: str = "",
+    hostname: str = "",
 ) -> bool:
     """``set_reported_addresses`` in plain SQL on a Connection (the registration hot path)."""
     sets = ["updated_at = ?"]
@@ -894,8 +897,7 @@ def store_reported_addresses(
             sets.append(f"{column} = ?")
             params.append(value)
     sql = f"UPDATE instances SET {', '.join(sets)} WHERE id = ? AND deleted_at IS NULL"
-    result = conn.exec_driver_sql(sql, (*params, instance_id))
-    return result.rowcount == 1
+    return conn.execute(sql, (*params, instance_id)).rowcount == 1
 
 
 def unmark_registered(session: Session, *, instance_id: str, cert_serial: int | str, now: datetime) -> bool:

@@ -38,7 +38,8 @@ from nstance.core.backoff import Backoff
 from nstance.core.errors import AlreadyExists, NstanceError, Unavailable
 from nstance.core.plan import Member
 from nstance.db import repo
-from nstance.db.models import RECORD_FAILED, Instance
+from nstance.db.models import RECORD_FAILED
+from nstance.db.rows import InstanceRow
 from nstance.providers.base import (
     UNHEALTHY_STATUSES,
     InstanceStatus,
@@ -87,7 +88,7 @@ class Created:
 
 
 def member_of(
-    row: Instance,
+    row: InstanceRow,
     *,
     seen_since: datetime | None = None,
     now: datetime | None = None,
@@ -128,7 +129,7 @@ def member_of(
     )
 
 
-def status_of(row: Instance) -> str:
+def status_of(row: InstanceRow) -> str:
     """One word for an instance's state as clients see it."""
     if row.deleted_at is not None:
         return "deleted"
@@ -436,7 +437,7 @@ class InstanceOps:
             else:
                 ready.append((p, etag, r))
         if unwritten:
-            with ctx.db.session() as session:
+            with ctx.db.write_connection() as session:
                 for iid in unwritten:
                     repo.soft_delete(session, iid, now=ctx.clock.now())
             self.in_flight.difference_update(unwritten)
@@ -587,7 +588,7 @@ class InstanceOps:
 
     # --- delete and drain -------------------------------------------------------------------
 
-    async def delete(self, row: Instance, reason: str) -> None:
+    async def delete(self, row: InstanceRow, reason: str) -> None:
         """Delete the VM (if any) and retire the instance; safe to repeat.
 
         Raises DeregistrationPending while a load balancer still drains the VM; the instance is then
@@ -611,7 +612,7 @@ class InstanceOps:
             await ctx.provider.delete_instance(row.id, row.provider_id)
             fault_point("after-provider-delete")
             self.lbs.forget(row.id)
-        with ctx.db.session() as session:
+        with ctx.db.write_connection() as session:
             repo.set_provider_status(session, row.id, InstanceStatus.DELETED.value, now=now)
             repo.soft_delete(session, row.id, now=ctx.clock.now())
         await self._set_record_status(row, "deleted")
@@ -619,7 +620,7 @@ class InstanceOps:
         self._publish(row, "deleted", reason)
         ctx.metrics.record_retirement(reason)
 
-    async def delete_or_hold(self, row: Instance, reason: str) -> bool:
+    async def delete_or_hold(self, row: InstanceRow, reason: str) -> bool:
         """``delete``, but a delete waiting for load balancers is not an error: False, retried later."""
         try:
             await self.delete(row, reason)
@@ -628,15 +629,15 @@ class InstanceOps:
             return False
         return True
 
-    async def retire_unlaunched(self, row: Instance, reason: str) -> None:
+    async def retire_unlaunched(self, row: InstanceRow, reason: str) -> None:
         """Retire a row whose create never reached the provider (nothing to delete there)."""
         ctx = self._ctx
-        with ctx.db.session() as session:
+        with ctx.db.write_connection() as session:
             repo.soft_delete(session, row.id, now=ctx.clock.now())
         await self._set_record_status(row, "deleted")
         log.info("instance %s of %s/%s retired without a VM (%s)", row.id, row.tenant, row.group_key, reason)
 
-    def drain(self, row: Instance, reason: str, timeout: timedelta) -> bool:
+    def drain(self, row: InstanceRow, reason: str, timeout: timedelta) -> bool:
         """Start draining: watchers are told to drain the node; deletion follows on ack or timeout."""
         ctx = self._ctx
         ctx.fence()
@@ -662,7 +663,7 @@ class InstanceOps:
             )
         return started
 
-    async def _set_record_status(self, row: Instance, status: str) -> None:
+    async def _set_record_status(self, row: InstanceRow, status: str) -> None:
         """Write the record's status if still leading; else the next leader finishes from what it finds."""
         try:
             self._ctx.fence()
@@ -677,7 +678,7 @@ class InstanceOps:
         except NstanceError as exc:
             log.warning("instance %s: cannot set its record to %s: %s", row.id, status, exc)
 
-    def _publish(self, row: Instance, status: str, reason: str) -> None:
+    def _publish(self, row: InstanceRow, status: str, reason: str) -> None:
         self._ctx.events.instances.publish(
             InstanceEventData(
                 instance_id=row.id,

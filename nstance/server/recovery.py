@@ -33,7 +33,8 @@ from typing import Any
 
 from nstance.core.errors import InvalidArgument
 from nstance.db import repo
-from nstance.db.models import RECORD_FAILED, RECORD_PENDING, RECORD_PROVISIONED, Instance
+from nstance.db.models import RECORD_FAILED, RECORD_PENDING, RECORD_PROVISIONED
+from nstance.db.rows import InstanceRow
 from nstance.objectstore.base import ObjectNotFound
 from nstance.providers.base import GONE_STATUSES, InstanceStatus, ProviderInstance
 from nstance.server import adoption, brake, claims, records
@@ -152,19 +153,19 @@ def _rebuild_batch(
 
 
 def _live_ids(ctx: ShardContext) -> set[str]:
-    with ctx.db.read_session() as session:
+    with ctx.db.read_connection() as session:
         return repo.live_instance_ids(session)
 
 
-def _finish_rebuild(ctx: ShardContext, dropped: list[str], deleting: list[str]) -> list[Instance]:
+def _finish_rebuild(ctx: ShardContext, dropped: list[str], deleting: list[str]) -> list[InstanceRow]:
     """Forget the rows no record explains; the rows of records being deleted (worker thread)."""
     for start in range(0, len(dropped), REBUILD_BATCH):
         with ctx.db.session() as session:
             for iid in dropped[start : start + REBUILD_BATCH]:
                 repo.forget_instance(session, iid)
-    unfinished: list[Instance] = []
+    unfinished: list[InstanceRow] = []
     for start in range(0, len(deleting), REBUILD_BATCH):
-        with ctx.db.read_session() as session:
+        with ctx.db.read_connection() as session:
             unfinished += repo.get_instances(session, deleting[start : start + REBUILD_BATCH])
     return unfinished
 
@@ -200,8 +201,8 @@ async def rebuild_cache(ctx: ShardContext, ops: InstanceOps) -> set[GroupKey]:
     return rebuilt.groups
 
 
-def _rows_with_deleted(ctx: ShardContext) -> dict[str, Instance]:
-    with ctx.db.read_session() as session:
+def _rows_with_deleted(ctx: ShardContext) -> dict[str, InstanceRow]:
+    with ctx.db.read_connection() as session:
         return {row.id: row for row in repo.list_instances(session, include_deleted=True)}
 
 
@@ -213,7 +214,7 @@ async def sync_provider(
     ident = ctx.identity
     # What existed before the listing began: only those rows can be judged by it. A create that starts
     # or finishes while the listing runs is not in it, and must not be taken for gone or interrupted.
-    with ctx.db.read_session() as session:
+    with ctx.db.read_connection() as session:
         before = {row.id: row for row in repo.list_instances(session)}
     in_flight_before = set(ops.in_flight)
     vms = await ctx.provider.list_instances(ident.cluster_id, ident.shard)
@@ -252,7 +253,7 @@ async def sync_provider(
                 await ctx.provider.delete_instance(iid, vm.provider_id)
                 report.orphans_deleted.append(iid)
                 if row is not None:
-                    with ctx.db.session() as session:
+                    with ctx.db.write_connection() as session:
                         repo.soft_delete(session, iid, now=now)
                     report.groups.add(key)
             elif decision.verdict is claims.Verdict.ADOPT:
@@ -287,7 +288,7 @@ async def sync_provider(
             report.adopted.append(iid)
             report.groups.add((row.tenant, row.group_key))
         elif row.provider_status != vm.status.value:
-            with ctx.db.session() as session:
+            with ctx.db.write_connection() as session:
                 repo.set_provider_status(session, iid, vm.status.value, now=now)
             report.status_changed.append(iid)
             report.groups.add((row.tenant, row.group_key))
@@ -309,7 +310,7 @@ async def sync_provider(
             continue
         if iid in in_flight_before or iid in ops.in_flight:
             continue
-        with ctx.db.read_session() as session:
+        with ctx.db.read_connection() as session:
             row = repo.get_instance(session, iid)  # fresh: awaits above may have changed it
         if row is None or row.deleted_at is not None:
             continue

@@ -50,7 +50,7 @@ from nstance.core.errors import (
 )
 from nstance.core.ids import new_puid, parse_puid
 from nstance.db import repo
-from nstance.db.models import Instance
+from nstance.db.rows import InstanceRow
 from nstance.objectstore.base import ObjectNotFound, PreconditionFailed
 from nstance.pki.certs import DEFAULT_CLIENT_TTL, IssuedCertificate, issue_client_certificate
 from nstance.pki.keys import load_any_public_key_pem, public_key_to_der, public_key_to_pem
@@ -307,11 +307,11 @@ class Registrar:
                 self._db_writer, self._store_addresses, instance_id, now, ip4, ip6, hostname
             )
 
-    def _read_instance(self, nonce_jwt: str) -> Instance | None:
-        with self.ctx.db.read_session() as session:
+    def _read_instance(self, nonce_jwt: str) -> InstanceRow | None:
+        with self.ctx.db.read_connection() as session:
             return repo.get_instance_by_nonce(session, nonce_jwt)
 
-    def _check_instance(self, row: Instance | None, claims: NonceClaims) -> None:
+    def _check_instance(self, row: InstanceRow | None, claims: NonceClaims) -> None:
         if row is None:
             raise NotFound(
                 f"instance {claims.sub} has no pending registration on shard {self.ctx.identity.shard} "
@@ -457,8 +457,8 @@ class Registrar:
                 "retry with the current certificate"
             ) from exc
 
-    def _read_instance_by_id(self, instance_id: str) -> Instance | None:
-        with self.ctx.db.read_session() as session:
+    def _read_instance_by_id(self, instance_id: str) -> InstanceRow | None:
+        with self.ctx.db.read_connection() as session:
             return repo.get_instance(session, instance_id)
 
     def _swap_certificate(

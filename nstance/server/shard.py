@@ -317,7 +317,7 @@ class Shard:
             await asyncio.sleep(METRICS_INTERVAL)
 
     def _update_instance_metrics(self) -> None:
-        with self.ctx.db.read_session() as session:
+        with self.ctx.db.read_connection() as session:
             counts = repo.count_instances(session)
         self.ctx.metrics.set_instances(counts)
 
@@ -339,7 +339,7 @@ class Shard:
         return snapshot
 
     def _view(self, merged: MergedGroupConfig) -> GroupView:
-        with self.ctx.db.read_session() as session:
+        with self.ctx.db.read_connection() as session:
             rows = repo.list_active_instances(
                 session, tenant=merged.tenant, group_key=merged.group, managed_only=True
             )
@@ -391,7 +391,7 @@ class Shard:
         return self._view(merged)
 
     async def instance_status(self, tenant: str, instance_id: str) -> InstanceView:
-        with self.ctx.db.read_session() as session:
+        with self.ctx.db.read_connection() as session:
             row = repo.get_instance(session, instance_id)
         if row is None or row.tenant != tenant:
             raise NotFound(f"instance {instance_id!r} does not exist in this shard")
@@ -407,7 +407,7 @@ class Shard:
 
     def draining_instances(self, tenant: str) -> list[tuple[InstanceView, str, datetime | None]]:
         out: list[tuple[InstanceView, str, datetime | None]] = []
-        with self.ctx.db.read_session() as session:
+        with self.ctx.db.read_connection() as session:
             rows = repo.list_active_instances(session, tenant=tenant)
         for row in rows:
             if row.drain_started_at is None or row.drain_acked_at is not None:
@@ -513,7 +513,7 @@ class Shard:
         owner = (tenant, request.group)
         running = self._on_demand_creates.get(iid)
         if running is None:
-            with self.ctx.db.read_session() as session:
+            with self.ctx.db.read_connection() as session:
                 existing = repo.get_instance(session, iid)
             if existing is not None:
                 if (existing.tenant, existing.group_key) != owner:
@@ -535,7 +535,7 @@ class Shard:
         return created.instance_id, created.status
 
     async def delete_instance(self, tenant: str, instance_id: str) -> str:
-        with self.ctx.db.read_session() as session:
+        with self.ctx.db.read_connection() as session:
             row = repo.get_instance(session, instance_id)
         if row is None or row.tenant != tenant:
             return "unknown"
