@@ -27,7 +27,7 @@ import sqlite3
 from datetime import datetime
 from typing import Any, NamedTuple, TypeAlias, cast
 
-from sqlalchemy import Executable, Table, bindparam, case, delete, func, or_, select, update
+from sqlalchemy import Executable, Table, case, delete, func, select, update
 from sqlalchemy.dialects.sqlite import insert
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.exc import IntegrityError
@@ -43,12 +43,19 @@ from nstance.db.models import (
     Group,
     Image,
     Instance,
-    LbInstance,
     Operator,
     PublicKey,
     RevokedCert,
 )
-from nstance.db.rows import INSTANCE_COLUMNS, InstanceRow, instance_row, sqlite_time
+from nstance.db.rows import (
+    INSTANCES,
+    LB_INSTANCES,
+    PUBLIC_KEYS,
+    InstanceRow,
+    LbRow,
+    PublicKeyRow,
+    sqlite_time,
+)
 from nstance.db.types import UTCDateTime
 
 _INSTANCES: Table = Instance.__table__  # type: ignore[assignment]  # Core statements for the batch paths
@@ -66,8 +73,8 @@ def _plain(bind: Bind) -> sqlite3.Connection:
 
 def _instances(bind: Bind, where: str, params: tuple[Any, ...] = ()) -> list[InstanceRow]:
     """Instance rows matching ``where`` (plain SQL, with its ORDER BY), as ``InstanceRow``."""
-    cursor = _plain(bind).execute(f"SELECT {INSTANCE_COLUMNS} FROM instances WHERE {where}", params)
-    return [instance_row(values) for values in cursor.fetchall()]
+    cursor = _plain(bind).execute(f"SELECT {INSTANCES.columns} FROM instances WHERE {where}", params)
+    return [INSTANCES.row(values) for values in cursor.fetchall()]
 
 
 def _changed(bind: Bind, sql: str, params: tuple[Any, ...]) -> int:
@@ -343,7 +350,7 @@ def insert_instances(session: Session, rows: list[dict[str, Any]], *, now: datet
         ) from exc
 
 
-def set_provider_details_many(session: Session, items: list[dict[str, Any]], *, now: datetime) -> None:
+def set_provider_details_many(bind: Bind, items: list[dict[str, Any]], *, now: datetime) -> None:
     """``set_provider_details`` for many instances as one executemany UPDATE.
 
     Each item has ``instance_id`` and ``provider_id`` and optionally ``provider_status``, ``hostname``,
@@ -352,27 +359,24 @@ def set_provider_details_many(session: Session, items: list[dict[str, Any]], *, 
     if not items:
         return
     optional = ("provider_status", "hostname", "fqdn", "ip4", "ip6")
-    c = _INSTANCES.c
-    statement = (
-        _INSTANCES.update()
-        .where(c.id == bindparam("b_id"))
-        .values(
-            provider_id=bindparam("b_provider_id"),
-            provider_at=now,
-            record_state=RECORD_PROVISIONED,
-            updated_at=now,
-            **{name: func.coalesce(bindparam(f"b_{name}"), c[name]) for name in optional},
-        )
+    sql = (
+        "UPDATE instances SET provider_id = ?, provider_at = ?, record_state = ?, updated_at = ?, "
+        + ", ".join(f"{name} = coalesce(?, {name})" for name in optional)
+        + " WHERE id = ?"
     )
-    rows = [
-        {
-            "b_id": item["instance_id"],
-            "b_provider_id": item["provider_id"],
-            **{f"b_{name}": item.get(name) for name in optional},
-        }
+    stamp = sqlite_time(now)
+    params = [
+        (
+            item["provider_id"],
+            stamp,
+            RECORD_PROVISIONED,
+            stamp,
+            *(item.get(name) for name in optional),
+            item["instance_id"],
+        )
         for item in items
     ]
-    session.execute(statement, rows)
+    _plain(bind).executemany(sql, params)
 
 
 def count_instances(bind: Bind) -> dict[tuple[str, str, str], int]:
@@ -391,47 +395,33 @@ def groups_with_managed_instances(bind: Bind) -> set[tuple[str, str]]:
     return {(t, g) for t, g in _plain(bind).execute(sql).fetchall()}
 
 
-def mark_create_failed(session: Session, instance_id: str, *, now: datetime) -> bool:
+def mark_create_failed(bind: Bind, instance_id: str, *, now: datetime) -> bool:
     """The provider create failed for good: the row no longer counts and the reconciler removes it."""
-    statement = (
-        update(Instance)
-        .where(Instance.id == instance_id, Instance.deleted_at.is_(None))
-        .values(record_state=RECORD_FAILED, updated_at=now)
-    )
-    return _rowcount(session, statement) == 1
+    sql = "UPDATE instances SET record_state = ?, updated_at = ? WHERE id = ? AND deleted_at IS NULL"
+    return _changed(bind, sql, (RECORD_FAILED, sqlite_time(now), instance_id)) == 1
 
 
-def start_drain(
-    session: Session, instance_id: str, *, reason: str, now: datetime, delete_at: datetime
-) -> bool:
+def start_drain(bind: Bind, instance_id: str, *, reason: str, now: datetime, delete_at: datetime) -> bool:
     """Begin draining: the instance stops counting and is deleted on ack or at ``delete_at``.
 
     Only the first call for an instance takes effect; returns whether this call started the drain.
     """
-    statement = (
-        update(Instance)
-        .where(
-            Instance.id == instance_id,
-            Instance.deleted_at.is_(None),
-            Instance.drain_started_at.is_(None),
-        )
-        .values(drain_started_at=now, drain_reason=reason, delete_at=delete_at, updated_at=now)
+    stamp = sqlite_time(now)
+    sql = (
+        "UPDATE instances SET drain_started_at = ?, drain_reason = ?, delete_at = ?, updated_at = ? "
+        "WHERE id = ? AND deleted_at IS NULL AND drain_started_at IS NULL"
     )
-    return _rowcount(session, statement) == 1
+    return _changed(bind, sql, (stamp, reason, sqlite_time(delete_at), stamp, instance_id)) == 1
 
 
-def acknowledge_drain(session: Session, instance_id: str, *, now: datetime) -> bool:
+def acknowledge_drain(bind: Bind, instance_id: str, *, now: datetime) -> bool:
     """Record the operator's drain acknowledgement; False unless the instance is being drained."""
-    statement = (
-        update(Instance)
-        .where(
-            Instance.id == instance_id,
-            Instance.deleted_at.is_(None),
-            Instance.drain_started_at.is_not(None),
-        )
-        .values(drain_acked_at=now, updated_at=now)
+    stamp = sqlite_time(now)
+    sql = (
+        "UPDATE instances SET drain_acked_at = ?, updated_at = ? "
+        "WHERE id = ? AND deleted_at IS NULL AND drain_started_at IS NOT NULL"
     )
-    return _rowcount(session, statement) == 1
+    return _changed(bind, sql, (stamp, stamp, instance_id)) == 1
 
 
 def restore_instance(session: Session, **values: Any) -> None:
@@ -489,17 +479,11 @@ def restore_instances(
     _plain(bind).executemany(sql, params)
 
 
-def soft_delete_many(session: Session, instance_ids: list[str], *, now: datetime) -> None:
+def soft_delete_many(bind: Bind, instance_ids: list[str], *, now: datetime) -> None:
     """``soft_delete`` for many instances as one executemany UPDATE (already deleted ones are left)."""
-    if not instance_ids:
-        return
-    c = _INSTANCES.c
-    statement = (
-        _INSTANCES.update()
-        .where(c.id == bindparam("b_id"), c.deleted_at.is_(None))
-        .values(deleted_at=now, updated_at=now)
-    )
-    session.execute(statement, [{"b_id": instance_id} for instance_id in instance_ids])
+    stamp = sqlite_time(now)
+    sql = "UPDATE instances SET deleted_at = ?, updated_at = ? WHERE id = ? AND deleted_at IS NULL"
+    _plain(bind).executemany(sql, [(stamp, stamp, instance_id) for instance_id in instance_ids])
 
 
 def live_instance_ids(bind: Bind) -> set[str]:
@@ -516,9 +500,9 @@ def get_instances(bind: Bind, instance_ids: list[str]) -> list[InstanceRow]:
     return _instances(bind, f"id IN ({marks}){_OLDEST_FIRST}", tuple(unique))
 
 
-def forget_instance(session: Session, instance_id: str) -> bool:
+def forget_instance(bind: Bind, instance_id: str) -> bool:
     """Remove an instance's row outright (no tombstone): its record is gone, which is not a deletion."""
-    return _rowcount(session, delete(Instance).where(Instance.id == instance_id)) == 1
+    return _changed(bind, "DELETE FROM instances WHERE id = ?", (instance_id,)) == 1
 
 
 class PurgedInstance(NamedTuple):
@@ -538,8 +522,18 @@ def purge_deleted_before(bind: Bind, cutoff: datetime) -> list[PurgedInstance]:
 # --- groups ------------------------------------------------------------------------------------
 
 
+_GROUP_HASHES_SQL = (
+    "INSERT INTO groups (tenant, group_key, runtime_config_hash, infra_config_hash, hashes_updated_at, "
+    "created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, group_key) DO UPDATE SET "
+    "runtime_config_hash = excluded.runtime_config_hash, infra_config_hash = excluded.infra_config_hash, "
+    "hashes_updated_at = excluded.hashes_updated_at, updated_at = excluded.updated_at "
+    "WHERE groups.runtime_config_hash != excluded.runtime_config_hash "
+    "OR groups.infra_config_hash != excluded.infra_config_hash"
+)
+
+
 def upsert_group_hashes(
-    session: Session,
+    bind: Bind,
     *,
     tenant: str,
     group_key: str,
@@ -551,29 +545,9 @@ def upsert_group_hashes(
 
     ``hashes_updated_at`` moves only when a hash actually changes, so it says when drift began.
     """
-    statement = insert(Group).values(
-        tenant=tenant,
-        group_key=group_key,
-        runtime_config_hash=runtime_config_hash,
-        infra_config_hash=infra_config_hash,
-        hashes_updated_at=now,
-        created_at=now,
-        updated_at=now,
-    )
-    statement = statement.on_conflict_do_update(
-        index_elements=[Group.tenant, Group.group_key],
-        set_={
-            "runtime_config_hash": statement.excluded.runtime_config_hash,
-            "infra_config_hash": statement.excluded.infra_config_hash,
-            "hashes_updated_at": statement.excluded.hashes_updated_at,
-            "updated_at": statement.excluded.updated_at,
-        },
-        where=or_(
-            Group.runtime_config_hash != statement.excluded.runtime_config_hash,
-            Group.infra_config_hash != statement.excluded.infra_config_hash,
-        ),
-    )
-    return _rowcount(session, statement) == 1
+    stamp = sqlite_time(now)
+    params = (tenant, group_key, runtime_config_hash, infra_config_hash, stamp, stamp, stamp)
+    return _changed(bind, _GROUP_HASHES_SQL, params) == 1
 
 
 def get_group_hashes(session: Session, tenant: str, group_key: str) -> Group | None:
@@ -642,10 +616,10 @@ def upsert_public_key(
         raise NotFound(f"instance {instance_id!r} is not in the cache") from exc
 
 
-def list_public_keys(session: Session, instance_id: str) -> list[PublicKey]:
+def list_public_keys(bind: Bind, instance_id: str) -> list[PublicKeyRow]:
     """The public keys an instance submitted, by filename."""
-    statement = select(PublicKey).where(PublicKey.instance_id == instance_id).order_by(PublicKey.filename)
-    return list(session.scalars(statement))
+    sql = f"SELECT {PUBLIC_KEYS.columns} FROM public_keys WHERE instance_id = ? ORDER BY filename"
+    return [PUBLIC_KEYS.row(values) for values in _plain(bind).execute(sql, (instance_id,)).fetchall()]
 
 
 # --- certificate deny list ---------------------------------------------------------------------
@@ -900,26 +874,22 @@ def store_reported_addresses(
     return conn.execute(sql, (*params, instance_id)).rowcount == 1
 
 
-def unmark_registered(session: Session, *, instance_id: str, cert_serial: int | str, now: datetime) -> bool:
+def unmark_registered(bind: Bind, *, instance_id: str, cert_serial: int | str, now: datetime) -> bool:
     """Undo ``mark_registered_atomically`` (the registration could not be recorded in object storage).
 
     Guarded by the certificate serial the claim stored, so only the claim's own caller can undo it and
     a later successful registration is never reverted. True if the claim was undone.
     """
-    statement = (
-        update(Instance)
-        .where(
-            Instance.id == instance_id,
-            Instance.registered_at.is_not(None),
-            Instance.cert_serial == normalize_serial(cert_serial),
-        )
-        .values(registered_at=None, instance_pub=None, cert_serial=None, cert_expires_at=None, updated_at=now)
+    sql = (
+        "UPDATE instances SET registered_at = NULL, instance_pub = NULL, cert_serial = NULL, "
+        "cert_expires_at = NULL, updated_at = ? "
+        "WHERE id = ? AND registered_at IS NOT NULL AND cert_serial = ?"
     )
-    return _rowcount(session, statement) == 1
+    return _changed(bind, sql, (sqlite_time(now), instance_id, normalize_serial(cert_serial))) == 1
 
 
 def replace_agent_certificate(
-    session: Session,
+    bind: Bind,
     *,
     instance_id: str,
     expected_serial: int | str,
@@ -934,22 +904,19 @@ def replace_agent_certificate(
     certificate exactly one wins, and a superseded certificate can never renew. False when the
     instance is unknown, deleted, unregistered or has another current serial.
     """
-    statement = (
-        update(Instance)
-        .where(
-            Instance.id == instance_id,
-            Instance.deleted_at.is_(None),
-            Instance.registered_at.is_not(None),
-            Instance.cert_serial == normalize_serial(expected_serial),
-        )
-        .values(
-            instance_pub=public_key_pem,
-            cert_serial=normalize_serial(cert_serial),
-            cert_expires_at=cert_expires_at,
-            updated_at=now,
-        )
+    sql = (
+        "UPDATE instances SET instance_pub = ?, cert_serial = ?, cert_expires_at = ?, updated_at = ? "
+        "WHERE id = ? AND deleted_at IS NULL AND registered_at IS NOT NULL AND cert_serial = ?"
     )
-    return _rowcount(session, statement) == 1
+    params = (
+        public_key_pem,
+        normalize_serial(cert_serial),
+        sqlite_time(cert_expires_at),
+        sqlite_time(now),
+        instance_id,
+        normalize_serial(expected_serial),
+    )
+    return _changed(bind, sql, params) == 1
 
 
 def count_operators(session: Session) -> int:
@@ -983,36 +950,36 @@ def put_image(
 # --- load balancer membership -------------------------------------------------------------------
 
 
-def set_lb_status(
-    session: Session, lb_key: str, instance_ids: list[str], *, status: str, now: datetime
-) -> None:
+def set_lb_status(bind: Bind, lb_key: str, instance_ids: list[str], *, status: str, now: datetime) -> None:
     """Record ``status`` (one of LB_STATUSES) for each instance in load balancer ``lb_key``."""
     if status not in LB_STATUSES:
         raise InvalidArgument(
             f"load balancer status must be one of {', '.join(LB_STATUSES)} (got {status!r})"
         )
-    for instance_id in instance_ids:
-        statement = insert(LbInstance).values(
-            lb_key=lb_key, instance_id=instance_id, status=status, updated_at=now
-        )
-        session.execute(
-            statement.on_conflict_do_update(
-                index_elements=[LbInstance.lb_key, LbInstance.instance_id],
-                set_={"status": status, "updated_at": now},
-            )
-        )
+    sql = (
+        "INSERT INTO lb_instances (lb_key, instance_id, status, updated_at) VALUES (?, ?, ?, ?) "
+        "ON CONFLICT (lb_key, instance_id) DO UPDATE SET status = excluded.status, "
+        "updated_at = excluded.updated_at"
+    )
+    stamp = sqlite_time(now)
+    _plain(bind).executemany(sql, [(lb_key, instance_id, status, stamp) for instance_id in instance_ids])
 
 
-def lb_memberships(session: Session, instance_id: str) -> list[LbInstance]:
+def _lb_rows(bind: Bind, column: str, value: str) -> list[LbRow]:
+    sql = f"SELECT {LB_INSTANCES.columns} FROM lb_instances WHERE {column} = ?"
+    return [LB_INSTANCES.row(values) for values in _plain(bind).execute(sql, (value,)).fetchall()]
+
+
+def lb_memberships(bind: Bind, instance_id: str) -> list[LbRow]:
     """Every load balancer row of one instance."""
-    return list(session.scalars(select(LbInstance).where(LbInstance.instance_id == instance_id)))
+    return _lb_rows(bind, "instance_id", instance_id)
 
 
-def lb_members(session: Session, lb_key: str) -> list[LbInstance]:
+def lb_members(bind: Bind, lb_key: str) -> list[LbRow]:
     """Every instance row of one load balancer."""
-    return list(session.scalars(select(LbInstance).where(LbInstance.lb_key == lb_key)))
+    return _lb_rows(bind, "lb_key", lb_key)
 
 
-def delete_lb_memberships(session: Session, instance_id: str) -> None:
+def delete_lb_memberships(bind: Bind, instance_id: str) -> None:
     """Forget one instance's load balancer rows (its deregistration was confirmed)."""
-    session.execute(delete(LbInstance).where(LbInstance.instance_id == instance_id))
+    _plain(bind).execute("DELETE FROM lb_instances WHERE instance_id = ?", (instance_id,))

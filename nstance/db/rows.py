@@ -14,11 +14,13 @@ never look at it.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, Generic, NamedTuple, TypeVar
 
-from nstance.db.models import Instance
+from sqlalchemy import Boolean, Table
+
+from nstance.db.models import Instance, LbInstance, PublicKey
 from nstance.db.types import UTCDateTime
 
 
@@ -87,29 +89,61 @@ class InstanceRow(NamedTuple):
         return document
 
 
-def _column(field: str) -> str:
-    return "health" if field == "health_json" else field
+class PublicKeyRow(NamedTuple):
+    """One ``public_keys`` row, read with plain SQL (the attributes of ``models.PublicKey``)."""
+
+    id: int
+    instance_id: str
+    filename: str
+    public_key_pem: str
+    certificate_name: str | None
+    certificate_serial: str | None
+    certificate_issued_at: datetime | None
+    submitted_at: datetime
+    created_at: datetime
+    updated_at: datetime
 
 
-#: The select list that ``instance_row`` reads, in ``InstanceRow`` field order.
-INSTANCE_COLUMNS: Final = ", ".join(_column(field) for field in InstanceRow._fields)
+class LbRow(NamedTuple):
+    """One ``lb_instances`` row, read with plain SQL (the attributes of ``models.LbInstance``)."""
 
-_TIME_COLUMNS: Final = frozenset(
-    column.name for column in Instance.__table__.columns if isinstance(column.type, UTCDateTime)
-)
-#: (field index, converter) for every field whose stored form is not its Python value.
-_CONVERT: Final[tuple[tuple[int, Callable[[Any], Any]], ...]] = tuple(
-    (i, from_sqlite_time if field in _TIME_COLUMNS else bool)
-    for i, field in enumerate(InstanceRow._fields)
-    if field in _TIME_COLUMNS or field == "on_demand"
-)
+    lb_key: str
+    instance_id: str
+    status: str
+    updated_at: datetime
 
 
-def instance_row(values: Sequence[Any]) -> InstanceRow:
-    """The ``InstanceRow`` of one result tuple selected with ``INSTANCE_COLUMNS``."""
-    out = list(values)
-    for i, convert in _CONVERT:
-        value = out[i]
-        if value is not None:
-            out[i] = convert(value)
-    return InstanceRow._make(out)
+R = TypeVar("R", bound=tuple[Any, ...])
+
+
+class Reader(Generic[R]):
+    """How to read one row type with plain SQL: its select list and its per-row conversion."""
+
+    def __init__(self, row_type: Callable[..., R], table: Table, renamed: Mapping[str, str] = {}) -> None:
+        fields: tuple[str, ...] = row_type._fields  # type: ignore[attr-defined]  # a NamedTuple
+        self._make: Callable[[Iterable[Any]], R] = row_type._make  # type: ignore[attr-defined]
+        columns = [renamed.get(field, field) for field in fields]
+        missing = set(columns) - {column.name for column in table.columns}
+        if missing:
+            raise TypeError(f"{row_type.__name__}: no column(s) {sorted(missing)} in {table.name}")
+        self.columns = ", ".join(columns)
+        types = {column.name: column.type for column in table.columns}
+        self._convert = tuple(
+            (i, from_sqlite_time if isinstance(types[name], UTCDateTime) else bool)
+            for i, name in enumerate(columns)
+            if isinstance(types[name], UTCDateTime | Boolean)
+        )
+
+    def row(self, values: Sequence[Any]) -> R:
+        """The row of one result tuple selected with ``columns``."""
+        out = list(values)
+        for i, convert in self._convert:
+            value = out[i]
+            if value is not None:
+                out[i] = convert(value)
+        return self._make(out)
+
+
+INSTANCES: Final = Reader(InstanceRow, Instance.__table__, {"health_json": "health"})  # type: ignore[arg-type]
+PUBLIC_KEYS: Final = Reader(PublicKeyRow, PublicKey.__table__)  # type: ignore[arg-type]
+LB_INSTANCES: Final = Reader(LbRow, LbInstance.__table__)  # type: ignore[arg-type]

@@ -327,7 +327,7 @@ class AgentHub:
         now = ctx.clock.now()
 
         def store() -> None:
-            with ctx.db.session() as db:
+            with ctx.db.write_connection() as db:
                 repo.upsert_group_hashes(
                     db,
                     tenant=key[0],
@@ -379,7 +379,7 @@ class AgentHub:
             self.on_group_change((session.tenant, session.group))
 
     async def _request_missing_keys(self, session: AgentSession, needed: list[str]) -> None:
-        with self._ctx.db.read_session() as db:
+        with self._ctx.db.read_connection() as db:
             have = {k.filename.removesuffix(".pub") for k in repo.list_public_keys(db, session.instance_id)}
         missing = [name for name in needed if name not in have]
         if missing:
@@ -391,7 +391,7 @@ class AgentHub:
         ctx = self._ctx
         session.pushing = True
         try:
-            with ctx.db.read_session() as db:
+            with ctx.db.read_connection() as db:
                 row = repo.get_instance(db, session.instance_id)
                 keys = {
                     k.filename.removesuffix(".pub"): k.public_key_pem.encode()

@@ -504,7 +504,7 @@ class InstanceOps:
         """The create did not succeed: the row stops counting; any VM it made is found by the re-list."""
         ctx = self._ctx
         now = ctx.clock.now()
-        with ctx.db.session() as session:
+        with ctx.db.write_connection() as session:
             repo.mark_create_failed(session, iid, now=now)
         try:
             # Only a leader writes records: a deposed one leaves the pending record to the next leader,
@@ -565,7 +565,7 @@ class InstanceOps:
 
     def _write_adoptions(self, queue: list[tuple[str, ProviderInstance]]) -> None:
         ctx = self._ctx
-        with ctx.db.session() as session:
+        with ctx.db.write_connection() as session:
             repo.set_provider_details_many(
                 session,
                 [
@@ -598,7 +598,7 @@ class InstanceOps:
         ctx.fence()
         if row.provider_id and not await self.lbs.release(row):
             now = ctx.clock.now()
-            with ctx.db.session() as session:
+            with ctx.db.write_connection() as session:
                 repo.start_drain(session, row.id, reason=reason, now=now, delete_at=now)
             raise DeregistrationPending(
                 f"instance {row.id}: a load balancer is still draining it ({reason}); it is deleted once "
@@ -643,7 +643,7 @@ class InstanceOps:
         ctx.fence()
         now = ctx.clock.now()
         delete_at = now + timeout
-        with ctx.db.session() as session:
+        with ctx.db.write_connection() as session:
             started = repo.start_drain(session, row.id, reason=reason, now=now, delete_at=delete_at)
         if started:
             log.info("instance %s draining (%s) until %s", row.id, reason, delete_at.isoformat())

@@ -114,7 +114,7 @@ class LoadBalancerSync:
         snapshot = ctx.config.snapshot()
         if snapshot is None:
             return
-        with ctx.db.read_session() as session:
+        with ctx.db.read_connection() as session:
             rows = [row for iid in sorted(ids) if (row := repo.get_instance(session, iid)) is not None]
         batches: dict[str, list[InstanceRow]] = {}
         for row in rows:
@@ -170,7 +170,7 @@ class LoadBalancerSync:
         )
 
     def _record(self, name: str, instance_ids: list[str], status: str) -> None:
-        with self._ctx.db.session() as session:
+        with self._ctx.db.write_connection() as session:
             repo.set_lb_status(session, name, instance_ids, status=status, now=self._ctx.clock.now())
 
     # --- deregistration -----------------------------------------------------------------------
@@ -184,7 +184,7 @@ class LoadBalancerSync:
         merged = snapshot.merged(row.tenant, row.group_key)
         if merged is not None:
             names.update(merged.load_balancers)
-        with self._ctx.db.read_session() as session:
+        with self._ctx.db.read_connection() as session:
             names.update(m.lb_key for m in repo.lb_memberships(session, row.id) if m.status != "deregistered")
         out: list[tuple[str, LoadBalancerConfig]] = []
         for name in sorted(names):
@@ -267,7 +267,7 @@ class LoadBalancerSync:
         self._queued.discard(instance_id)
         self._waiting.discard(instance_id)
         self._ctx.metrics.set_lb_deregistrations_waiting(len(self._waiting))
-        with self._ctx.db.session() as session:
+        with self._ctx.db.write_connection() as session:
             repo.delete_lb_memberships(session, instance_id)
 
     async def close(self) -> None:

@@ -139,7 +139,7 @@ def _rebuild_batch(
         rows.append(values)
         if rec.status == "deleting":
             into.deleting.append(rec.instance_id)
-    with ctx.db.session() as session:
+    with ctx.db.write_connection() as session:
         existing = {row.id for row in repo.get_instances(session, list(deleted))} if deleted else set()
         for iid, rec in deleted.items():
             if iid not in existing:  # a tombstone: a VM of this instance that shows up is an orphan
@@ -160,7 +160,7 @@ def _live_ids(ctx: ShardContext) -> set[str]:
 def _finish_rebuild(ctx: ShardContext, dropped: list[str], deleting: list[str]) -> list[InstanceRow]:
     """Forget the rows no record explains; the rows of records being deleted (worker thread)."""
     for start in range(0, len(dropped), REBUILD_BATCH):
-        with ctx.db.session() as session:
+        with ctx.db.write_connection() as session:
             for iid in dropped[start : start + REBUILD_BATCH]:
                 repo.forget_instance(session, iid)
     unfinished: list[InstanceRow] = []

@@ -341,7 +341,7 @@ class Registrar:
             )
 
     def _unclaim(self, instance_id: str, issued: IssuedCertificate, now: datetime) -> bool:
-        with self.ctx.db.session() as session:
+        with self.ctx.db.write_connection() as session:
             return repo.unmark_registered(
                 session, instance_id=instance_id, cert_serial=issued.serial_hex, now=now
             )
@@ -464,7 +464,7 @@ class Registrar:
     def _swap_certificate(
         self, instance_id: str, expected: str, pem: str, serial: str, expires_at: datetime, now: datetime
     ) -> bool:
-        with self.ctx.db.session() as session:
+        with self.ctx.db.write_connection() as session:
             return repo.replace_agent_certificate(
                 session,
                 instance_id=instance_id,

@@ -546,7 +546,7 @@ class Shard:
         return "deleted" if deleted else "deleting"
 
     async def acknowledge_drained(self, tenant: str, instance_id: str) -> None:
-        with self.ctx.db.session() as session:
+        with self.ctx.db.write_connection() as session:
             row = repo.get_instance(session, instance_id)
             if row is None or row.tenant != tenant:
                 raise NotFound(f"instance {instance_id!r} does not exist in this shard")
