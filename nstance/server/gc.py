@@ -53,9 +53,7 @@ async def gc_cycle(ctx: ShardContext, ops: InstanceOps) -> GcReport:
     stale_after = 2 * snapshot.config.shard.request_timeout
     now = ctx.clock.now()
     report = GcReport()
-    with ctx.db.read_connection() as session:
-        rows = repo.list_instances(session)
-    for row in rows:
+    for row in await ops.read_rows():
         if row.id in ops.in_flight:
             continue
         age = since_term(ctx.clock, row.created_at)  # monotonic within this leadership

@@ -582,6 +582,15 @@ class InstanceOps:
                 now=ctx.clock.now(),
             )
 
+    async def read_rows(self, *, include_deleted: bool = False) -> list[InstanceRow]:
+        """Every instance row (``repo.list_instances``), read in a worker thread: it may be 100,000."""
+
+        def read() -> list[InstanceRow]:
+            with self._ctx.db.read_connection() as conn:
+                return repo.list_instances(conn, include_deleted=include_deleted)
+
+        return await asyncio.to_thread(read)
+
     def adopt(self, iid: str, vm: ProviderInstance) -> None:
         """Store what the provider says about one of our VMs in the cache."""
         self._write_adoptions([(iid, vm)])

@@ -201,11 +201,6 @@ async def rebuild_cache(ctx: ShardContext, ops: InstanceOps) -> set[GroupKey]:
     return rebuilt.groups
 
 
-def _rows_with_deleted(ctx: ShardContext) -> dict[str, InstanceRow]:
-    with ctx.db.read_connection() as session:
-        return {row.id: row for row in repo.list_instances(session, include_deleted=True)}
-
-
 async def sync_provider(
     ctx: ShardContext, ops: InstanceOps, *, consistency_grace: timedelta = timedelta(seconds=60)
 ) -> SyncReport:
@@ -214,14 +209,14 @@ async def sync_provider(
     ident = ctx.identity
     # What existed before the listing began: only those rows can be judged by it. A create that starts
     # or finishes while the listing runs is not in it, and must not be taken for gone or interrupted.
-    with ctx.db.read_connection() as session:
-        before = {row.id: row for row in repo.list_instances(session)}
     in_flight_before = set(ops.in_flight)
+    before = {row.id: row for row in await ops.read_rows()}  # off the loop: every row
+    in_flight_before |= ops.in_flight  # a create that began during the read is not judged either
     vms = await ctx.provider.list_instances(ident.cluster_id, ident.shard)
     by_instance: dict[str, ProviderInstance] = {vm.instance_id: vm for vm in vms if vm.instance_id}
     report = SyncReport()
     now = ctx.clock.now()
-    rows = await asyncio.to_thread(_rows_with_deleted, ctx)  # every row: off the loop
+    rows = {row.id: row for row in await ops.read_rows(include_deleted=True)}  # every row: off the loop
     snapshot = ctx.config.snapshot()
     limits = ops.brake_limits()
     held: dict[GroupKey, int] = {}

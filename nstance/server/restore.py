@@ -16,7 +16,6 @@ import logging
 from datetime import timedelta
 
 from nstance.core.errors import AlreadyExists
-from nstance.db import repo
 from nstance.db.models import RECORD_FAILED
 from nstance.db.rows import InstanceRow
 from nstance.server import records
@@ -63,8 +62,7 @@ async def restore_missing_records(ctx: ShardContext, ops: InstanceOps, *, settle
     """Write back the records of active rows that have none; the instance ids restored."""
     ctx.fence()
     keys = set(await asyncio.to_thread(ctx.store.list, records.RECORD_PREFIX))
-    with ctx.db.read_connection() as session:
-        rows = repo.list_instances(session)
+    rows = await ops.read_rows()
     restored: list[str] = []
     for row in rows:
         if row.id in ops.in_flight or row.record_state == RECORD_FAILED:
