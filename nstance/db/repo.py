@@ -815,7 +815,9 @@ class AgentClaim(NamedTuple):
 
 _CLAIM_AGENT_SQL = (
     "UPDATE instances SET registered_at = ?, instance_pub = ?, cert_serial = ?, cert_expires_at = ?, "
-    "updated_at = ? WHERE nonce = ? AND id = ? AND tenant = ? AND registered_at IS NULL "
+    "updated_at = ?, ip4 = coalesce(nullif(?, ''), ip4), ip6 = coalesce(nullif(?, ''), ip6), "
+    "hostname = coalesce(nullif(?, ''), hostname) "
+    "WHERE nonce = ? AND id = ? AND tenant = ? AND registered_at IS NULL "
     "AND deleted_at IS NULL RETURNING group_key"
 )
 
@@ -830,12 +832,17 @@ def claim_agent_registration(
     cert_serial: int | str,
     cert_expires_at: datetime,
     now: datetime,
+    ip4: str = "",
+    ip6: str = "",
+    hostname: str = "",
 ) -> AgentClaim:
     """``mark_registered_atomically`` for the registration hot path: one plain-SQL statement.
 
     Takes the DBAPI connection of ``Database.write_connection``, not a Session. The row must also belong to
     ``tenant``. Claimed for exactly one caller; every other caller gets ``claimed=False`` (then read the
-    row to learn why: unknown, another instance or tenant, deleted, or already registered).
+    row to learn why: unknown, another instance or tenant, deleted, or already registered). The same
+    statement stores the addresses and host name the agent reported (empty ones keep the stored
+    value), as ``store_reported_addresses`` would, so a replay writes none of them either.
     """
     stamp = sqlite_time(now)
     row = conn.execute(
@@ -846,6 +853,9 @@ def claim_agent_registration(
             normalize_serial(cert_serial),
             sqlite_time(cert_expires_at),
             stamp,
+            ip4,
+            ip6,
+            hostname,
             nonce,
             instance_id,
             tenant,

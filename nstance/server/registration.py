@@ -4,7 +4,7 @@
 into a client certificate signed by the cluster CA, and records the registration durably:
 
 * **Agents** (``register_agent``, shard leader only): the nonce (kind ``agent``, this cluster, this
-  shard) is consumed by one conditional SQLite UPDATE (``repo.mark_registered_atomically``), so of any
+  shard) is consumed by one conditional SQLite UPDATE (``repo.claim_agent_registration``), so of any
   number of concurrent or replayed registrations exactly one succeeds; the others get ALREADY_EXISTS
   and change nothing. The winner's certificate facts are then written to the instance record in
   object storage (compare-and-swap); if that write fails, the SQLite claim is undone (guarded by the
@@ -230,12 +230,14 @@ class Registrar:
         ctx.fence()
         now = ctx.clock.now()
         loop = asyncio.get_running_loop()
-        claim = await loop.run_in_executor(self._db_writer, self._claim, nonce_jwt, claims, pem, issued, now)
+        reported = (private_ipv4, private_ipv6, hostname)
+        claim = await loop.run_in_executor(
+            self._db_writer, self._claim, nonce_jwt, claims, pem, issued, now, reported
+        )
         if not claim.claimed:
             await self._explain_unclaimed(nonce_jwt, claims, refused_key=False)
         # The claim is ours: finish (record, or undo) even if the client goes away meanwhile, so a
         # cancelled call never leaves SQLite and the record disagreeing.
-        reported = (private_ipv4, private_ipv6, hostname)
         await _uncancellable(self._finish_agent(claims.tenant, instance_id, pem, issued, now, reported))
         log.info(
             "agent registered",
@@ -272,7 +274,7 @@ class Registrar:
         now: datetime,
         reported: tuple[str, str, str],
     ) -> None:
-        """After the claim: write the instance record, then the reported addresses; undo on failure."""
+        """After the claim (it stored the reported addresses): write the instance record; undo on failure."""
         ctx = self.ctx
         ip4, ip6, hostname = reported
         loop = asyncio.get_running_loop()
@@ -302,10 +304,6 @@ class Registrar:
                 f"could not record the registration of instance {instance_id} ({exc}); "
                 "retry with the same nonce"
             ) from exc
-        if ip4 or ip6 or hostname:
-            await loop.run_in_executor(
-                self._db_writer, self._store_addresses, instance_id, now, ip4, ip6, hostname
-            )
 
     def _read_instance(self, nonce_jwt: str) -> InstanceRow | None:
         with self.ctx.db.read_connection() as session:
@@ -326,8 +324,15 @@ class Registrar:
             raise FailedPrecondition(f"instance {row.id} has been deleted; it cannot register")
 
     def _claim(
-        self, nonce_jwt: str, claims: NonceClaims, pem: str, issued: IssuedCertificate, now: datetime
+        self,
+        nonce_jwt: str,
+        claims: NonceClaims,
+        pem: str,
+        issued: IssuedCertificate,
+        now: datetime,
+        reported: tuple[str, str, str],
     ) -> repo.AgentClaim:
+        ip4, ip6, hostname = reported
         with self.ctx.db.write_connection() as conn:
             return repo.claim_agent_registration(
                 conn,
@@ -338,6 +343,9 @@ class Registrar:
                 cert_serial=issued.serial_hex,
                 cert_expires_at=issued.not_after,
                 now=now,
+                ip4=ip4,
+                ip6=ip6,
+                hostname=hostname,
             )
 
     def _unclaim(self, instance_id: str, issued: IssuedCertificate, now: datetime) -> bool:
@@ -345,10 +353,6 @@ class Registrar:
             return repo.unmark_registered(
                 session, instance_id=instance_id, cert_serial=issued.serial_hex, now=now
             )
-
-    def _store_addresses(self, instance_id: str, now: datetime, ip4: str, ip6: str, hostname: str) -> None:
-        with self.ctx.db.write_connection() as conn:
-            repo.store_reported_addresses(conn, instance_id, now=now, ip4=ip4, ip6=ip6, hostname=hostname)
 
     @staticmethod
     def _registered_record(

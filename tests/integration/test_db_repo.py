@@ -696,6 +696,34 @@ def test_concurrent_plain_sql_claims_have_exactly_one_winner(db: Database) -> No
     assert sorted(results) == [False] * 7 + [True]
 
 
+def test_the_claim_stores_reported_addresses_only_when_it_claims(db: Database) -> None:
+    _add(db, "i1", nonce="jwt-1")
+    with db.write_connection() as conn:
+        assert repo.store_reported_addresses(conn, "i1", now=T0, ip6="fd00::1")
+
+    def claim(hostname: str) -> bool:
+        with db.write_connection() as conn:
+            return repo.claim_agent_registration(
+                conn,
+                nonce="jwt-1",
+                instance_id="i1",
+                tenant="acme",
+                public_key_pem="PEM",
+                cert_serial=1,
+                cert_expires_at=CERT_EXPIRY,
+                now=T0,
+                ip4="10.0.0.9",
+                hostname=hostname,
+            ).claimed
+
+    assert claim("h1")
+    assert not claim("evil")  # a replay writes nothing
+    with db.read_connection() as conn:
+        row = repo.get_instance(conn, "i1")
+    assert row is not None
+    assert (row.ip4, row.ip6, row.hostname) == ("10.0.0.9", "fd00::1", "h1")  # empty ip6 kept
+
+
 def test_stored_addresses_leave_empty_fields_alone(db: Database) -> None:
     _add(db, "i1")
     with db.write_connection() as conn:
