@@ -37,7 +37,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Executor, ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from nstance.core.errors import (
     AlreadyExists,
@@ -60,6 +60,7 @@ from nstance.pki.peer import PeerIdentity
 from nstance.server import records
 from nstance.server.context import ShardContext, fault_point
 from nstance.server.records import InstanceRecord
+from nstance.server.writebatch import WriteBatcher
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +128,17 @@ def _parse_time(raw: object) -> datetime | None:
     return value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
 
 
+class _ClaimRequest(NamedTuple):
+    """One agent registration's claim, as queued for the database writer."""
+
+    nonce_jwt: str
+    claims: NonceClaims
+    pem: str
+    issued: IssuedCertificate
+    now: datetime
+    reported: tuple[str, str, str]
+
+
 class Registrar:
     """The registration logic of one shard server (see the module docstring)."""
 
@@ -136,6 +148,10 @@ class Registrar:
         # write lock (busy_timeout polling) made registration latency seconds long under load. The
         # server passes the shard's single database writer, shared with the create path and health.
         self._db_writer = db_writer or ThreadPoolExecutor(max_workers=1, thread_name_prefix="nstance-reg-db")
+        # Claims that reach the writer in one loop turn share one job and one transaction.
+        self._claims: WriteBatcher[_ClaimRequest, repo.AgentClaim] = WriteBatcher(
+            self._db_writer, self._claim_many
+        )
         #: Optional hook the server sets to react to a registration (e.g. mark the group dirty).
         self.on_registered: RegisteredHook | None = None
 
@@ -229,11 +245,8 @@ class Registrar:
 
         ctx.fence()
         now = ctx.clock.now()
-        loop = asyncio.get_running_loop()
         reported = (private_ipv4, private_ipv6, hostname)
-        claim = await loop.run_in_executor(
-            self._db_writer, self._claim, nonce_jwt, claims, pem, issued, now, reported
-        )
+        claim = await self._claims.submit(_ClaimRequest(nonce_jwt, claims, pem, issued, now, reported))
         if not claim.claimed:
             await self._explain_unclaimed(nonce_jwt, claims, refused_key=False)
         # The claim is ours: finish (record, or undo) even if the client goes away meanwhile, so a
@@ -323,30 +336,25 @@ class Registrar:
         if row.deleted_at is not None:
             raise FailedPrecondition(f"instance {row.id} has been deleted; it cannot register")
 
-    def _claim(
-        self,
-        nonce_jwt: str,
-        claims: NonceClaims,
-        pem: str,
-        issued: IssuedCertificate,
-        now: datetime,
-        reported: tuple[str, str, str],
-    ) -> repo.AgentClaim:
-        ip4, ip6, hostname = reported
+    def _claim_many(self, requests: list[_ClaimRequest]) -> list[repo.AgentClaim]:
+        """The claims of one batch, each its own conditional UPDATE, in one transaction (DB writer)."""
         with self.ctx.db.write_connection() as conn:
-            return repo.claim_agent_registration(
-                conn,
-                nonce=nonce_jwt,
-                instance_id=claims.sub,
-                tenant=claims.tenant,
-                public_key_pem=pem,
-                cert_serial=issued.serial_hex,
-                cert_expires_at=issued.not_after,
-                now=now,
-                ip4=ip4,
-                ip6=ip6,
-                hostname=hostname,
-            )
+            return [
+                repo.claim_agent_registration(
+                    conn,
+                    nonce=r.nonce_jwt,
+                    instance_id=r.claims.sub,
+                    tenant=r.claims.tenant,
+                    public_key_pem=r.pem,
+                    cert_serial=r.issued.serial_hex,
+                    cert_expires_at=r.issued.not_after,
+                    now=r.now,
+                    ip4=r.reported[0],
+                    ip6=r.reported[1],
+                    hostname=r.reported[2],
+                )
+                for r in requests
+            ]
 
     def _unclaim(self, instance_id: str, issued: IssuedCertificate, now: datetime) -> bool:
         with self.ctx.db.write_connection() as session:
