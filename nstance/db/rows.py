@@ -1,11 +1,12 @@
 """Plain rows for the repository's plain-SQL paths, and the time text those paths read and write.
 
 The ORM builds an identity-mapped, attribute-instrumented object for every row it loads; for the
-reconciler's and the garbage collector's listings that cost about ten times the query itself. The
+reconciler's and the garbage collector's listings that cost several times the query itself. The
 hot read paths therefore return ``InstanceRow``: an immutable tuple with the attributes of
 ``models.Instance`` (same names, same Python types: aware UTC datetimes, ``bool`` for ``on_demand``,
 the parsed JSON for ``health``). ``health`` is parsed when read, from ``health_json``: most readers
-never look at it.
+never look at it. ``PublicKeyRow`` and ``LbRow`` do the same for their tables; ``Reader`` is how each
+is read (select list and per-row conversion, checked against the table at import).
 
 ``UTCDateTime`` stores naive UTC in SQLite's text form (``2026-01-01 12:00:00.000000``);
 ``sqlite_time`` and ``from_sqlite_time`` are that conversion for statements SQLAlchemy does not bind.
