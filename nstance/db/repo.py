@@ -8,11 +8,12 @@ The hot paths (the reconciler's, GC's and provider sync's listings, instance loo
 and delete writes, registration) run plain SQL on the DBAPI connection instead of the ORM: the ORM
 spent several times the statement's own cost building and tracking objects. Those functions take a
 ``Bind``: a Session (they run in its transaction) or a plain ``sqlite3.Connection`` from
-``Database.read_connection()`` / ``write_connection()``, which skips the Session's own cost too; they
-return immutable ``rows`` tuples (``InstanceRow``, ``PublicKeyRow``, ``LbRow``). The other functions use the ORM and return ORM rows, which stay
-readable after the session ends (``expire_on_commit=False``). The busiest writers (health, the create
-path's batches, the registration claim) run on the shard's single database writer thread
-(``InstanceOps.db_writer``), so they never queue on SQLite's write lock behind each other.
+``Database.read_connection()`` / ``write_connection()``, which skips the Session's own cost too.
+They return immutable ``rows`` tuples (``InstanceRow``, ``PublicKeyRow``, ``LbRow``). The other
+functions use the ORM and return ORM rows, which stay readable after the session ends
+(``expire_on_commit=False``). The busiest writers (health, the create path's batches, the
+registration claim) run on the shard's single database writer thread (``InstanceOps.db_writer``),
+so they never queue on SQLite's write lock behind each other.
 
 Single-use guarantees rest on one conditional statement whose affected-row count is checked, never on
 read-then-write: ``mark_registered_atomically`` and ``claim_operator_nonce`` are safe when any number
