@@ -298,14 +298,17 @@ class ServerApp:
         secrets_cfg = config.cluster.secrets
         keys: list[bytes] = []
         if secrets_cfg.encryption_key is not None:
-            sources = [(secrets_cfg.encryption_key.provider, secrets_cfg.encryption_key.source)]
-            sources += [(k.provider, k.source) for k in secrets_cfg.old_encryption_keys]
+            sources = [
+                (k.provider, k.source, k.project_id)
+                for k in (secrets_cfg.encryption_key, *secrets_cfg.old_encryption_keys)
+            ]
             keys = load_encryption_keys(sources, self.opts.environ)
         secrets = open_secret_store(
             secrets_cfg.provider,
             object_store=cluster_store,
             prefix=secrets_cfg.prefix or None,
             keys=keys,
+            project_id=secrets_cfg.project_id,
             bind_names=secrets_cfg.bind_names,
         )
         self._secrets = secrets
@@ -502,13 +505,16 @@ class ServerApp:
                 handshake_timeout=shard_cfg.limits.handshake_timeout.total_seconds(),
             )
             fronts.append(front)
-            server_auth, _ = server_credentials(
+            server_auth, registration_cert = server_credentials(
                 identity.ca,
                 hosts=hosts,
                 clock=self.clock,
                 require_client_cert=False,
                 key_type=opts.server_key_type,
             )
+            self.metrics.set_certificate_expiry("ca", identity.ca.not_after)
+            self.metrics.set_certificate_expiry("server-mtls", mtls.not_after)
+            self.metrics.set_certificate_expiry("server-registration", registration_cert.not_after)
             limits = shard_cfg.limits
             caps = plan_connection_caps(limits, open_files)
             log.log(

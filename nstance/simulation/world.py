@@ -749,6 +749,13 @@ class World:
             return await fn(inc)
         except SimCrash as exc:
             raise ProviderUnavailable(f"{inc.name} died during the call") from exc
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the caller itself is being stopped
+            # A task of the server that served the call was cancelled (it crashed or stopped leading):
+            # a real client sees its call fail (UNAVAILABLE), it does not die with the server.
+            raise ProviderUnavailable(f"{inc.name} dropped the call") from None
         finally:
             _CURRENT.reset(token)
 
