@@ -35,8 +35,8 @@ from nstance.config.workloads import DynamicGroupConfig
 from nstance.core.backoff import Backoff
 from nstance.core.errors import FailedPrecondition, InvalidArgument, NotFound, NstanceError, Unavailable
 from nstance.db import repo
-from nstance.db.models import Instance
 from nstance.db.quarantine import is_corruption
+from nstance.db.rows import InstanceRow
 from nstance.objectstore.base import ObjectNotFound
 from nstance.pki.certs import issue_client_certificate
 from nstance.pki.operator_record import operator_record, operator_record_key
@@ -400,8 +400,8 @@ class Shard:
 
     async def list_instances(self, tenant: str, group: str = "") -> list[InstanceView]:
         def read() -> list[InstanceView]:
-            with self.ctx.db.read_session() as session:
-                rows = repo.list_active_instances(session, tenant=tenant, group_key=group or None)
+            with self.ctx.db.read_connection() as conn:
+                rows = repo.list_active_instances(conn, tenant=tenant, group_key=group or None)
             return [_instance_view(row) for row in rows]
 
         return await asyncio.to_thread(read)  # a shard may hold 100,000 rows: not on the loop
@@ -609,7 +609,7 @@ class Shard:
         return IssuedCert(cert_pem=issued.cert_pem, expires_at=issued.not_after)
 
 
-def _instance_view(row: Instance) -> InstanceView:
+def _instance_view(row: InstanceRow) -> InstanceView:
     """What GetInstanceStatus and ListInstances report of one cache row."""
     return InstanceView(
         instance_id=row.id,
