@@ -215,7 +215,7 @@ class AgentHub:
     def _open(self, instance_id: str) -> AgentSession:
         session = self.sessions.get(instance_id)
         if session is None:
-            with self._ctx.db.read_session() as db:
+            with self._ctx.db.read_connection() as db:
                 row = repo.get_instance(db, instance_id)
                 if row is None or row.deleted_at is not None:
                     shard = self._ctx.identity.shard
@@ -327,7 +327,7 @@ class AgentHub:
         now = ctx.clock.now()
 
         def store() -> None:
-            with ctx.db.session() as db:
+            with ctx.db.write_connection() as db:
                 repo.upsert_group_hashes(
                     db,
                     tenant=key[0],
@@ -379,7 +379,7 @@ class AgentHub:
             self.on_group_change((session.tenant, session.group))
 
     async def _request_missing_keys(self, session: AgentSession, needed: list[str]) -> None:
-        with self._ctx.db.read_session() as db:
+        with self._ctx.db.read_connection() as db:
             have = {k.filename.removesuffix(".pub") for k in repo.list_public_keys(db, session.instance_id)}
         missing = [name for name in needed if name not in have]
         if missing:
@@ -391,7 +391,7 @@ class AgentHub:
         ctx = self._ctx
         session.pushing = True
         try:
-            with ctx.db.read_session() as db:
+            with ctx.db.read_connection() as db:
                 row = repo.get_instance(db, session.instance_id)
                 keys = {
                     k.filename.removesuffix(".pub"): k.public_key_pem.encode()
@@ -475,7 +475,7 @@ class AgentHub:
             self._flushed.set()
 
     def _write_health(self, batch: list[dict[str, Any]]) -> None:
-        with self._ctx.db.session() as db:
+        with self._ctx.db.write_connection() as db:
             repo.record_health_many(db, batch)
 
     async def flushed(self) -> None:
@@ -500,7 +500,7 @@ class AgentHub:
             await self._sleep(delay * random.uniform(0.8, 1.2))
             if self.connected(instance_id) or not ctx.is_leader():
                 return
-            with ctx.db.read_session() as db:
+            with ctx.db.read_connection() as db:
                 row = repo.get_instance(db, instance_id)
             if row is None or row.deleted_at is not None or row.drain_started_at is not None:
                 return
@@ -517,7 +517,7 @@ class AgentHub:
             if status == InstanceStatus.RUNNING or status == InstanceStatus.PENDING:
                 continue
             now = ctx.clock.now()
-            with ctx.db.session() as db:
+            with ctx.db.write_connection() as db:
                 repo.set_provider_status(db, instance_id, status.value, now=now)
             log.info(
                 "instance %s: agent gone and the provider says %s; replacing it", instance_id, status.value
