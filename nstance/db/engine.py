@@ -5,15 +5,17 @@ instance records, operator records and group config live there, and a new leader
 from them (plus the provider's instance list) before acting. So the file may be deleted at any time;
 what is lost is only ephemeral state (health reports, drain progress), which is re-learned.
 
-Every pooled connection gets ``journal_mode=WAL`` (readers never block the writer), ``foreign_keys=ON``,
+Every connection (the engine's pooled ones and the plain ones of ``read_connection``/``write_connection``)
+gets ``journal_mode=WAL`` (readers never block the writer), ``foreign_keys=ON``,
 ``busy_timeout=5000`` and ``synchronous=NORMAL`` (durable at checkpoints; a power cut may lose the last
 transactions, which the rebuild from object storage restores).
 
-SQLAlchemy, not the ``sqlite3`` module, emits BEGIN. ``Database.session()`` starts with
-``BEGIN IMMEDIATE``: it takes the write lock up front, so two writers queue on ``busy_timeout`` instead of
+The ``sqlite3`` module never emits BEGIN on its own; we do. ``Database.session()`` (ORM) and
+``Database.write_connection()`` (plain SQL on the DBAPI connection, for the hot paths) start with
+``BEGIN IMMEDIATE``: the write lock is taken up front, so two writers queue on ``busy_timeout`` instead of
 one failing with "database is locked" when it upgrades a read snapshot to a write.
-``Database.read_session()`` (and any plain ``engine.connect()``) uses a deferred BEGIN: a consistent
-snapshot that never blocks writers.
+``Database.read_session()``, ``Database.read_connection()`` (and any plain ``engine.connect()``) use a
+deferred BEGIN: a consistent snapshot that never blocks writers.
 
 The schema is created and upgraded only by alembic (``migrate``), never by ``metadata.create_all``.
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import importlib.resources
 import logging
+import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -48,6 +51,8 @@ _PRAGMAS: Final = (
     f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}",
     "PRAGMA synchronous=NORMAL",
 )
+#: What a failed statement raises: SQLAlchemy wraps driver errors, plain SQL raises them as they are.
+_DB_ERRORS: Final = (DBAPIError, sqlite3.DatabaseError)
 
 
 def migrations_path() -> str:
@@ -64,7 +69,7 @@ def alembic_config(connection: Connection | None = None) -> Config:
     return config
 
 
-def _on_connect(dbapi_connection: Any, _record: ConnectionPoolEntry) -> None:
+def _on_connect(dbapi_connection: Any, _record: ConnectionPoolEntry | None) -> None:
     # Take transaction control away from the sqlite3 module; the "begin" hook below emits BEGIN.
     dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
@@ -134,6 +139,11 @@ class Database:
     def __init__(self, engine: Engine, path: Path | None = None) -> None:
         self.path = path
         self.on_corrupt: Callable[[BaseException], None] | None = None
+        # Plain connections (``read_connection``/``write_connection``) are kept here, not in the
+        # engine's pool: its checkout and return cost more than a one-statement transaction. One per
+        # thread that uses them at once; ``_generation`` retires those opened before a close.
+        self._idle: list[sqlite3.Connection] = []
+        self._generation = 0
         self._bind(engine)
 
     def _bind(self, engine: Engine) -> None:
@@ -160,18 +170,69 @@ class Database:
         try:
             with self._write_sessions.begin() as session:
                 yield session
-        except DBAPIError as exc:
+        except _DB_ERRORS as exc:
             self._noticed(exc)
             raise
 
     @contextmanager
-    def write_connection(self) -> Iterator[Connection]:
-        """A read-write transaction (``BEGIN IMMEDIATE``) on a plain Connection, for plain-SQL hot paths.
+    def write_connection(self) -> Iterator[sqlite3.Connection]:
+        """A read-write transaction (``BEGIN IMMEDIATE``) on a pooled DBAPI connection, for plain SQL.
 
-        No ORM Session is built, which is most of the cost of a one-statement transaction.
+        Committed on success, rolled back on error. Neither an ORM Session nor a SQLAlchemy Connection
+        is built: for a one-statement transaction those cost several times the statement.
         """
-        with self._write_engine.begin() as conn:
+        with self._transaction("BEGIN IMMEDIATE", commit=True) as conn:
             yield conn
+
+    @contextmanager
+    def read_connection(self) -> Iterator[sqlite3.Connection]:
+        """A consistent snapshot (deferred ``BEGIN``) on a pooled DBAPI connection; always rolled back."""
+        with self._transaction("BEGIN", commit=False) as conn:
+            yield conn
+
+    @contextmanager
+    def _transaction(self, begin: str, *, commit: bool) -> Iterator[sqlite3.Connection]:
+        try:
+            generation = self._generation
+            conn = self._checkout()
+            try:
+                conn.execute(begin)
+                try:
+                    yield conn
+                    if commit:
+                        conn.commit()
+                finally:
+                    if conn.in_transaction:
+                        conn.rollback()
+            finally:
+                self._checkin(conn, generation)
+        except _DB_ERRORS as exc:
+            self._noticed(exc)
+            raise
+
+    def _checkout(self) -> sqlite3.Connection:
+        try:
+            return self._idle.pop()  # atomic: no lock needed
+        except IndexError:
+            pass
+        database = self.engine.url.database
+        if not database or database == ":memory:":  # pragma: no cover - the cache is always a file
+            raise RuntimeError("plain connections need a database file")
+        conn = sqlite3.connect(database, isolation_level=None, check_same_thread=False)
+        _on_connect(conn, None)
+        return conn
+
+    def _checkin(self, conn: sqlite3.Connection, generation: int) -> None:
+        """Keep ``conn`` for reuse, unless its transaction is stuck or the engine was replaced since."""
+        if generation == self._generation and not conn.in_transaction:
+            self._idle.append(conn)
+        else:
+            conn.close()
+
+    def _close_plain(self) -> None:
+        self._generation += 1
+        while self._idle:
+            self._idle.pop().close()
 
     @contextmanager
     def read_session(self) -> Iterator[Session]:
@@ -184,7 +245,7 @@ class Database:
         try:
             with self._read_sessions() as session:
                 yield session
-        except DBAPIError as exc:
+        except _DB_ERRORS as exc:
             self._noticed(exc)
             raise
 
@@ -197,6 +258,7 @@ class Database:
         if self.path is None:
             raise RuntimeError("this database was opened without a path; it cannot be replaced")
         self.engine.dispose()
+        self._close_plain()
         moved = quarantine.move_aside(self.path)
         log.error("sqlite cache %s is corrupt: moved to %s; starting an empty one", self.path, moved)
         self._bind(create_sqlite_engine(self.path))
@@ -206,6 +268,7 @@ class Database:
     def close(self) -> None:
         """Close every pooled connection."""
         self.engine.dispose()
+        self._close_plain()
 
     def __enter__(self) -> Database:
         return self

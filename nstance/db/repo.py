@@ -1,11 +1,19 @@
 """Repository functions over the SQLite cache: the only queries the rest of the server runs.
 
 Each function takes an open ``Session`` (from ``Database.session()`` for writes, ``read_session()`` for
-reads; the registration hot path's plain-SQL functions take a ``Connection`` from
-``Database.write_connection()``) and neither commits nor rolls back: the caller owns the transaction,
-so several calls can form one atomic step. Times are passed in (``now``) from the injected clock, never
-read here. Functions return ORM rows, which stay readable after the session ends
-(``expire_on_commit=False``).
+reads) and neither commits nor rolls back: the caller owns the transaction, so several calls can form
+one atomic step. Times are passed in (``now``) from the injected clock, never read here.
+
+The hot paths (the reconciler's, GC's and provider sync's listings, instance lookups, health, status
+and delete writes, registration) run plain SQL on the DBAPI connection instead of the ORM: the ORM
+spent several times the statement's own cost building and tracking objects. Those functions take a
+``Bind``: a Session (they run in its transaction) or a plain ``sqlite3.Connection`` from
+``Database.read_connection()`` / ``write_connection()``, which skips the Session's own cost too.
+They return immutable ``rows`` tuples (``InstanceRow``, ``PublicKeyRow``, ``LbRow``). The other
+functions use the ORM and return ORM rows, which stay readable after the session ends
+(``expire_on_commit=False``). The busiest writers (health, the create path's batches, the
+registration claim) run on the shard's single database writer thread (``InstanceOps.db_writer``),
+so they never queue on SQLite's write lock behind each other.
 
 Single-use guarantees rest on one conditional statement whose affected-row count is checked, never on
 read-then-write: ``mark_registered_atomically`` and ``claim_operator_nonce`` are safe when any number
@@ -15,12 +23,14 @@ of threads or processes race on the same nonce.
 from __future__ import annotations
 
 import enum
-from datetime import UTC, datetime
-from typing import Any, NamedTuple
+import json
+import sqlite3
+from datetime import datetime
+from typing import Any, NamedTuple, TypeAlias, cast
 
-from sqlalchemy import Executable, Table, bindparam, case, delete, func, or_, select, update
+from sqlalchemy import Executable, Table, case, delete, func, select, update
 from sqlalchemy.dialects.sqlite import insert
-from sqlalchemy.engine import Connection, CursorResult
+from sqlalchemy.engine import CursorResult
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -34,14 +44,43 @@ from nstance.db.models import (
     Group,
     Image,
     Instance,
-    LbInstance,
     Operator,
     PublicKey,
     RevokedCert,
 )
+from nstance.db.rows import (
+    INSTANCES,
+    LB_INSTANCES,
+    PUBLIC_KEYS,
+    InstanceRow,
+    LbRow,
+    PublicKeyRow,
+    sqlite_time,
+)
 from nstance.db.types import UTCDateTime
 
 _INSTANCES: Table = Instance.__table__  # type: ignore[assignment]  # Core statements for the batch paths
+
+#: What the plain-SQL functions run on: a Session (in its transaction) or a DBAPI connection.
+Bind: TypeAlias = Session | sqlite3.Connection
+
+
+def _plain(bind: Bind) -> sqlite3.Connection:
+    """The DBAPI connection under ``bind``; a Session's is taken in (and starts) its transaction."""
+    if isinstance(bind, Session):
+        return cast(sqlite3.Connection, bind.connection().connection.driver_connection)
+    return bind
+
+
+def _instances(bind: Bind, where: str, params: tuple[Any, ...] = ()) -> list[InstanceRow]:
+    """Instance rows matching ``where`` (plain SQL, with its ORDER BY), as ``InstanceRow``."""
+    cursor = _plain(bind).execute(f"SELECT {INSTANCES.columns} FROM instances WHERE {where}", params)
+    return [INSTANCES.row(values) for values in cursor.fetchall()]
+
+
+def _changed(bind: Bind, sql: str, params: tuple[Any, ...]) -> int:
+    """Run one plain-SQL write; the number of rows it changed."""
+    return _plain(bind).execute(sql, params).rowcount
 
 
 def _rowcount(session: Session, statement: Executable) -> int:
@@ -151,17 +190,20 @@ def set_provider_details(
     return _rowcount(session, update(Instance).where(Instance.id == instance_id).values(**values)) == 1
 
 
-def set_provider_status(session: Session, instance_id: str, status: str, *, now: datetime) -> bool:
+def set_provider_status(bind: Bind, instance_id: str, status: str, *, now: datetime) -> bool:
     """Store the normalised provider status seen at ``now``. Returns False if the instance is unknown."""
-    statement = (
-        update(Instance)
-        .where(Instance.id == instance_id)
-        .values(provider_status=status, provider_at=now, updated_at=now)
-    )
-    return _rowcount(session, statement) == 1
+    stamp = sqlite_time(now)
+    sql = "UPDATE instances SET provider_status = ?, provider_at = ?, updated_at = ? WHERE id = ?"
+    return _changed(bind, sql, (status, stamp, stamp, instance_id)) == 1
 
 
-def record_health_many(session: Session, items: list[dict[str, Any]]) -> None:
+_HEALTH_SQL = (
+    "UPDATE instances SET health_at = ?, health = ?, runtime_config_hash = coalesce(?, runtime_config_hash) "
+    "WHERE id = ? AND deleted_at IS NULL"
+)
+
+
+def record_health_many(bind: Bind, items: list[dict[str, Any]]) -> None:
     """Store many agents' health reports as one executemany UPDATE (deleted rows are skipped).
 
     Each item has ``instance_id``, ``health_at``, ``health`` (JSON) and ``runtime_config_hash``
@@ -169,26 +211,16 @@ def record_health_many(session: Session, items: list[dict[str, Any]]) -> None:
     """
     if not items:
         return
-    c = _INSTANCES.c
-    statement = (
-        _INSTANCES.update()
-        .where(c.id == bindparam("b_id"), c.deleted_at.is_(None))
-        .values(
-            health_at=bindparam("b_health_at"),
-            health=bindparam("b_health"),
-            runtime_config_hash=func.coalesce(bindparam("b_hash"), c.runtime_config_hash),
+    params = [
+        (
+            sqlite_time(item["health_at"]),
+            json.dumps(item["health"]),  # what the ORM's JSON type stores (None as JSON null)
+            item.get("runtime_config_hash"),
+            item["instance_id"],
         )
-    )
-    rows = [
-        {
-            "b_id": item["instance_id"],
-            "b_health_at": item["health_at"],
-            "b_health": item["health"],
-            "b_hash": item.get("runtime_config_hash"),
-        }
         for item in items
     ]
-    session.execute(statement, rows)
+    _plain(bind).executemany(_HEALTH_SQL, params)
 
 
 def mark_registered_atomically(
@@ -227,60 +259,59 @@ def mark_registered_atomically(
     return _rowcount(session, statement) == 1
 
 
-def get_instance(session: Session, instance_id: str) -> Instance | None:
+def get_instance(bind: Bind, instance_id: str) -> InstanceRow | None:
     """The instance row with this id (deleted rows included), or None."""
-    return session.get(Instance, instance_id)
+    found = _instances(bind, "id = ?", (instance_id,))
+    return found[0] if found else None
 
 
-def get_instance_by_nonce(session: Session, nonce: str) -> Instance | None:
+def get_instance_by_nonce(bind: Bind, nonce: str) -> InstanceRow | None:
     """The instance row created with this registration JWT, or None."""
-    return session.scalars(select(Instance).where(Instance.nonce == nonce)).one_or_none()
+    found = _instances(bind, "nonce = ?", (nonce,))  # unique
+    return found[0] if found else None
+
+
+_ACTIVE = "deleted_at IS NULL AND (provider_status IS NULL OR provider_status NOT IN ({}))".format(
+    ", ".join(f"'{status}'" for status in INACTIVE_PROVIDER_STATUSES)
+)
+_OLDEST_FIRST = " ORDER BY created_at, id"
 
 
 def list_active_instances(
-    session: Session,
+    bind: Bind,
     *,
     tenant: str | None = None,
     group_key: str | None = None,
     managed_only: bool = False,
-) -> list[Instance]:
+) -> list[InstanceRow]:
     """Instances not deleted and not being deleted by the provider, oldest first.
 
     ``managed_only`` leaves out on-demand instances (the reconciler counts only managed ones).
     """
-    statement = select(Instance).where(
-        Instance.deleted_at.is_(None),
-        or_(
-            Instance.provider_status.is_(None),
-            Instance.provider_status.not_in(INACTIVE_PROVIDER_STATUSES),
-        ),
-    )
+    where = _ACTIVE
+    params: tuple[str, ...] = ()
     if tenant is not None:
-        statement = statement.where(Instance.tenant == tenant)
+        where += " AND tenant = ?"
+        params += (tenant,)
     if group_key is not None:
-        statement = statement.where(Instance.group_key == group_key)
+        where += " AND group_key = ?"
+        params += (group_key,)
     if managed_only:
-        statement = statement.where(Instance.on_demand.is_(False))
-    statement = statement.order_by(Instance.created_at.asc(), Instance.id.asc())
-    return list(session.scalars(statement))
+        where += " AND on_demand = 0"
+    return _instances(bind, where + _OLDEST_FIRST, params)
 
 
-def soft_delete(session: Session, instance_id: str, *, now: datetime) -> bool:
+def soft_delete(bind: Bind, instance_id: str, *, now: datetime) -> bool:
     """Mark an instance deleted at ``now``; True only if it existed and was not deleted already."""
-    statement = (
-        update(Instance)
-        .where(Instance.id == instance_id, Instance.deleted_at.is_(None))
-        .values(deleted_at=now, updated_at=now)
-    )
-    return _rowcount(session, statement) == 1
+    stamp = sqlite_time(now)
+    sql = "UPDATE instances SET deleted_at = ?, updated_at = ? WHERE id = ? AND deleted_at IS NULL"
+    return _changed(bind, sql, (stamp, stamp, instance_id)) == 1
 
 
-def list_instances(session: Session, *, include_deleted: bool = False) -> list[Instance]:
+def list_instances(bind: Bind, *, include_deleted: bool = False) -> list[InstanceRow]:
     """Every instance row (deleted ones only when asked), oldest first."""
-    statement = select(Instance)
-    if not include_deleted:
-        statement = statement.where(Instance.deleted_at.is_(None))
-    return list(session.scalars(statement.order_by(Instance.created_at.asc(), Instance.id.asc())))
+    where = "1" if include_deleted else "deleted_at IS NULL"
+    return _instances(bind, where + _OLDEST_FIRST)
 
 
 def insert_instances(session: Session, rows: list[dict[str, Any]], *, now: datetime) -> None:
@@ -320,7 +351,7 @@ def insert_instances(session: Session, rows: list[dict[str, Any]], *, now: datet
         ) from exc
 
 
-def set_provider_details_many(session: Session, items: list[dict[str, Any]], *, now: datetime) -> None:
+def set_provider_details_many(bind: Bind, items: list[dict[str, Any]], *, now: datetime) -> None:
     """``set_provider_details`` for many instances as one executemany UPDATE.
 
     Each item has ``instance_id`` and ``provider_id`` and optionally ``provider_status``, ``hostname``,
@@ -329,95 +360,69 @@ def set_provider_details_many(session: Session, items: list[dict[str, Any]], *, 
     if not items:
         return
     optional = ("provider_status", "hostname", "fqdn", "ip4", "ip6")
-    c = _INSTANCES.c
-    statement = (
-        _INSTANCES.update()
-        .where(c.id == bindparam("b_id"))
-        .values(
-            provider_id=bindparam("b_provider_id"),
-            provider_at=now,
-            record_state=RECORD_PROVISIONED,
-            updated_at=now,
-            **{name: func.coalesce(bindparam(f"b_{name}"), c[name]) for name in optional},
-        )
+    sql = (
+        "UPDATE instances SET provider_id = ?, provider_at = ?, record_state = ?, updated_at = ?, "
+        + ", ".join(f"{name} = coalesce(?, {name})" for name in optional)
+        + " WHERE id = ?"
     )
-    rows = [
-        {
-            "b_id": item["instance_id"],
-            "b_provider_id": item["provider_id"],
-            **{f"b_{name}": item.get(name) for name in optional},
-        }
+    stamp = sqlite_time(now)
+    params = [
+        (
+            item["provider_id"],
+            stamp,
+            RECORD_PROVISIONED,
+            stamp,
+            *(item.get(name) for name in optional),
+            item["instance_id"],
+        )
         for item in items
     ]
-    session.execute(statement, rows)
+    _plain(bind).executemany(sql, params)
 
 
-def count_instances(session: Session) -> dict[tuple[str, str, str], int]:
+def count_instances(bind: Bind) -> dict[tuple[str, str, str], int]:
     """Live instances counted by (tenant, group, state) with one aggregate query (for metrics)."""
-    state = case(
-        (Instance.drain_started_at.is_not(None), "draining"),
-        (Instance.record_state == RECORD_FAILED, "failed"),
-        else_=func.coalesce(Instance.provider_status, "pending"),
+    sql = (
+        "SELECT tenant, group_key, CASE WHEN drain_started_at IS NOT NULL THEN 'draining' "
+        f"WHEN record_state = '{RECORD_FAILED}' THEN 'failed' ELSE coalesce(provider_status, 'pending') END "
+        "AS state, count(*) FROM instances WHERE deleted_at IS NULL GROUP BY tenant, group_key, state"
     )
-    statement = (
-        select(Instance.tenant, Instance.group_key, state, func.count())
-        .where(Instance.deleted_at.is_(None))
-        .group_by(Instance.tenant, Instance.group_key, state)
-    )
-    return {(t, g, str(st)): int(n) for t, g, st, n in session.execute(statement).all()}
+    return {(t, g, str(st)): int(n) for t, g, st, n in _plain(bind).execute(sql).fetchall()}
 
 
-def groups_with_managed_instances(session: Session) -> set[tuple[str, str]]:
+def groups_with_managed_instances(bind: Bind) -> set[tuple[str, str]]:
     """(tenant, group) of every group that still has a live managed instance."""
-    statement = (
-        select(Instance.tenant, Instance.group_key)
-        .where(Instance.deleted_at.is_(None), Instance.on_demand.is_(False))
-        .distinct()
-    )
-    return {(t, g) for t, g in session.execute(statement).all()}
+    sql = "SELECT DISTINCT tenant, group_key FROM instances WHERE deleted_at IS NULL AND on_demand = 0"
+    return {(t, g) for t, g in _plain(bind).execute(sql).fetchall()}
 
 
-def mark_create_failed(session: Session, instance_id: str, *, now: datetime) -> bool:
+def mark_create_failed(bind: Bind, instance_id: str, *, now: datetime) -> bool:
     """The provider create failed for good: the row no longer counts and the reconciler removes it."""
-    statement = (
-        update(Instance)
-        .where(Instance.id == instance_id, Instance.deleted_at.is_(None))
-        .values(record_state=RECORD_FAILED, updated_at=now)
-    )
-    return _rowcount(session, statement) == 1
+    sql = "UPDATE instances SET record_state = ?, updated_at = ? WHERE id = ? AND deleted_at IS NULL"
+    return _changed(bind, sql, (RECORD_FAILED, sqlite_time(now), instance_id)) == 1
 
 
-def start_drain(
-    session: Session, instance_id: str, *, reason: str, now: datetime, delete_at: datetime
-) -> bool:
+def start_drain(bind: Bind, instance_id: str, *, reason: str, now: datetime, delete_at: datetime) -> bool:
     """Begin draining: the instance stops counting and is deleted on ack or at ``delete_at``.
 
     Only the first call for an instance takes effect; returns whether this call started the drain.
     """
-    statement = (
-        update(Instance)
-        .where(
-            Instance.id == instance_id,
-            Instance.deleted_at.is_(None),
-            Instance.drain_started_at.is_(None),
-        )
-        .values(drain_started_at=now, drain_reason=reason, delete_at=delete_at, updated_at=now)
+    stamp = sqlite_time(now)
+    sql = (
+        "UPDATE instances SET drain_started_at = ?, drain_reason = ?, delete_at = ?, updated_at = ? "
+        "WHERE id = ? AND deleted_at IS NULL AND drain_started_at IS NULL"
     )
-    return _rowcount(session, statement) == 1
+    return _changed(bind, sql, (stamp, reason, sqlite_time(delete_at), stamp, instance_id)) == 1
 
 
-def acknowledge_drain(session: Session, instance_id: str, *, now: datetime) -> bool:
+def acknowledge_drain(bind: Bind, instance_id: str, *, now: datetime) -> bool:
     """Record the operator's drain acknowledgement; False unless the instance is being drained."""
-    statement = (
-        update(Instance)
-        .where(
-            Instance.id == instance_id,
-            Instance.deleted_at.is_(None),
-            Instance.drain_started_at.is_not(None),
-        )
-        .values(drain_acked_at=now, updated_at=now)
+    stamp = sqlite_time(now)
+    sql = (
+        "UPDATE instances SET drain_acked_at = ?, updated_at = ? "
+        "WHERE id = ? AND deleted_at IS NULL AND drain_started_at IS NOT NULL"
     )
-    return _rowcount(session, statement) == 1
+    return _changed(bind, sql, (stamp, stamp, instance_id)) == 1
 
 
 def restore_instance(session: Session, **values: Any) -> None:
@@ -432,21 +437,12 @@ def restore_instance(session: Session, **values: Any) -> None:
     session.execute(statement.on_conflict_do_update(index_elements=[Instance.id], set_=updates))
 
 
-def sqlite_time(value: datetime | None) -> str | None:
-    """An aware datetime as the text ``UTCDateTime`` stores (naive UTC, microseconds), for plain SQL."""
-    if value is None:
-        return None
-    if value.tzinfo is None or value.utcoffset() is None:
-        raise ValueError(f"naive datetime {value.isoformat()} refused: pass a timezone-aware datetime")
-    return value.astimezone(UTC).replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds")
-
-
 _TIME_COLUMNS = frozenset(c.name for c in _INSTANCES.c if isinstance(c.type, UTCDateTime))
 _RESTORE_COLUMNS = frozenset(c.name for c in _INSTANCES.c) - {"health"}
 
 
 def restore_instances(
-    session: Session, rows: list[dict[str, Any]], *, keep_stored_if_null: tuple[str, ...] = ()
+    bind: Bind, rows: list[dict[str, Any]], *, keep_stored_if_null: tuple[str, ...] = ()
 ) -> None:
     """``restore_instance`` for many rows as one executemany upsert (the cache rebuild's batch step).
 
@@ -481,43 +477,33 @@ def restore_instances(
         for i in times:
             values[i] = sqlite_time(values[i])
         params.append(tuple(values))
-    session.connection().exec_driver_sql(sql, params)
+    _plain(bind).executemany(sql, params)
 
 
-def soft_delete_many(session: Session, instance_ids: list[str], *, now: datetime) -> None:
+def soft_delete_many(bind: Bind, instance_ids: list[str], *, now: datetime) -> None:
     """``soft_delete`` for many instances as one executemany UPDATE (already deleted ones are left)."""
-    if not instance_ids:
-        return
-    c = _INSTANCES.c
-    statement = (
-        _INSTANCES.update()
-        .where(c.id == bindparam("b_id"), c.deleted_at.is_(None))
-        .values(deleted_at=now, updated_at=now)
-    )
-    session.execute(statement, [{"b_id": instance_id} for instance_id in instance_ids])
+    stamp = sqlite_time(now)
+    sql = "UPDATE instances SET deleted_at = ?, updated_at = ? WHERE id = ? AND deleted_at IS NULL"
+    _plain(bind).executemany(sql, [(stamp, stamp, instance_id) for instance_id in instance_ids])
 
 
-def live_instance_ids(session: Session) -> set[str]:
-    """The ids of every instance row not soft-deleted (one column, no ORM objects)."""
-    c = _INSTANCES.c
-    return set(session.scalars(select(c.id).where(c.deleted_at.is_(None))))
+def live_instance_ids(bind: Bind) -> set[str]:
+    """The ids of every instance row not soft-deleted (one column, no row objects)."""
+    return {iid for (iid,) in _plain(bind).execute("SELECT id FROM instances WHERE deleted_at IS NULL")}
 
 
-def get_instances(session: Session, instance_ids: list[str]) -> list[Instance]:
+def get_instances(bind: Bind, instance_ids: list[str]) -> list[InstanceRow]:
     """The rows with these ids (unknown ids are left out), oldest first."""
     if not instance_ids:
         return []
-    statement = (
-        select(Instance)
-        .where(Instance.id.in_(instance_ids))
-        .order_by(Instance.created_at.asc(), Instance.id.asc())
-    )
-    return list(session.scalars(statement))
+    unique = list(dict.fromkeys(instance_ids))
+    marks = ", ".join("?" for _ in unique)
+    return _instances(bind, f"id IN ({marks}){_OLDEST_FIRST}", tuple(unique))
 
 
-def forget_instance(session: Session, instance_id: str) -> bool:
+def forget_instance(bind: Bind, instance_id: str) -> bool:
     """Remove an instance's row outright (no tombstone): its record is gone, which is not a deletion."""
-    return _rowcount(session, delete(Instance).where(Instance.id == instance_id)) == 1
+    return _changed(bind, "DELETE FROM instances WHERE id = ?", (instance_id,)) == 1
 
 
 class PurgedInstance(NamedTuple):
@@ -527,22 +513,28 @@ class PurgedInstance(NamedTuple):
     instance_id: str
 
 
-def purge_deleted_before(session: Session, cutoff: datetime) -> list[PurgedInstance]:
+def purge_deleted_before(bind: Bind, cutoff: datetime) -> list[PurgedInstance]:
     """Remove rows soft-deleted before ``cutoff`` (their public keys and LB rows go with them)."""
-    statement = (
-        delete(Instance)
-        .where(Instance.deleted_at.is_not(None), Instance.deleted_at < cutoff)
-        .returning(Instance.tenant, Instance.id)
-    )
-    rows = session.execute(statement).all()
+    sql = "DELETE FROM instances WHERE deleted_at IS NOT NULL AND deleted_at < ? RETURNING tenant, id"
+    rows = _plain(bind).execute(sql, (sqlite_time(cutoff),)).fetchall()
     return sorted(PurgedInstance(tenant, instance_id) for tenant, instance_id in rows)
 
 
 # --- groups ------------------------------------------------------------------------------------
 
 
+_GROUP_HASHES_SQL = (
+    "INSERT INTO groups (tenant, group_key, runtime_config_hash, infra_config_hash, hashes_updated_at, "
+    "created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, group_key) DO UPDATE SET "
+    "runtime_config_hash = excluded.runtime_config_hash, infra_config_hash = excluded.infra_config_hash, "
+    "hashes_updated_at = excluded.hashes_updated_at, updated_at = excluded.updated_at "
+    "WHERE groups.runtime_config_hash != excluded.runtime_config_hash "
+    "OR groups.infra_config_hash != excluded.infra_config_hash"
+)
+
+
 def upsert_group_hashes(
-    session: Session,
+    bind: Bind,
     *,
     tenant: str,
     group_key: str,
@@ -554,29 +546,9 @@ def upsert_group_hashes(
 
     ``hashes_updated_at`` moves only when a hash actually changes, so it says when drift began.
     """
-    statement = insert(Group).values(
-        tenant=tenant,
-        group_key=group_key,
-        runtime_config_hash=runtime_config_hash,
-        infra_config_hash=infra_config_hash,
-        hashes_updated_at=now,
-        created_at=now,
-        updated_at=now,
-    )
-    statement = statement.on_conflict_do_update(
-        index_elements=[Group.tenant, Group.group_key],
-        set_={
-            "runtime_config_hash": statement.excluded.runtime_config_hash,
-            "infra_config_hash": statement.excluded.infra_config_hash,
-            "hashes_updated_at": statement.excluded.hashes_updated_at,
-            "updated_at": statement.excluded.updated_at,
-        },
-        where=or_(
-            Group.runtime_config_hash != statement.excluded.runtime_config_hash,
-            Group.infra_config_hash != statement.excluded.infra_config_hash,
-        ),
-    )
-    return _rowcount(session, statement) == 1
+    stamp = sqlite_time(now)
+    params = (tenant, group_key, runtime_config_hash, infra_config_hash, stamp, stamp, stamp)
+    return _changed(bind, _GROUP_HASHES_SQL, params) == 1
 
 
 def get_group_hashes(session: Session, tenant: str, group_key: str) -> Group | None:
@@ -645,10 +617,10 @@ def upsert_public_key(
         raise NotFound(f"instance {instance_id!r} is not in the cache") from exc
 
 
-def list_public_keys(session: Session, instance_id: str) -> list[PublicKey]:
+def list_public_keys(bind: Bind, instance_id: str) -> list[PublicKeyRow]:
     """The public keys an instance submitted, by filename."""
-    statement = select(PublicKey).where(PublicKey.instance_id == instance_id).order_by(PublicKey.filename)
-    return list(session.scalars(statement))
+    sql = f"SELECT {PUBLIC_KEYS.columns} FROM public_keys WHERE instance_id = ? ORDER BY filename"
+    return [PUBLIC_KEYS.row(values) for values in _plain(bind).execute(sql, (instance_id,)).fetchall()]
 
 
 # --- certificate deny list ---------------------------------------------------------------------
@@ -844,13 +816,15 @@ class AgentClaim(NamedTuple):
 
 _CLAIM_AGENT_SQL = (
     "UPDATE instances SET registered_at = ?, instance_pub = ?, cert_serial = ?, cert_expires_at = ?, "
-    "updated_at = ? WHERE nonce = ? AND id = ? AND tenant = ? AND registered_at IS NULL "
+    "updated_at = ?, ip4 = coalesce(nullif(?, ''), ip4), ip6 = coalesce(nullif(?, ''), ip6), "
+    "hostname = coalesce(nullif(?, ''), hostname) "
+    "WHERE nonce = ? AND id = ? AND tenant = ? AND registered_at IS NULL "
     "AND deleted_at IS NULL RETURNING group_key"
 )
 
 
 def claim_agent_registration(
-    conn: Connection,
+    conn: sqlite3.Connection,
     *,
     nonce: str,
     instance_id: str,
@@ -859,15 +833,20 @@ def claim_agent_registration(
     cert_serial: int | str,
     cert_expires_at: datetime,
     now: datetime,
+    ip4: str = "",
+    ip6: str = "",
+    hostname: str = "",
 ) -> AgentClaim:
     """``mark_registered_atomically`` for the registration hot path: one plain-SQL statement.
 
-    Takes a Connection (``Database.write_connection``), not a Session. The row must also belong to
+    Takes the DBAPI connection of ``Database.write_connection``, not a Session. The row must also belong to
     ``tenant``. Claimed for exactly one caller; every other caller gets ``claimed=False`` (then read the
-    row to learn why: unknown, another instance or tenant, deleted, or already registered).
+    row to learn why: unknown, another instance or tenant, deleted, or already registered). The same
+    statement stores the addresses and host name the agent reported (empty ones keep the stored
+    value), as ``store_reported_addresses`` would, so a replay writes none of them either.
     """
     stamp = sqlite_time(now)
-    row = conn.exec_driver_sql(
+    row = conn.execute(
         _CLAIM_AGENT_SQL,
         (
             stamp,
@@ -875,16 +854,25 @@ def claim_agent_registration(
             normalize_serial(cert_serial),
             sqlite_time(cert_expires_at),
             stamp,
+            ip4,
+            ip6,
+            hostname,
             nonce,
             instance_id,
             tenant,
         ),
-    ).first()
+    ).fetchone()
     return AgentClaim(claimed=row is not None, group_key=str(row[0]) if row is not None else "")
 
 
 def store_reported_addresses(
-    conn: Connection, instance_id: str, *, now: datetime, ip4: str = "", ip6: str = "", hostname: str = ""
+    conn: sqlite3.Connection,
+    instance_id: str,
+    *,
+    now: datetime,
+    ip4: str = "",
+    ip6: str = "",
+    hostname: str = "",
 ) -> bool:
     """``set_reported_addresses`` in plain SQL on a Connection (the registration hot path)."""
     sets = ["updated_at = ?"]
@@ -894,30 +882,25 @@ def store_reported_addresses(
             sets.append(f"{column} = ?")
             params.append(value)
     sql = f"UPDATE instances SET {', '.join(sets)} WHERE id = ? AND deleted_at IS NULL"
-    result = conn.exec_driver_sql(sql, (*params, instance_id))
-    return result.rowcount == 1
+    return conn.execute(sql, (*params, instance_id)).rowcount == 1
 
 
-def unmark_registered(session: Session, *, instance_id: str, cert_serial: int | str, now: datetime) -> bool:
+def unmark_registered(bind: Bind, *, instance_id: str, cert_serial: int | str, now: datetime) -> bool:
     """Undo ``mark_registered_atomically`` (the registration could not be recorded in object storage).
 
     Guarded by the certificate serial the claim stored, so only the claim's own caller can undo it and
     a later successful registration is never reverted. True if the claim was undone.
     """
-    statement = (
-        update(Instance)
-        .where(
-            Instance.id == instance_id,
-            Instance.registered_at.is_not(None),
-            Instance.cert_serial == normalize_serial(cert_serial),
-        )
-        .values(registered_at=None, instance_pub=None, cert_serial=None, cert_expires_at=None, updated_at=now)
+    sql = (
+        "UPDATE instances SET registered_at = NULL, instance_pub = NULL, cert_serial = NULL, "
+        "cert_expires_at = NULL, updated_at = ? "
+        "WHERE id = ? AND registered_at IS NOT NULL AND cert_serial = ?"
     )
-    return _rowcount(session, statement) == 1
+    return _changed(bind, sql, (sqlite_time(now), instance_id, normalize_serial(cert_serial))) == 1
 
 
 def replace_agent_certificate(
-    session: Session,
+    bind: Bind,
     *,
     instance_id: str,
     expected_serial: int | str,
@@ -932,22 +915,19 @@ def replace_agent_certificate(
     certificate exactly one wins, and a superseded certificate can never renew. False when the
     instance is unknown, deleted, unregistered or has another current serial.
     """
-    statement = (
-        update(Instance)
-        .where(
-            Instance.id == instance_id,
-            Instance.deleted_at.is_(None),
-            Instance.registered_at.is_not(None),
-            Instance.cert_serial == normalize_serial(expected_serial),
-        )
-        .values(
-            instance_pub=public_key_pem,
-            cert_serial=normalize_serial(cert_serial),
-            cert_expires_at=cert_expires_at,
-            updated_at=now,
-        )
+    sql = (
+        "UPDATE instances SET instance_pub = ?, cert_serial = ?, cert_expires_at = ?, updated_at = ? "
+        "WHERE id = ? AND deleted_at IS NULL AND registered_at IS NOT NULL AND cert_serial = ?"
     )
-    return _rowcount(session, statement) == 1
+    params = (
+        public_key_pem,
+        normalize_serial(cert_serial),
+        sqlite_time(cert_expires_at),
+        sqlite_time(now),
+        instance_id,
+        normalize_serial(expected_serial),
+    )
+    return _changed(bind, sql, params) == 1
 
 
 def count_operators(session: Session) -> int:
@@ -981,36 +961,36 @@ def put_image(
 # --- load balancer membership -------------------------------------------------------------------
 
 
-def set_lb_status(
-    session: Session, lb_key: str, instance_ids: list[str], *, status: str, now: datetime
-) -> None:
+def set_lb_status(bind: Bind, lb_key: str, instance_ids: list[str], *, status: str, now: datetime) -> None:
     """Record ``status`` (one of LB_STATUSES) for each instance in load balancer ``lb_key``."""
     if status not in LB_STATUSES:
         raise InvalidArgument(
             f"load balancer status must be one of {', '.join(LB_STATUSES)} (got {status!r})"
         )
-    for instance_id in instance_ids:
-        statement = insert(LbInstance).values(
-            lb_key=lb_key, instance_id=instance_id, status=status, updated_at=now
-        )
-        session.execute(
-            statement.on_conflict_do_update(
-                index_elements=[LbInstance.lb_key, LbInstance.instance_id],
-                set_={"status": status, "updated_at": now},
-            )
-        )
+    sql = (
+        "INSERT INTO lb_instances (lb_key, instance_id, status, updated_at) VALUES (?, ?, ?, ?) "
+        "ON CONFLICT (lb_key, instance_id) DO UPDATE SET status = excluded.status, "
+        "updated_at = excluded.updated_at"
+    )
+    stamp = sqlite_time(now)
+    _plain(bind).executemany(sql, [(lb_key, instance_id, status, stamp) for instance_id in instance_ids])
 
 
-def lb_memberships(session: Session, instance_id: str) -> list[LbInstance]:
+def _lb_rows(bind: Bind, column: str, value: str) -> list[LbRow]:
+    sql = f"SELECT {LB_INSTANCES.columns} FROM lb_instances WHERE {column} = ?"
+    return [LB_INSTANCES.row(values) for values in _plain(bind).execute(sql, (value,)).fetchall()]
+
+
+def lb_memberships(bind: Bind, instance_id: str) -> list[LbRow]:
     """Every load balancer row of one instance."""
-    return list(session.scalars(select(LbInstance).where(LbInstance.instance_id == instance_id)))
+    return _lb_rows(bind, "instance_id", instance_id)
 
 
-def lb_members(session: Session, lb_key: str) -> list[LbInstance]:
+def lb_members(bind: Bind, lb_key: str) -> list[LbRow]:
     """Every instance row of one load balancer."""
-    return list(session.scalars(select(LbInstance).where(LbInstance.lb_key == lb_key)))
+    return _lb_rows(bind, "lb_key", lb_key)
 
 
-def delete_lb_memberships(session: Session, instance_id: str) -> None:
+def delete_lb_memberships(bind: Bind, instance_id: str) -> None:
     """Forget one instance's load balancer rows (its deregistration was confirmed)."""
-    session.execute(delete(LbInstance).where(LbInstance.instance_id == instance_id))
+    _plain(bind).execute("DELETE FROM lb_instances WHERE instance_id = ?", (instance_id,))

@@ -43,7 +43,7 @@ from typing import Any
 from nstance.config import MergedGroupConfig, infra_hash, runtime_hash
 from nstance.core.errors import NotFound, NstanceError
 from nstance.db import repo
-from nstance.db.models import Instance
+from nstance.db.rows import InstanceRow
 from nstance.providers.base import UNHEALTHY_STATUSES, InstanceNotFound, InstanceStatus
 from nstance.secrets.base import SecretStore
 from nstance.server.agentfiles import InstanceFacts, render_files, required_agent_keys
@@ -216,14 +216,14 @@ class AgentHub:
         self._hashes: dict[GroupKey, tuple[object, MergedGroupConfig | None, str]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         #: Instance rows of agents opening a stream: a reconnect burst is read in bulk, off the loop.
-        self._rows: BatchReader[str, Instance] = BatchReader(self._read_rows)
+        self._rows: BatchReader[str, InstanceRow] = BatchReader(self._read_rows)
         self.reports = 0
 
     # --- sessions -----------------------------------------------------------------------------
 
-    def _read_rows(self, instance_ids: list[str]) -> dict[str, Instance]:
+    def _read_rows(self, instance_ids: list[str]) -> dict[str, InstanceRow]:
         """The rows of these instances (a worker thread)."""
-        with self._ctx.db.read_session() as db:
+        with self._ctx.db.read_connection() as db:
             return {row.id: row for row in repo.get_instances(db, instance_ids)}
 
     async def _open(self, instance_id: str) -> AgentSession:
@@ -342,7 +342,7 @@ class AgentHub:
         now = ctx.clock.now()
 
         def store() -> None:
-            with ctx.db.session() as db:
+            with ctx.db.write_connection() as db:
                 repo.upsert_group_hashes(
                     db,
                     tenant=key[0],
@@ -395,12 +395,12 @@ class AgentHub:
 
     def _key_names(self, instance_id: str) -> set[str]:
         """The names of the public keys stored for an instance (a worker thread)."""
-        with self._ctx.db.read_session() as db:
+        with self._ctx.db.read_connection() as db:
             return {k.filename.removesuffix(".pub") for k in repo.list_public_keys(db, instance_id)}
 
-    def _push_inputs(self, instance_id: str) -> tuple[Instance | None, dict[str, bytes]]:
+    def _push_inputs(self, instance_id: str) -> tuple[InstanceRow | None, dict[str, bytes]]:
         """The instance's row and its stored public keys by name (a worker thread)."""
-        with self._ctx.db.read_session() as db:
+        with self._ctx.db.read_connection() as db:
             row = repo.get_instance(db, instance_id)
             keys = {
                 k.filename.removesuffix(".pub"): k.public_key_pem.encode()
@@ -499,7 +499,7 @@ class AgentHub:
             self._flushed.set()
 
     def _write_health(self, batch: list[dict[str, Any]]) -> None:
-        with self._ctx.db.session() as db:
+        with self._ctx.db.write_connection() as db:
             repo.record_health_many(db, batch)
 
     async def flushed(self) -> None:
@@ -552,7 +552,7 @@ class AgentHub:
             return
 
     def _set_provider_status(self, instance_id: str, status: str, now: datetime) -> None:
-        with self._ctx.db.session() as db:
+        with self._ctx.db.write_connection() as db:
             repo.set_provider_status(db, instance_id, status, now=now)
 
     # --- housekeeping -------------------------------------------------------------------------

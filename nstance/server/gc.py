@@ -53,9 +53,7 @@ async def gc_cycle(ctx: ShardContext, ops: InstanceOps) -> GcReport:
     stale_after = 2 * snapshot.config.shard.request_timeout
     now = ctx.clock.now()
     report = GcReport()
-    with ctx.db.read_session() as session:
-        rows = repo.list_instances(session)
-    for row in rows:
+    for row in await ops.read_rows():
         if row.id in ops.in_flight:
             continue
         age = since_term(ctx.clock, row.created_at)  # monotonic within this leadership
@@ -82,7 +80,7 @@ async def gc_cycle(ctx: ShardContext, ops: InstanceOps) -> GcReport:
     synced = await sync_provider(ctx, ops)
     report.groups |= synced.groups
 
-    with ctx.db.session() as session:
+    with ctx.db.write_connection() as session:
         purged = repo.purge_deleted_before(session, now - gc_cfg.deleted_record_retention)
     for item in purged:
         ctx.fence()

@@ -38,7 +38,8 @@ from nstance.core.backoff import Backoff
 from nstance.core.errors import AlreadyExists, NstanceError, Unavailable
 from nstance.core.plan import Member
 from nstance.db import repo
-from nstance.db.models import RECORD_FAILED, Instance
+from nstance.db.models import RECORD_FAILED
+from nstance.db.rows import InstanceRow
 from nstance.providers.base import (
     UNHEALTHY_STATUSES,
     InstanceStatus,
@@ -87,7 +88,7 @@ class Created:
 
 
 def member_of(
-    row: Instance,
+    row: InstanceRow,
     *,
     seen_since: datetime | None = None,
     now: datetime | None = None,
@@ -128,7 +129,7 @@ def member_of(
     )
 
 
-def status_of(row: Instance) -> str:
+def status_of(row: InstanceRow) -> str:
     """One word for an instance's state as clients see it."""
     if row.deleted_at is not None:
         return "deleted"
@@ -436,7 +437,7 @@ class InstanceOps:
             else:
                 ready.append((p, etag, r))
         if unwritten:
-            with ctx.db.session() as session:
+            with ctx.db.write_connection() as session:
                 for iid in unwritten:
                     repo.soft_delete(session, iid, now=ctx.clock.now())
             self.in_flight.difference_update(unwritten)
@@ -503,7 +504,7 @@ class InstanceOps:
         """The create did not succeed: the row stops counting; any VM it made is found by the re-list."""
         ctx = self._ctx
         now = ctx.clock.now()
-        with ctx.db.session() as session:
+        with ctx.db.write_connection() as session:
             repo.mark_create_failed(session, iid, now=now)
         try:
             # Only a leader writes records: a deposed one leaves the pending record to the next leader,
@@ -564,7 +565,7 @@ class InstanceOps:
 
     def _write_adoptions(self, queue: list[tuple[str, ProviderInstance]]) -> None:
         ctx = self._ctx
-        with ctx.db.session() as session:
+        with ctx.db.write_connection() as session:
             repo.set_provider_details_many(
                 session,
                 [
@@ -581,13 +582,22 @@ class InstanceOps:
                 now=ctx.clock.now(),
             )
 
+    async def read_rows(self, *, include_deleted: bool = False) -> list[InstanceRow]:
+        """Every instance row (``repo.list_instances``), read in a worker thread: it may be 100,000."""
+
+        def read() -> list[InstanceRow]:
+            with self._ctx.db.read_connection() as conn:
+                return repo.list_instances(conn, include_deleted=include_deleted)
+
+        return await asyncio.to_thread(read)
+
     def adopt(self, iid: str, vm: ProviderInstance) -> None:
         """Store what the provider says about one of our VMs in the cache."""
         self._write_adoptions([(iid, vm)])
 
     # --- delete and drain -------------------------------------------------------------------
 
-    async def delete(self, row: Instance, reason: str) -> None:
+    async def delete(self, row: InstanceRow, reason: str) -> None:
         """Delete the VM (if any) and retire the instance; safe to repeat.
 
         Raises DeregistrationPending while a load balancer still drains the VM; the instance is then
@@ -597,7 +607,7 @@ class InstanceOps:
         ctx.fence()
         if row.provider_id and not await self.lbs.release(row):
             now = ctx.clock.now()
-            with ctx.db.session() as session:
+            with ctx.db.write_connection() as session:
                 repo.start_drain(session, row.id, reason=reason, now=now, delete_at=now)
             raise DeregistrationPending(
                 f"instance {row.id}: a load balancer is still draining it ({reason}); it is deleted once "
@@ -611,7 +621,7 @@ class InstanceOps:
             await ctx.provider.delete_instance(row.id, row.provider_id)
             fault_point("after-provider-delete")
             self.lbs.forget(row.id)
-        with ctx.db.session() as session:
+        with ctx.db.write_connection() as session:
             repo.set_provider_status(session, row.id, InstanceStatus.DELETED.value, now=now)
             repo.soft_delete(session, row.id, now=ctx.clock.now())
         await self._set_record_status(row, "deleted")
@@ -619,7 +629,7 @@ class InstanceOps:
         self._publish(row, "deleted", reason)
         ctx.metrics.record_retirement(reason)
 
-    async def delete_or_hold(self, row: Instance, reason: str) -> bool:
+    async def delete_or_hold(self, row: InstanceRow, reason: str) -> bool:
         """``delete``, but a delete waiting for load balancers is not an error: False, retried later."""
         try:
             await self.delete(row, reason)
@@ -628,21 +638,21 @@ class InstanceOps:
             return False
         return True
 
-    async def retire_unlaunched(self, row: Instance, reason: str) -> None:
+    async def retire_unlaunched(self, row: InstanceRow, reason: str) -> None:
         """Retire a row whose create never reached the provider (nothing to delete there)."""
         ctx = self._ctx
-        with ctx.db.session() as session:
+        with ctx.db.write_connection() as session:
             repo.soft_delete(session, row.id, now=ctx.clock.now())
         await self._set_record_status(row, "deleted")
         log.info("instance %s of %s/%s retired without a VM (%s)", row.id, row.tenant, row.group_key, reason)
 
-    def drain(self, row: Instance, reason: str, timeout: timedelta) -> bool:
+    def drain(self, row: InstanceRow, reason: str, timeout: timedelta) -> bool:
         """Start draining: watchers are told to drain the node; deletion follows on ack or timeout."""
         ctx = self._ctx
         ctx.fence()
         now = ctx.clock.now()
         delete_at = now + timeout
-        with ctx.db.session() as session:
+        with ctx.db.write_connection() as session:
             started = repo.start_drain(session, row.id, reason=reason, now=now, delete_at=delete_at)
         if started:
             log.info("instance %s draining (%s) until %s", row.id, reason, delete_at.isoformat())
@@ -662,7 +672,7 @@ class InstanceOps:
             )
         return started
 
-    async def _set_record_status(self, row: Instance, status: str) -> None:
+    async def _set_record_status(self, row: InstanceRow, status: str) -> None:
         """Write the record's status if still leading; else the next leader finishes from what it finds."""
         try:
             self._ctx.fence()
@@ -677,7 +687,7 @@ class InstanceOps:
         except NstanceError as exc:
             log.warning("instance %s: cannot set its record to %s: %s", row.id, status, exc)
 
-    def _publish(self, row: Instance, status: str, reason: str) -> None:
+    def _publish(self, row: InstanceRow, status: str, reason: str) -> None:
         self._ctx.events.instances.publish(
             InstanceEventData(
                 instance_id=row.id,

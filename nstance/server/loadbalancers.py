@@ -29,7 +29,7 @@ import logging
 from nstance.config import LoadBalancerConfig, MergedGroupConfig
 from nstance.core.errors import NstanceError, Unavailable
 from nstance.db import repo
-from nstance.db.models import Instance
+from nstance.db.rows import InstanceRow
 from nstance.providers.base import UNHEALTHY_STATUSES, InstanceStatus
 from nstance.providers.features import LbTarget, TargetState, load_balancing
 from nstance.server.context import ShardContext
@@ -49,7 +49,7 @@ class DeregistrationPending(Unavailable):
     """The VM is still attached to a load balancer (connections draining); delete it later."""
 
 
-def lb_target(row: Instance) -> LbTarget:
+def lb_target(row: InstanceRow) -> LbTarget:
     """An instance row as a load balancer target."""
     return LbTarget(instance_id=row.id, provider_id=row.provider_id or "", ip4=row.ip4 or "")
 
@@ -114,9 +114,9 @@ class LoadBalancerSync:
         snapshot = ctx.config.snapshot()
         if snapshot is None:
             return
-        with ctx.db.read_session() as session:
+        with ctx.db.read_connection() as session:
             rows = [row for iid in sorted(ids) if (row := repo.get_instance(session, iid)) is not None]
-        batches: dict[str, list[Instance]] = {}
+        batches: dict[str, list[InstanceRow]] = {}
         for row in rows:
             if (
                 row.deleted_at is not None
@@ -150,7 +150,7 @@ class LoadBalancerSync:
             self._record(name, ids_here, "registered")
             log.info("registered %d instances with load balancer %s", len(ids_here), name)
 
-    def _registration_failed(self, name: str, members: list[Instance], exc: Exception) -> None:
+    def _registration_failed(self, name: str, members: list[InstanceRow], exc: Exception) -> None:
         ctx = self._ctx
         now = ctx.clock.monotonic()
         for row in members:
@@ -170,12 +170,12 @@ class LoadBalancerSync:
         )
 
     def _record(self, name: str, instance_ids: list[str], status: str) -> None:
-        with self._ctx.db.session() as session:
+        with self._ctx.db.write_connection() as session:
             repo.set_lb_status(session, name, instance_ids, status=status, now=self._ctx.clock.now())
 
     # --- deregistration -----------------------------------------------------------------------
 
-    def _configured(self, row: Instance) -> list[tuple[str, LoadBalancerConfig]]:
+    def _configured(self, row: InstanceRow) -> list[tuple[str, LoadBalancerConfig]]:
         """The load balancers the VM may be attached to: its group's, and any it was registered with."""
         names = set(self.registered(row.id))
         snapshot = self._ctx.config.snapshot()
@@ -184,7 +184,7 @@ class LoadBalancerSync:
         merged = snapshot.merged(row.tenant, row.group_key)
         if merged is not None:
             names.update(merged.load_balancers)
-        with self._ctx.db.read_session() as session:
+        with self._ctx.db.read_connection() as session:
             names.update(m.lb_key for m in repo.lb_memberships(session, row.id) if m.status != "deregistered")
         out: list[tuple[str, LoadBalancerConfig]] = []
         for name in sorted(names):
@@ -197,7 +197,7 @@ class LoadBalancerSync:
                 out.append((name, lb))
         return out
 
-    async def _deregister(self, row: Instance, lbs: list[tuple[str, LoadBalancerConfig]]) -> None:
+    async def _deregister(self, row: InstanceRow, lbs: list[tuple[str, LoadBalancerConfig]]) -> None:
         provider = load_balancing(self._ctx.provider)
         if provider is None:
             return
@@ -207,7 +207,7 @@ class LoadBalancerSync:
         self._leaving.add(row.id)
 
     async def _attached(
-        self, row: Instance, lbs: list[tuple[str, LoadBalancerConfig]]
+        self, row: InstanceRow, lbs: list[tuple[str, LoadBalancerConfig]]
     ) -> list[tuple[str, LoadBalancerConfig]]:
         """The load balancers among ``lbs`` that still hold the VM (registered, healthy or draining)."""
         provider = load_balancing(self._ctx.provider)
@@ -220,7 +220,7 @@ class LoadBalancerSync:
                 out.append((name, lb))
         return out
 
-    def start_deregistration(self, row: Instance) -> None:
+    def start_deregistration(self, row: InstanceRow) -> None:
         """The instance is leaving (drain started): stop new traffic to it now, without waiting."""
         if not self.enabled or not row.provider_id:
             return
@@ -229,7 +229,7 @@ class LoadBalancerSync:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _start(self, row: Instance) -> None:
+    async def _start(self, row: InstanceRow) -> None:
         lbs = self._configured(row)
         try:
             await self._deregister(row, lbs)
@@ -239,7 +239,7 @@ class LoadBalancerSync:
         for name, _ in lbs:
             self._record(name, [row.id], "deregistered")
 
-    async def release(self, row: Instance) -> bool:
+    async def release(self, row: InstanceRow) -> bool:
         """True once no load balancer holds the VM (safe to delete); else start or continue deregistering.
 
         Never waits: a False answer means connections are still draining; ask again later.
@@ -267,7 +267,7 @@ class LoadBalancerSync:
         self._queued.discard(instance_id)
         self._waiting.discard(instance_id)
         self._ctx.metrics.set_lb_deregistrations_waiting(len(self._waiting))
-        with self._ctx.db.session() as session:
+        with self._ctx.db.write_connection() as session:
             repo.delete_lb_memberships(session, instance_id)
 
     async def close(self) -> None:

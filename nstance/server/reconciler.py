@@ -34,7 +34,7 @@ from nstance.core.plan import (
     plan_on_demand,
 )
 from nstance.db import repo
-from nstance.db.models import Instance
+from nstance.db.rows import InstanceRow
 from nstance.server.context import ShardContext
 from nstance.server.instances import CreateCancelled, Created, InstanceOps, member_of
 from nstance.server.loadbalancers import RECHECK_AFTER, DeregistrationPending
@@ -95,7 +95,7 @@ class Reconciler:
         snapshot = self._ctx.config.snapshot()
         if snapshot is not None:
             keys.update(snapshot.group_keys())
-        with self._ctx.db.read_session() as session:
+        with self._ctx.db.read_connection() as session:
             keys |= repo.groups_with_managed_instances(session)
         return keys
 
@@ -188,9 +188,9 @@ class Reconciler:
 
     def _members(
         self, tenant: str, group: str, now: datetime, seen_since: datetime, term: datetime
-    ) -> tuple[list[Instance], list[Member], list[Member]]:
+    ) -> tuple[list[InstanceRow], list[Member], list[Member]]:
         """The group's active rows and the planner's view of its managed and on-demand ones (a thread)."""
-        with self._ctx.db.read_session() as session:
+        with self._ctx.db.read_connection() as session:
             rows = repo.list_active_instances(session, tenant=tenant, group_key=group)
         managed = [
             member_of(row, seen_since=self._seen_since(row.id, seen_since), now=now, term_start=term)
@@ -275,7 +275,7 @@ class Reconciler:
         key: GroupKey,
         merged: MergedGroupConfig | None,
         plan: GroupPlan,
-        rows: dict[str, Instance],
+        rows: dict[str, InstanceRow],
     ) -> bool:
         tenant, group = key
         ops = self._ops

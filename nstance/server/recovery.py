@@ -33,7 +33,8 @@ from typing import Any
 
 from nstance.core.errors import InvalidArgument
 from nstance.db import repo
-from nstance.db.models import RECORD_FAILED, RECORD_PENDING, RECORD_PROVISIONED, Instance
+from nstance.db.models import RECORD_FAILED, RECORD_PENDING, RECORD_PROVISIONED
+from nstance.db.rows import InstanceRow
 from nstance.objectstore.base import ObjectNotFound
 from nstance.providers.base import GONE_STATUSES, InstanceStatus, ProviderInstance
 from nstance.server import adoption, brake, claims, records
@@ -138,7 +139,7 @@ def _rebuild_batch(
         rows.append(values)
         if rec.status == "deleting":
             into.deleting.append(rec.instance_id)
-    with ctx.db.session() as session:
+    with ctx.db.write_connection() as session:
         existing = {row.id for row in repo.get_instances(session, list(deleted))} if deleted else set()
         for iid, rec in deleted.items():
             if iid not in existing:  # a tombstone: a VM of this instance that shows up is an orphan
@@ -152,19 +153,19 @@ def _rebuild_batch(
 
 
 def _live_ids(ctx: ShardContext) -> set[str]:
-    with ctx.db.read_session() as session:
+    with ctx.db.read_connection() as session:
         return repo.live_instance_ids(session)
 
 
-def _finish_rebuild(ctx: ShardContext, dropped: list[str], deleting: list[str]) -> list[Instance]:
+def _finish_rebuild(ctx: ShardContext, dropped: list[str], deleting: list[str]) -> list[InstanceRow]:
     """Forget the rows no record explains; the rows of records being deleted (worker thread)."""
     for start in range(0, len(dropped), REBUILD_BATCH):
-        with ctx.db.session() as session:
+        with ctx.db.write_connection() as session:
             for iid in dropped[start : start + REBUILD_BATCH]:
                 repo.forget_instance(session, iid)
-    unfinished: list[Instance] = []
+    unfinished: list[InstanceRow] = []
     for start in range(0, len(deleting), REBUILD_BATCH):
-        with ctx.db.read_session() as session:
+        with ctx.db.read_connection() as session:
             unfinished += repo.get_instances(session, deleting[start : start + REBUILD_BATCH])
     return unfinished
 
@@ -200,11 +201,6 @@ async def rebuild_cache(ctx: ShardContext, ops: InstanceOps) -> set[GroupKey]:
     return rebuilt.groups
 
 
-def _rows_with_deleted(ctx: ShardContext) -> dict[str, Instance]:
-    with ctx.db.read_session() as session:
-        return {row.id: row for row in repo.list_instances(session, include_deleted=True)}
-
-
 async def sync_provider(
     ctx: ShardContext, ops: InstanceOps, *, consistency_grace: timedelta = timedelta(seconds=60)
 ) -> SyncReport:
@@ -213,14 +209,14 @@ async def sync_provider(
     ident = ctx.identity
     # What existed before the listing began: only those rows can be judged by it. A create that starts
     # or finishes while the listing runs is not in it, and must not be taken for gone or interrupted.
-    with ctx.db.read_session() as session:
-        before = {row.id: row for row in repo.list_instances(session)}
     in_flight_before = set(ops.in_flight)
+    before = {row.id: row for row in await ops.read_rows()}  # off the loop: every row
+    in_flight_before |= ops.in_flight  # a create that began during the read is not judged either
     vms = await ctx.provider.list_instances(ident.cluster_id, ident.shard)
     by_instance: dict[str, ProviderInstance] = {vm.instance_id: vm for vm in vms if vm.instance_id}
     report = SyncReport()
     now = ctx.clock.now()
-    rows = await asyncio.to_thread(_rows_with_deleted, ctx)  # every row: off the loop
+    rows = {row.id: row for row in await ops.read_rows(include_deleted=True)}  # every row: off the loop
     snapshot = ctx.config.snapshot()
     limits = ops.brake_limits()
     held: dict[GroupKey, int] = {}
@@ -252,7 +248,7 @@ async def sync_provider(
                 await ctx.provider.delete_instance(iid, vm.provider_id)
                 report.orphans_deleted.append(iid)
                 if row is not None:
-                    with ctx.db.session() as session:
+                    with ctx.db.write_connection() as session:
                         repo.soft_delete(session, iid, now=now)
                     report.groups.add(key)
             elif decision.verdict is claims.Verdict.ADOPT:
@@ -287,7 +283,7 @@ async def sync_provider(
             report.adopted.append(iid)
             report.groups.add((row.tenant, row.group_key))
         elif row.provider_status != vm.status.value:
-            with ctx.db.session() as session:
+            with ctx.db.write_connection() as session:
                 repo.set_provider_status(session, iid, vm.status.value, now=now)
             report.status_changed.append(iid)
             report.groups.add((row.tenant, row.group_key))
@@ -309,7 +305,7 @@ async def sync_provider(
             continue
         if iid in in_flight_before or iid in ops.in_flight:
             continue
-        with ctx.db.read_session() as session:
+        with ctx.db.read_connection() as session:
             row = repo.get_instance(session, iid)  # fresh: awaits above may have changed it
         if row is None or row.deleted_at is not None:
             continue

@@ -4,7 +4,7 @@
 into a client certificate signed by the cluster CA, and records the registration durably:
 
 * **Agents** (``register_agent``, shard leader only): the nonce (kind ``agent``, this cluster, this
-  shard) is consumed by one conditional SQLite UPDATE (``repo.mark_registered_atomically``), so of any
+  shard) is consumed by one conditional SQLite UPDATE (``repo.claim_agent_registration``), so of any
   number of concurrent or replayed registrations exactly one succeeds; the others get ALREADY_EXISTS
   and change nothing. The winner's certificate facts are then written to the instance record in
   object storage (compare-and-swap); if that write fails, the SQLite claim is undone (guarded by the
@@ -37,7 +37,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Executor, ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from nstance.core.errors import (
     AlreadyExists,
@@ -50,7 +50,7 @@ from nstance.core.errors import (
 )
 from nstance.core.ids import new_puid, parse_puid
 from nstance.db import repo
-from nstance.db.models import Instance
+from nstance.db.rows import InstanceRow
 from nstance.objectstore.base import ObjectNotFound, PreconditionFailed
 from nstance.pki.certs import DEFAULT_CLIENT_TTL, IssuedCertificate, issue_client_certificate
 from nstance.pki.keys import load_any_public_key_pem, public_key_to_der, public_key_to_pem
@@ -60,6 +60,7 @@ from nstance.pki.peer import PeerIdentity
 from nstance.server import records
 from nstance.server.context import ShardContext, fault_point
 from nstance.server.records import InstanceRecord
+from nstance.server.writebatch import WriteBatcher
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +128,17 @@ def _parse_time(raw: object) -> datetime | None:
     return value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
 
 
+class _ClaimRequest(NamedTuple):
+    """One agent registration's claim, as queued for the database writer."""
+
+    nonce_jwt: str
+    claims: NonceClaims
+    pem: str
+    issued: IssuedCertificate
+    now: datetime
+    reported: tuple[str, str, str]
+
+
 class Registrar:
     """The registration logic of one shard server (see the module docstring)."""
 
@@ -136,6 +148,10 @@ class Registrar:
         # write lock (busy_timeout polling) made registration latency seconds long under load. The
         # server passes the shard's single database writer, shared with the create path and health.
         self._db_writer = db_writer or ThreadPoolExecutor(max_workers=1, thread_name_prefix="nstance-reg-db")
+        # Claims that reach the writer in one loop turn share one job and one transaction.
+        self._claims: WriteBatcher[_ClaimRequest, repo.AgentClaim] = WriteBatcher(
+            self._db_writer, self._claim_many
+        )
         #: Optional hook the server sets to react to a registration (e.g. mark the group dirty).
         self.on_registered: RegisteredHook | None = None
 
@@ -229,13 +245,12 @@ class Registrar:
 
         ctx.fence()
         now = ctx.clock.now()
-        loop = asyncio.get_running_loop()
-        claim = await loop.run_in_executor(self._db_writer, self._claim, nonce_jwt, claims, pem, issued, now)
+        reported = (private_ipv4, private_ipv6, hostname)
+        claim = await self._claims.submit(_ClaimRequest(nonce_jwt, claims, pem, issued, now, reported))
         if not claim.claimed:
             await self._explain_unclaimed(nonce_jwt, claims, refused_key=False)
         # The claim is ours: finish (record, or undo) even if the client goes away meanwhile, so a
         # cancelled call never leaves SQLite and the record disagreeing.
-        reported = (private_ipv4, private_ipv6, hostname)
         await _uncancellable(self._finish_agent(claims.tenant, instance_id, pem, issued, now, reported))
         log.info(
             "agent registered",
@@ -272,7 +287,7 @@ class Registrar:
         now: datetime,
         reported: tuple[str, str, str],
     ) -> None:
-        """After the claim: write the instance record, then the reported addresses; undo on failure."""
+        """After the claim (it stored the reported addresses): write the instance record; undo on failure."""
         ctx = self.ctx
         ip4, ip6, hostname = reported
         loop = asyncio.get_running_loop()
@@ -302,16 +317,12 @@ class Registrar:
                 f"could not record the registration of instance {instance_id} ({exc}); "
                 "retry with the same nonce"
             ) from exc
-        if ip4 or ip6 or hostname:
-            await loop.run_in_executor(
-                self._db_writer, self._store_addresses, instance_id, now, ip4, ip6, hostname
-            )
 
-    def _read_instance(self, nonce_jwt: str) -> Instance | None:
-        with self.ctx.db.read_session() as session:
+    def _read_instance(self, nonce_jwt: str) -> InstanceRow | None:
+        with self.ctx.db.read_connection() as session:
             return repo.get_instance_by_nonce(session, nonce_jwt)
 
-    def _check_instance(self, row: Instance | None, claims: NonceClaims) -> None:
+    def _check_instance(self, row: InstanceRow | None, claims: NonceClaims) -> None:
         if row is None:
             raise NotFound(
                 f"instance {claims.sub} has no pending registration on shard {self.ctx.identity.shard} "
@@ -325,30 +336,31 @@ class Registrar:
         if row.deleted_at is not None:
             raise FailedPrecondition(f"instance {row.id} has been deleted; it cannot register")
 
-    def _claim(
-        self, nonce_jwt: str, claims: NonceClaims, pem: str, issued: IssuedCertificate, now: datetime
-    ) -> repo.AgentClaim:
+    def _claim_many(self, requests: list[_ClaimRequest]) -> list[repo.AgentClaim]:
+        """The claims of one batch, each its own conditional UPDATE, in one transaction (DB writer)."""
         with self.ctx.db.write_connection() as conn:
-            return repo.claim_agent_registration(
-                conn,
-                nonce=nonce_jwt,
-                instance_id=claims.sub,
-                tenant=claims.tenant,
-                public_key_pem=pem,
-                cert_serial=issued.serial_hex,
-                cert_expires_at=issued.not_after,
-                now=now,
-            )
+            return [
+                repo.claim_agent_registration(
+                    conn,
+                    nonce=r.nonce_jwt,
+                    instance_id=r.claims.sub,
+                    tenant=r.claims.tenant,
+                    public_key_pem=r.pem,
+                    cert_serial=r.issued.serial_hex,
+                    cert_expires_at=r.issued.not_after,
+                    now=r.now,
+                    ip4=r.reported[0],
+                    ip6=r.reported[1],
+                    hostname=r.reported[2],
+                )
+                for r in requests
+            ]
 
     def _unclaim(self, instance_id: str, issued: IssuedCertificate, now: datetime) -> bool:
-        with self.ctx.db.session() as session:
+        with self.ctx.db.write_connection() as session:
             return repo.unmark_registered(
                 session, instance_id=instance_id, cert_serial=issued.serial_hex, now=now
             )
-
-    def _store_addresses(self, instance_id: str, now: datetime, ip4: str, ip6: str, hostname: str) -> None:
-        with self.ctx.db.write_connection() as conn:
-            repo.store_reported_addresses(conn, instance_id, now=now, ip4=ip4, ip6=ip6, hostname=hostname)
 
     @staticmethod
     def _registered_record(
@@ -457,14 +469,14 @@ class Registrar:
                 "retry with the current certificate"
             ) from exc
 
-    def _read_instance_by_id(self, instance_id: str) -> Instance | None:
-        with self.ctx.db.read_session() as session:
+    def _read_instance_by_id(self, instance_id: str) -> InstanceRow | None:
+        with self.ctx.db.read_connection() as session:
             return repo.get_instance(session, instance_id)
 
     def _swap_certificate(
         self, instance_id: str, expected: str, pem: str, serial: str, expires_at: datetime, now: datetime
     ) -> bool:
-        with self.ctx.db.session() as session:
+        with self.ctx.db.write_connection() as session:
             return repo.replace_agent_certificate(
                 session,
                 instance_id=instance_id,

@@ -16,8 +16,8 @@ import logging
 from datetime import timedelta
 
 from nstance.core.errors import AlreadyExists
-from nstance.db import repo
-from nstance.db.models import RECORD_FAILED, Instance
+from nstance.db.models import RECORD_FAILED
+from nstance.db.rows import InstanceRow
 from nstance.server import records
 from nstance.server.context import ShardContext
 from nstance.server.instances import InstanceOps
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 _MISSING_NONCE = "missing-nonce:"
 
 
-def record_from_row(row: Instance, ctx: ShardContext) -> records.InstanceRecord:
+def record_from_row(row: InstanceRow, ctx: ShardContext) -> records.InstanceRecord:
     """The instance record the cache row describes (``restored_at`` marks it)."""
     now = ctx.clock.now()
     snapshot = ctx.config.snapshot()
@@ -62,8 +62,7 @@ async def restore_missing_records(ctx: ShardContext, ops: InstanceOps, *, settle
     """Write back the records of active rows that have none; the instance ids restored."""
     ctx.fence()
     keys = set(await asyncio.to_thread(ctx.store.list, records.RECORD_PREFIX))
-    with ctx.db.read_session() as session:
-        rows = repo.list_instances(session)
+    rows = await ops.read_rows()
     restored: list[str] = []
     for row in rows:
         if row.id in ops.in_flight or row.record_state == RECORD_FAILED:

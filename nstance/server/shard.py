@@ -35,8 +35,8 @@ from nstance.config.workloads import DynamicGroupConfig
 from nstance.core.backoff import Backoff
 from nstance.core.errors import FailedPrecondition, InvalidArgument, NotFound, NstanceError, Unavailable
 from nstance.db import repo
-from nstance.db.models import Instance
 from nstance.db.quarantine import is_corruption
+from nstance.db.rows import InstanceRow
 from nstance.objectstore.base import ObjectNotFound
 from nstance.pki.certs import issue_client_certificate
 from nstance.pki.operator_record import operator_record, operator_record_key
@@ -318,7 +318,7 @@ class Shard:
             await asyncio.sleep(METRICS_INTERVAL)
 
     def _update_instance_metrics(self) -> None:
-        with self.ctx.db.read_session() as session:
+        with self.ctx.db.read_connection() as session:
             counts = repo.count_instances(session)
         self.ctx.metrics.set_instances(counts)
 
@@ -339,10 +339,10 @@ class Shard:
             raise Unavailable("the shard config is not loaded yet; see the server's health endpoint")
         return snapshot
 
-    def _view(self, merged: MergedGroupConfig, rows: list[Instance] | None = None) -> GroupView:
+    def _view(self, merged: MergedGroupConfig, rows: list[InstanceRow] | None = None) -> GroupView:
         """The group's view; ``rows`` are its active managed instances (read here when not given)."""
         if rows is None:
-            with self.ctx.db.read_session() as session:
+            with self.ctx.db.read_connection() as session:
                 rows = repo.list_active_instances(
                     session, tenant=merged.tenant, group_key=merged.group, managed_only=True
                 )
@@ -377,9 +377,9 @@ class Shard:
         Blocking (a query over every instance of the tenant): the servicer runs it in a thread.
         """
         snapshot = self._snapshot()
-        with self.ctx.db.read_session() as session:
+        with self.ctx.db.read_connection() as session:
             rows = repo.list_active_instances(session, tenant=tenant, managed_only=True)
-        by_group: dict[str, list[Instance]] = {}
+        by_group: dict[str, list[InstanceRow]] = {}
         for row in rows:
             by_group.setdefault(row.group_key, []).append(row)
         views = []
@@ -403,7 +403,7 @@ class Shard:
         return self._view(merged)
 
     async def instance_status(self, tenant: str, instance_id: str) -> InstanceView:
-        with self.ctx.db.read_session() as session:
+        with self.ctx.db.read_connection() as session:
             row = repo.get_instance(session, instance_id)
         if row is None or row.tenant != tenant:
             raise NotFound(f"instance {instance_id!r} does not exist in this shard")
@@ -411,15 +411,15 @@ class Shard:
 
     async def list_instances(self, tenant: str, group: str = "") -> list[InstanceView]:
         def read() -> list[InstanceView]:
-            with self.ctx.db.read_session() as session:
-                rows = repo.list_active_instances(session, tenant=tenant, group_key=group or None)
+            with self.ctx.db.read_connection() as conn:
+                rows = repo.list_active_instances(conn, tenant=tenant, group_key=group or None)
             return [_instance_view(row) for row in rows]
 
         return await asyncio.to_thread(read)  # a shard may hold 100,000 rows: not on the loop
 
     def draining_instances(self, tenant: str) -> list[tuple[InstanceView, str, datetime | None]]:
         out: list[tuple[InstanceView, str, datetime | None]] = []
-        with self.ctx.db.read_session() as session:
+        with self.ctx.db.read_connection() as session:
             rows = repo.list_active_instances(session, tenant=tenant)
         for row in rows:
             if row.drain_started_at is None or row.drain_acked_at is not None:
@@ -528,7 +528,7 @@ class Shard:
         owner = (tenant, request.group)
         running = self._on_demand_creates.get(iid)
         if running is None:
-            with self.ctx.db.read_session() as session:
+            with self.ctx.db.read_connection() as session:
                 existing = repo.get_instance(session, iid)
             if existing is not None:
                 if (existing.tenant, existing.group_key) != owner:
@@ -550,7 +550,7 @@ class Shard:
         return created.instance_id, created.status
 
     async def delete_instance(self, tenant: str, instance_id: str) -> str:
-        with self.ctx.db.read_session() as session:
+        with self.ctx.db.read_connection() as session:
             row = repo.get_instance(session, instance_id)
         if row is None or row.tenant != tenant:
             return "unknown"
@@ -561,7 +561,7 @@ class Shard:
         return "deleted" if deleted else "deleting"
 
     async def acknowledge_drained(self, tenant: str, instance_id: str) -> None:
-        with self.ctx.db.session() as session:
+        with self.ctx.db.write_connection() as session:
             row = repo.get_instance(session, instance_id)
             if row is None or row.tenant != tenant:
                 raise NotFound(f"instance {instance_id!r} does not exist in this shard")
@@ -623,7 +623,7 @@ class Shard:
         return IssuedCert(cert_pem=issued.cert_pem, expires_at=issued.not_after)
 
 
-def _instance_view(row: Instance) -> InstanceView:
+def _instance_view(row: InstanceRow) -> InstanceView:
     """What GetInstanceStatus and ListInstances report of one cache row."""
     return InstanceView(
         instance_id=row.id,

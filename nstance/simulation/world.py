@@ -243,6 +243,18 @@ class SimDatabase:
         with self._inner.read_session() as session:
             yield session
 
+    @contextlib.contextmanager
+    def write_connection(self) -> Iterator[Any]:
+        self._gate.check()
+        with self._inner.write_connection() as conn:
+            yield conn
+
+    @contextlib.contextmanager
+    def read_connection(self) -> Iterator[Any]:
+        self._gate.check()
+        with self._inner.read_connection() as conn:
+            yield conn
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 

@@ -99,10 +99,13 @@ async def test_a_leader_whose_cache_goes_corrupt_steps_down_rebuilds_and_leads_a
         with pytest.raises(CacheCorrupt, match=r"SQLite cache is corrupt.*retry"):
             h.rows()  # the API or a loop hits it first: UNAVAILABLE, retry
         await eventually(lambda: h.shard.cache_repair.repairs == 1, what="the cache repaired")
-        await eventually(lambda: h.shard.leading, what="leading again")
+        # The hold is cleared once leading has restarted (after ``leading`` turns true): wait for both.
+        await eventually(
+            lambda: h.shard.leading and h.shard.ops.holds.summary() is None,
+            what="leading again, hold cleared",
+        )
         assert {r.id: r.provider_id for r in h.rows()} == before  # rebuilt from the records
         assert h.live() == {iid: pid for iid, pid in before.items() if pid}  # no VM touched
         assert any(".corrupt-" in p.name for p in path.parent.iterdir())
-        assert h.shard.ops.holds.summary() is None
     finally:
         await h.shard.stop_leading()

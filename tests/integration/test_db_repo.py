@@ -696,6 +696,34 @@ def test_concurrent_plain_sql_claims_have_exactly_one_winner(db: Database) -> No
     assert sorted(results) == [False] * 7 + [True]
 
 
+def test_the_claim_stores_reported_addresses_only_when_it_claims(db: Database) -> None:
+    _add(db, "i1", nonce="jwt-1")
+    with db.write_connection() as conn:
+        assert repo.store_reported_addresses(conn, "i1", now=T0, ip6="fd00::1")
+
+    def claim(hostname: str) -> bool:
+        with db.write_connection() as conn:
+            return repo.claim_agent_registration(
+                conn,
+                nonce="jwt-1",
+                instance_id="i1",
+                tenant="acme",
+                public_key_pem="PEM",
+                cert_serial=1,
+                cert_expires_at=CERT_EXPIRY,
+                now=T0,
+                ip4="10.0.0.9",
+                hostname=hostname,
+            ).claimed
+
+    assert claim("h1")
+    assert not claim("evil")  # a replay writes nothing
+    with db.read_connection() as conn:
+        row = repo.get_instance(conn, "i1")
+    assert row is not None
+    assert (row.ip4, row.ip6, row.hostname) == ("10.0.0.9", "fd00::1", "h1")  # empty ip6 kept
+
+
 def test_stored_addresses_leave_empty_fields_alone(db: Database) -> None:
     _add(db, "i1")
     with db.write_connection() as conn:
@@ -706,3 +734,120 @@ def test_stored_addresses_leave_empty_fields_alone(db: Database) -> None:
         row = repo.get_instance(session, "i1")
     assert row is not None
     assert (row.ip4, row.ip6, row.hostname) == ("10.0.0.9", "fd00::9", "h1")
+
+
+# --- plain-SQL rows and transactions -------------------------------------------------------------
+
+
+def test_plain_rows_read_every_column_as_the_orm_does(db: Database) -> None:
+    later = T0 + timedelta(hours=1, microseconds=7)
+    values: dict[str, object] = {
+        "id": "knc-full",
+        "tenant": "acme",
+        "group_key": "workers",
+        "kind": "knc",
+        "template": "app",
+        "on_demand": True,
+        "record_state": RECORD_PROVISIONED,
+        "idempotency_token": "tok",
+        "subnet_id": "sn-1",
+        "instance_type": "t3.micro",
+        "provider_id": "vm-1",
+        "provider_status": "running",
+        "provider_at": later,
+        "hostname": "h",
+        "fqdn": "h.example",
+        "ip4": "10.0.0.1",
+        "ip6": "fd00::1",
+        "nonce": "jwt-full",
+        "issued_at": T0,
+        "instance_pub": "PEM",
+        "registered_at": later,
+        "cert_serial": "ab",
+        "cert_expires_at": CERT_EXPIRY,
+        "certificates_at": later,
+        "health_at": later,
+        "health": {"termination_notice": {"action": "stop"}, "count": 3},
+        "infra_config_hash": "infra",
+        "runtime_config_hash": "runtime",
+        "drain_reason": "scale-in",
+        "drain_started_at": later,
+        "drain_acked_at": later,
+        "delete_at": later + timedelta(minutes=5),
+        "created_at": T0,
+        "updated_at": later,
+        "deleted_at": None,
+    }
+    assert set(values) == {c.name for c in Instance.__table__.columns}  # every column is covered
+    with db.session() as session:
+        session.add(Instance(**values))
+    with db.read_session() as session:
+        orm = session.get(Instance, "knc-full")
+        via_session = repo.get_instance(session, "knc-full")
+    with db.read_connection() as conn:
+        plain = repo.get_instance(conn, "knc-full")
+        listed = repo.list_active_instances(conn, tenant="acme", group_key="workers")
+    assert orm is not None
+    assert plain is not None
+    assert plain == via_session
+    assert listed == [plain]
+    assert {name: getattr(plain, name) for name in values} == {name: getattr(orm, name) for name in values}
+    assert plain.on_demand is True
+    assert plain.created_at.tzinfo is not None
+
+
+def test_plain_health_writes_store_what_the_orm_reads(db: Database) -> None:
+    _add(db, "i1")
+    _add(db, "gone")
+    with db.session() as session:
+        repo.soft_delete(session, "gone", now=T0)
+    with db.write_connection() as conn:
+        repo.record_health_many(
+            conn,
+            [
+                {
+                    "instance_id": "i1",
+                    "health_at": T0,
+                    "health": {"a": [1, "x"]},
+                    "runtime_config_hash": "h1",
+                },
+                {"instance_id": "gone", "health_at": T0, "health": {"a": 2}, "runtime_config_hash": "h2"},
+            ],
+        )
+        repo.record_health_many(conn, [{"instance_id": "i1", "health_at": T0, "health": None}])
+    with db.read_session() as session:
+        kept, deleted = session.get(Instance, "i1"), session.get(Instance, "gone")
+    assert kept is not None
+    assert deleted is not None
+    assert (kept.health, kept.health_at, kept.runtime_config_hash) == (None, T0, "h1")  # None keeps the hash
+    assert (deleted.health, deleted.health_at) == (None, None)  # deleted rows are skipped
+
+
+def test_write_connection_commits_or_rolls_back_and_read_connection_discards(db: Database) -> None:
+    _add(db, "i1")
+    _add(db, "i2")
+
+    def failing_write() -> None:
+        with db.write_connection() as conn:
+            assert repo.soft_delete(conn, "i1", now=T0)
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        failing_write()
+    with db.read_connection() as conn:
+        assert repo.soft_delete(conn, "i2", now=T0)  # seen inside, discarded at the end
+    with db.write_connection() as conn:  # the connection that failed is usable again
+        assert repo.set_provider_status(conn, "i1", "running", now=T0)
+    with db.read_connection() as conn:
+        rows = {row.id: row for row in repo.list_instances(conn)}
+    assert set(rows) == {"i1", "i2"}
+    assert rows["i1"].provider_status == "running"
+
+
+def test_plain_connections_are_reopened_after_the_file_is_replaced(db: Database) -> None:
+    _add(db, "i1")
+    with db.read_connection() as conn:
+        assert repo.get_instance(conn, "i1") is not None
+    db.replace_corrupt_file()  # the file is moved aside; pooled plain connections must not follow it
+    with db.read_connection() as conn:
+        assert repo.get_instance(conn, "i1") is None

@@ -34,7 +34,7 @@ from nstance.testing.shardproc import free_port
 pytestmark = pytest.mark.timeout(60)
 
 CRDS = Path(__file__).resolve().parents[2] / "config" / "crd"
-MANAGED = "nstance-operator-test"
+MANAGED = "test.operator.nstance.dev"
 
 
 def _wake(loop: asyncio.AbstractEventLoop, event: asyncio.Event) -> None:
