@@ -435,7 +435,9 @@ async def test_a_burst_of_group_edits_in_a_large_shard_does_not_stall_the_event_
         assert sizes == [1] * 400
         assert h.store.get("groups.jsonc")[0].count(b'"size": 1') == 400
         assert probe.samples > 0
-        assert probe.max_lag < 0.25 * took
+        # 0.08 to 0.12 of the burst measured on an idle machine; the writer or the answers' queries
+        # on the loop gave 0.59 and 0.68. The wider bound leaves room for a loaded machine's pauses.
+        assert probe.max_lag < 0.4 * took
     finally:
         h.db.close()
 
