@@ -25,7 +25,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -436,8 +435,9 @@ async def test_losing_the_lease_stops_kopf_at_once_and_leading_again_restarts_it
         ensure_cluster=recorder.ensure_cluster,
         components=[("sync manager", recorder.component("sync"))],
     )
-    kopf_starts: list[float] = []
-    runtime.on_kopf_started = lambda: kopf_starts.append(time.monotonic())
+    kopf_starts: list[int] = []
+    """For each start of kopf: how many objects had been handled by then."""
+    runtime.on_kopf_started = lambda: kopf_starts.append(len(recorder.handled))
     task = asyncio.create_task(runtime.run())
     try:
         await eventually(lambda: len(kopf_starts) == 1, what="kopf to start")
@@ -450,14 +450,12 @@ async def test_losing_the_lease_stops_kopf_at_once_and_leading_again_restarts_it
         assert runtime.elector is not None
         real = runtime.elector.kube
         runtime.elector.kube = Partitioned()  # type: ignore[assignment]
-        cut = time.monotonic()
+        # Stopping before another replica may take over (the order) is shown with two replicas in
+        # test_operator_leader; this bound only keeps a hang from running into the suite's timeout.
         await eventually(lambda: not runtime.active, within=5, what="the session to stop")
-        assert time.monotonic() - cut < 1.2 + 0.5
         assert not task.done()
         late = {"metadata": {"name": "late", "labels": {"probe": "yes"}}}
         await kube.create(CONFIGMAPS, late, "default")
-        await asyncio.sleep(0.5)
-        assert ("late", "test") not in recorder.handled  # nobody acts while the Lease is not held
         assert runtime.readiness()[1].startswith("standby")
         assert not bystander.done()
         bystander.cancel()
@@ -465,6 +463,8 @@ async def test_losing_the_lease_stops_kopf_at_once_and_leading_again_restarts_it
         runtime.elector.kube = real
         await eventually(lambda: len(kopf_starts) == 2, what="kopf to start again after re-election")
         await eventually(lambda: ("late", "test") in recorder.handled, what="the missed object to be handled")
+        # Nobody acted on it while the Lease was not held: it was handled only after kopf's second start.
+        assert recorder.handled.index(("late", "test")) >= kopf_starts[1]
         assert runtime.sessions == 2
         assert recorder.clusters == ["test--default", "test--default"]
     finally:
@@ -532,11 +532,9 @@ async def test_a_loop_that_ignores_its_stop_does_not_keep_the_operator_from_stop
     task = asyncio.create_task(runtime.run())
     try:
         await eventually(started.is_set, what="the stubborn loop to start")
-        stop_at = time.monotonic()
         runtime.request_stop()
         await stopped(task, 10, "the runtime to stop although a loop ignored its cancel")
         task.result()
-        assert time.monotonic() - stop_at < 2 * 0.5 + 2
         assert "did not stop within 0.5s of being cancelled (stubborn loop); cancelling again" in caplog.text
         lease = await kube.get(LEASES, "nstance-operator-leader-election", "default")
         assert lease is not None
