@@ -243,8 +243,9 @@ class ServerProcess:
         """GET ``path`` on the health endpoint: (status, body); (0, error) if unreachable."""
         return http_probe(self.health_addr, path)
 
-    def wait_healthy(self, timeout: float = 20.0) -> str:
-        """Wait until /health answers 200; return its body."""
+    def wait_healthy(self, timeout: float = 60.0) -> str:
+        """Wait until /health answers 200; return its body. The bound only catches a hang: on a busy
+        2-core machine a server's start (imports, cache migration) has taken over 20 s."""
         return wait_for_ok(
             lambda: self.http("/health"),
             self.proc,
@@ -259,7 +260,14 @@ class ServerProcess:
         return self.http("/leader/health")[0] == 200
 
     def log(self) -> str:
+        """The log's last 8000 characters, for failure messages; ``log_text`` is all of it."""
         return log_tail(self.log_path, 8000)
+
+    def log_text(self) -> str:
+        """The whole log so far (what a test asserts on: a line may have scrolled out of ``log``)."""
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return self.log_path.read_text(errors="replace")
 
     def log_entries(self) -> list[dict[str, Any]]:
         """The JSON log lines written so far."""
@@ -300,11 +308,14 @@ def start_leader(
         log_path=root / "server.log",
         env=dict(env or {}),
     ).start()
-    process.wait_healthy()
-    deadline = time.monotonic() + timeout
-    while not process.is_leader():
-        if time.monotonic() > deadline:
-            process.stop()
-            raise TimeoutError(f"the server of shard {shard} did not lead within {timeout:g}s")
-        time.sleep(0.05)
+    try:
+        process.wait_healthy()
+        deadline = time.monotonic() + timeout
+        while not process.is_leader():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the server of shard {shard} did not lead within {timeout:g}s")
+            time.sleep(0.05)
+    except BaseException:
+        process.stop()  # a server that never became healthy or leader must not outlive the test
+        raise
     return process

@@ -248,6 +248,6 @@ def test_a_spot_termination_notice_replaces_the_instance(server: Server) -> None
             assert time.monotonic() < deadline, "the noticed instance was never replaced"
             time.sleep(0.1)
         assert iid not in live
-        assert "spot-termination" in server.process.log()
+        assert "spot-termination" in server.process.log_text()
     finally:
         agent.close()
