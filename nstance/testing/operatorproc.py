@@ -151,6 +151,12 @@ class OperatorProcess:
     def log(self, tail: int = 12000) -> str:
         return log_tail(self.log_path, tail)
 
+    def log_text(self) -> str:
+        """The whole log so far (what a test counts lines in: they scroll out of ``log``)."""
+        if not self.log_path.exists():
+            return ""
+        return self.log_path.read_text(errors="replace")
+
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
         """Send ``sig`` and wait for the exit status."""
         return stop_process(self.proc, sig, timeout)
