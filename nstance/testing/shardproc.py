@@ -32,7 +32,7 @@ from nstance.rpc import agent_pb2_grpc, operator_pb2_grpc
 from nstance.secrets.cluster_identity import ClusterIdentity, ensure_cluster_identity
 from nstance.secrets.objectstorage import ObjectStorageSecretStore
 from nstance.testing.procs import free_port as free_port  # re-exported for tests
-from nstance.testing.procs import http_probe, log_tail, spawn_logged, stop_process, wait_for_ok
+from nstance.testing.procs import http_probe, log_tail, log_text, spawn_logged, stop_process, wait_for_ok
 
 ENCRYPTION_KEY = bytes(range(32))
 ENCRYPTION_KEY_B64 = base64.b64encode(ENCRYPTION_KEY).decode("ascii")
@@ -265,9 +265,7 @@ class ServerProcess:
 
     def log_text(self) -> str:
         """The whole log so far (what a test asserts on: a line may have scrolled out of ``log``)."""
-        if self.log_path is None or not self.log_path.exists():
-            return ""
-        return self.log_path.read_text(errors="replace")
+        return log_text(self.log_path)
 
     def log_entries(self) -> list[dict[str, Any]]:
         """The JSON log lines written so far."""
