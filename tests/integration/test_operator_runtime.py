@@ -440,7 +440,9 @@ async def test_losing_the_lease_stops_kopf_at_once_and_leading_again_restarts_it
     runtime.on_kopf_started = lambda: kopf_starts.append(len(recorder.handled))
     task = asyncio.create_task(runtime.run())
     try:
-        await eventually(lambda: len(kopf_starts) == 1, what="kopf to start")
+        # On a starved machine the 1.2 s renew deadline can also pass on its own: each loss ends the
+        # session and each new term starts one, so counts below are relative, not fixed.
+        await eventually(lambda: len(kopf_starts) >= 1, what="kopf to start")
         probe = {"metadata": {"name": "first", "labels": {"probe": "yes"}}}
         await kube.create(CONFIGMAPS, probe, "default")
         await eventually(lambda: ("first", "test") in recorder.handled, what="the first object to be handled")
@@ -452,8 +454,9 @@ async def test_losing_the_lease_stops_kopf_at_once_and_leading_again_restarts_it
         runtime.elector.kube = Partitioned()  # type: ignore[assignment]
         # Stopping before another replica may take over (the order) is shown with two replicas in
         # test_operator_leader; this bound only keeps a hang from running into the suite's timeout.
-        await eventually(lambda: not runtime.active, within=5, what="the session to stop")
+        await eventually(lambda: not runtime.active, within=15, what="the session to stop")
         assert not task.done()
+        starts = len(kopf_starts)  # no new term while partitioned
         late = {"metadata": {"name": "late", "labels": {"probe": "yes"}}}
         await kube.create(CONFIGMAPS, late, "default")
         assert runtime.readiness()[1].startswith("standby")
@@ -461,12 +464,14 @@ async def test_losing_the_lease_stops_kopf_at_once_and_leading_again_restarts_it
         bystander.cancel()
 
         runtime.elector.kube = real
-        await eventually(lambda: len(kopf_starts) == 2, what="kopf to start again after re-election")
+        await eventually(lambda: len(kopf_starts) > starts, what="kopf to start again after re-election")
         await eventually(lambda: ("late", "test") in recorder.handled, what="the missed object to be handled")
-        # Nobody acted on it while the Lease was not held: it was handled only after kopf's second start.
-        assert recorder.handled.index(("late", "test")) >= kopf_starts[1]
-        assert runtime.sessions == 2
-        assert recorder.clusters == ["test--default", "test--default"]
+        # Nobody acted on it while the Lease was not held: it was handled only after kopf started again.
+        assert recorder.handled.index(("late", "test")) >= kopf_starts[starts]
+        # The new term's session ensured the cluster again (as every session does, first thing).
+        assert runtime.sessions >= 2
+        assert len(recorder.clusters) >= 2
+        assert set(recorder.clusters) == {"test--default"}
     finally:
         runtime.request_stop()
         await stopped(task, 20, "the runtime to stop")
