@@ -49,6 +49,9 @@ class Server:
             shard=SHARD,
             addrs=self.addrs,
             provider_options={"latency": "2ms"},
+            # A lease long enough that a starved machine does not cost the only server its leadership
+            # (seen at load 18 with the default 1 s: "this server is no longer the shard leader").
+            election={"frequent_interval": "200ms", "infrequent_interval": "1s", "leader_timeout": "6s"},
             groups={"web": {"template": "app", "size": 1}},
             template_extra={"files": FILES, "vars": dict(variables)},
         )
