@@ -1,7 +1,9 @@
 """Real agents on a real server: the local provider starts an nstance-agent process per instance.
 
-Each test runs its own server (local provider, short health interval) and watches what a user of
-``nstance-admin`` would see: instance states, records, the agents' received files, and WatchInstances.
+Each test runs its own server (local provider, agents reporting every 300 ms) and watches what a user
+of ``nstance-admin`` would see: instance states, records, the agents' received files, and
+WatchInstances. The missed-report window is 30 s (10 s interval) except where a test is about it: a
+shorter one replaces agents that a busy machine merely did not schedule for a few seconds.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ FILES = {"app.env": {"kind": "env", "template": {"GREETING": "{{ .Vars.greeting 
 
 
 class Shard:
-    def __init__(self, root: Path, *, size: int, drain: str = "1s", health_interval: str = "1s") -> None:
+    def __init__(self, root: Path, *, size: int, drain: str = "1s", health_interval: str = "10s") -> None:
         self.root = root
         self.cluster = LocalCluster(root / "bucket")
         self.cluster.init()
@@ -178,28 +180,36 @@ def test_a_var_change_pushes_files_and_converges_without_replacing_the_vm(shard:
     assert [r["instance_id"] for r in shard.live()] == [iid]
 
 
-def test_a_stopped_agent_is_replaced_with_drain(shard: Shard) -> None:
-    (first,) = wait_for(lambda: len(shard.healthy()) == 1 and shard.healthy(), 30, "a healthy instance")
-    pid = shard.agent_pid(first)
-    os.kill(pid, signal.SIGSTOP)  # the VM runs, its agent says nothing: replaced after 3 missed intervals
+def test_a_stopped_agent_is_replaced_with_drain(tmp_path: Path) -> None:
+    # The one test here that needs the silence rule: a 1 s interval (3 s window). The others keep 10 s,
+    # so an agent that a starved machine does not schedule for 3 s is not replaced in their middle.
+    shard = Shard(tmp_path, size=1, health_interval="1s")
     try:
-        wait_for(
-            lambda: [i for i in shard.healthy() if i != first], 40, "a replacement for the silent instance"
-        )
-        wait_for(
-            lambda: first not in [r["instance_id"] for r in shard.live()], 30, "the silent instance to go"
-        )
+        (first,) = wait_for(lambda: len(shard.healthy()) == 1 and shard.healthy(), 30, "a healthy instance")
+        pid = shard.agent_pid(first)
+        os.kill(pid, signal.SIGSTOP)  # the VM runs, its agent says nothing: replaced after 3 missed intervals
+        try:
+            wait_for(
+                lambda: [i for i in shard.healthy() if i != first],
+                40,
+                "a replacement for the silent instance",
+            )
+            wait_for(
+                lambda: first not in [r["instance_id"] for r in shard.live()], 30, "the silent instance to go"
+            )
+        finally:
+            with_suppressed_kill(pid, signal.SIGCONT)
+        assert shard.logged(f"instance {first} draining (health-reports-missed)")
     finally:
-        with_suppressed_kill(pid, signal.SIGCONT)
-    assert shard.logged(f"instance {first} draining (health-reports-missed)")
+        shard.process.stop()
 
 
 def test_a_killed_agent_is_replaced_without_drain(tmp_path: Path) -> None:
     # The VM is gone: the provider says so (the stream-loss follow-up, or GC's re-listing every second)
     # and it is replaced without drain. The missed-report window is set beyond the test's length so
-    # that it cannot come first: with the test's usual 1 s interval it ends 3 s after the last report,
-    # about when the first follow-up is due, and a busy machine could let it win (with the default
-    # 60 s interval the provider is asked long before).
+    # that it cannot come first: a 1 s interval ends it 3 s after the last report, about when the first
+    # follow-up is due, and a busy machine could let it win (with the default 60 s interval the
+    # provider is asked long before).
     shard = Shard(tmp_path, size=1, health_interval="1h")
     try:
         (first,) = wait_for(lambda: len(shard.healthy()) == 1 and shard.healthy(), 30, "a healthy instance")
