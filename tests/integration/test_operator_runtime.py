@@ -186,9 +186,11 @@ async def test_the_runtime_registers_leads_and_follows_its_configmap(
         webhook_self_signed=True,
         webhook_managed="nstance-test-webhook",
         webhook_host="127.0.0.1",
-        leader_elect_lease_duration="3s",
-        leader_elect_renew_interval="500ms",
-        leader_elect_renew_deadline="2s",
+        # Not a test of Lease timing: a deadline a starved machine does not reach (at load 28 a 2 s one
+        # passed on its own and the replica went standby in the middle of the test).
+        leader_elect_lease_duration="15s",
+        leader_elect_renew_interval="1s",
+        leader_elect_renew_deadline="10s",
         holder_identity="runtime-test",
         environ={},
     )
@@ -220,14 +222,15 @@ async def test_the_runtime_registers_leads_and_follows_its_configmap(
         await kube.create(SECRETS, nonce, "default")
         await eventually(lambda: runtime.active, what="the lead session to start")
 
-        async def ready() -> bool:
-            return (await get(health, "/readyz"))[0] == 200
+        async def leading_and_ready() -> bool:  # a following standby is ready (200) as well
+            status, body = await get(health, "/readyz")
+            return status == 200 and body.startswith("leader: zone-a: reachable")
 
-        await eventually(ready, what="/readyz 200")
-        _, body = await get(health, "/readyz")
-        assert body.startswith("leader: zone-a: reachable")
+        await eventually(leading_and_ready, within=60, what="/readyz 200 as the leader")
         assert await kube.get(SECRETS, "nstance-operator-nonce", "default") is None
-        assert recorder.clusters == ["test--default"]
+        # Once per session (a starved machine may cost an extra term, which starts another).
+        assert recorder.clusters
+        assert set(recorder.clusters) == {"test--default"}
         await eventually(
             lambda: sorted(recorder.loops) == ["drain:default", "sync:default"], what="the loops"
         )
