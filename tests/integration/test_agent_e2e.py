@@ -176,7 +176,7 @@ def test_a_var_change_pushes_files_and_converges_without_replacing_the_vm(shard:
     )
     # The change was reconciled (twice: the reconcile it triggered and a later one), and nothing was
     # replaced: the absence is checked after the decisions, not after a pause.
-    wait_for(lambda: shard.reconciles() >= reconciles + 2, 20, "two reconciles after the change")
+    wait_for(lambda: shard.reconciles() >= reconciles + 2, 60, "two reconciles after the change")
     assert [r["instance_id"] for r in shard.live()] == [iid]
 
 
