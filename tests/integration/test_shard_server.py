@@ -165,8 +165,10 @@ def test_two_servers_one_leader_and_failover_within_timeout(env: Env) -> None:
     leader, follower = (a, b) if a.is_leader() else (b, a)
     leader_host, follower_host = ("127.0.0.2", "127.0.0.3") if leader is a else ("127.0.0.3", "127.0.0.2")
     wait_for(converged(env, env.stub(leader_host), 3), what="3 instances")
-    # Exactly one leader all along: each server counts the times it became leader (history, not samples).
-    assert (became_leader(leader), became_leader(follower)) == (1, 0)
+    # One leader all along: each server counts the times it became leader (history, not samples). The
+    # standby never did; the leader may have lost and won its own lock again on a starved machine.
+    assert became_leader(follower) == 0
+    assert became_leader(leader) >= 1
 
     leader.kill()
     killed_at = time.monotonic()
