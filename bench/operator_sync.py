@@ -16,6 +16,20 @@ shard-group steps → ``UpsertGroup`` on each shard.
 * ``operator_sync_burst_p50_s`` / ``_p99_s`` - all 100 pools changed at once, as an autoscaler reacting
   to a traffic spike might; latency of each pool's change. Target (issue #5): p99 <= 1 s.
 
+* ``operator_sync_single_kube_calls_per_change`` / ``operator_sync_burst_kube_calls_per_change`` -
+  the operator's Kubernetes API requests (every verb but WATCH, counted by the emulator and read from
+  its ``/metrics``; this process's own calls carry another User-Agent and are left out) from just
+  before the first change until the operator has made no call for ``QUIET_S``, divided by the number
+  of changes, with the split by verb and resource in ``calls``. Baseline: the design minimum
+  ``MIN_CALLS_PER_CHANGE`` (docs/benchmarks.md derives it); target ≤ 1.5 × that.
+* ``operator_sync_upsert_failures`` - Warning Events recording an UpsertGroup a server refused or
+  failed; target 0 (``unreachable`` counts ShardUnreachable events apart: lost leases, deadlines).
+
+The operator runs with ``--resync-interval 10s``: the servers announce group config changes only, and
+instances that appear after an UpsertGroup reach the shard groups' status through the periodic list,
+so a shorter interval than production's 30 s (with ``QUIET_S`` above it) puts those status updates
+into the phase of the change that caused them.
+
 Baseline, measured in the same run: the same change made by calling ``UpsertGroup`` on the three shards
 directly from this process (concurrently, in a tenant the operator does not manage), p50 over 40
 changes - the floor without Kubernetes and the operator. ``ratio`` = value / baseline. One JSON
@@ -33,18 +47,21 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
+import aiohttp
 import grpc
 from _agents import progress
 from google.protobuf.empty_pb2 import Empty
 
 from nstance.operator.crds import names
-from nstance.operator.kube import CONFIGMAPS, SECRETS, Kube, Resource, load_configuration
+from nstance.operator.kube import CONFIGMAPS, EVENTS, SECRETS, Kube, Resource, load_configuration
 from nstance.rpc import operator_pb2, operator_pb2_grpc
+from nstance.testing.kubeapi.metrics import RequestKey, parse
 from nstance.testing.operatorproc import OperatorProcess, bootstrap_objects, capi_machine_pool
 from nstance.testing.shardproc import LocalCluster, ServerProcess, server_addrs, shard_config, start_leader
 
@@ -53,7 +70,22 @@ SHARDS = ("s1", "s2", "s3")
 POOLS = 100
 SINGLE_CHANGES = 40
 TARGET_P99_S = 1.0
+MIN_CALLS_PER_CHANGE = 11
+"""Kubernetes API calls one pool change needs at least (see docs/benchmarks.md for the count)."""
+CALLS_TARGET_RATIO = 1.5
+RESYNC = "10s"
 NAMESPACE = "default"
+BENCH_AGENT = "nstance-bench"
+"""The User-Agent of this process's own Kubernetes calls (not counted as the operator's)."""
+QUIET_S = 12.0
+"""The operator has finished reacting once it made no API call for this long (longer than ``RESYNC``,
+so the status updates of instances that appear after an UpsertGroup are counted)."""
+SHARD_GROUP_KIND = "NstanceShardGroup"
+FAILURE_REASONS = ("ProviderError", "ConfigInvalid")
+"""Warning Event reasons the shard-group controller records when a server refused or failed an
+UpsertGroup (a groups-document conflict that exhausted its retries would be one of these).
+ShardUnreachable - a server that lost its lease under the machine's load, or a call past its
+deadline - is reported apart (``unreachable`` on the same line)."""
 POOL_RES = Resource(names.GROUP, names.VERSION, names.NSTANCE_MACHINE_POOLS, names.KIND_MACHINE_POOL)
 CAPI_POOL_RES = Resource(
     names.CAPI_GROUP, names.CAPI_VERSION, names.MACHINE_POOLS, names.CAPI_KIND_MACHINE_POOL
@@ -67,8 +99,8 @@ def percentile(values: list[float], q: float) -> float:
 
 
 @contextmanager
-def emulator(root: Path) -> Iterator[Path]:
-    """The Kubernetes API emulator in its own process; yields its kubeconfig."""
+def emulator(root: Path) -> Iterator[tuple[Path, str]]:
+    """The Kubernetes API emulator in its own process; yields its kubeconfig and URL."""
     kubeconfig = root / "kubeconfig"
     proc = subprocess.Popen(
         [
@@ -91,12 +123,74 @@ def emulator(root: Path) -> Iterator[Path]:
         line = proc.stdout.readline()
         if not line:
             raise RuntimeError(f"the emulator did not start: {(root / 'kubeapi.log').read_text()}")
-        json.loads(line)
-        yield kubeconfig
+        yield kubeconfig, str(json.loads(line)["url"])
     finally:
         proc.terminate()
         with suppress(subprocess.TimeoutExpired):
             proc.wait(10)
+
+
+Calls = Counter[RequestKey]
+
+
+class ApiCalls:
+    """The emulator's request counters (its ``/metrics``): what the operator asked the API server."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    async def snapshot(self) -> Calls:
+        async with aiohttp.ClientSession() as session, session.get(f"{self.url}/metrics") as response:
+            response.raise_for_status()
+            counts = parse(await response.text())
+        # Watches are opened once per kind and renewed on a timer, not per change: left out.
+        return Counter({k: n for k, n in counts.items() if k.client != BENCH_AGENT and k.verb != "WATCH"})
+
+    async def settle(self, limit: float = 120.0) -> Calls:
+        """The counts once the operator made no call for ``QUIET_S`` (its reaction is complete)."""
+        deadline = time.monotonic() + limit
+        last = await self.snapshot()
+        quiet_since = time.monotonic()
+        while time.monotonic() - quiet_since < QUIET_S:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the operator kept calling the API server for {limit:g} s")
+            await asyncio.sleep(0.5)
+            now = await self.snapshot()
+            if now != last:
+                last, quiet_since = now, time.monotonic()
+        return last
+
+
+RETRIED: Final = (
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+)
+"""A server between leases (it lost its lease under the machine's load): call again, as the operator
+does; the wait counts in the baseline."""
+
+
+async def upsert(stub: operator_pb2_grpc.OperatorServiceStub, request: Any) -> None:
+    for _ in range(30):
+        try:
+            await stub.UpsertGroup(request, timeout=10)
+            return
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() not in RETRIED:
+                raise
+            progress(f"baseline UpsertGroup: {exc.code().name}; calling again")
+            await asyncio.sleep(1.0)
+    raise TimeoutError("the baseline UpsertGroup kept failing")
+
+
+def per_change(before: Calls, after: Calls, changes: int) -> tuple[float, dict[str, float]]:
+    """Operator calls per change between two snapshots, in total and by verb and resource."""
+    diff = after - before
+    split: dict[str, float] = {}
+    for key, count in sorted(diff.items()):
+        what = f"{key.verb} {key.resource}" + (f"/{key.subresource}" if key.subresource else "")
+        split[what] = split.get(what, 0.0) + count / changes
+    return sum(diff.values()) / changes, {k: round(v, 2) for k, v in split.items()}
 
 
 class Watcher:
@@ -112,9 +206,21 @@ class Watcher:
         self.tasks = [asyncio.create_task(self._follow(shard, stub)) for shard, stub in self.stubs.items()]
 
     async def _follow(self, shard: str, stub: operator_pb2_grpc.OperatorServiceStub) -> None:
-        async for event in stub.WatchGroups(Empty()):
-            self.seen[(shard, event.group.key, event.group.size)] = time.monotonic()
-            self.changed.set()
+        # A server that lost its lease under load ends the stream: reconnect and list what changed
+        # meanwhile (stamped when seen, so a gap makes a change look slower, never faster).
+        while True:
+            try:
+                listed = await stub.ListGroups(Empty(), timeout=30)
+                now = time.monotonic()
+                for group in listed.groups:
+                    self.seen.setdefault((shard, group.key, group.size), now)
+                self.changed.set()
+                async for event in stub.WatchGroups(Empty()):
+                    self.seen[(shard, event.group.key, event.group.size)] = time.monotonic()
+                    self.changed.set()
+            except grpc.aio.AioRpcError as exc:
+                progress(f"WatchGroups on {shard} ended ({exc.code().name}); reconnecting")
+            await asyncio.sleep(1.0)
 
     async def wait_all(self, group: str, size: int, limit: float = 300.0) -> float:
         """When the last shard announced ``group`` at ``size`` (waits for it)."""
@@ -140,9 +246,14 @@ class Watcher:
 
 
 async def measure(
-    kubeconfig: Path, cluster: LocalCluster, stubs: dict[str, Any], baseline_stubs: dict[str, Any]
+    kubeconfig: Path,
+    api_url: str,
+    cluster: LocalCluster,
+    stubs: dict[str, Any],
+    baseline_stubs: dict[str, Any],
 ) -> list[dict[str, Any]]:
-    kube = Kube.from_configuration(await load_configuration(str(kubeconfig)))
+    kube = Kube.from_configuration(await load_configuration(str(kubeconfig)), user_agent=BENCH_AGENT)
+    calls = ApiCalls(api_url)
     watcher = Watcher(stubs)
     watcher.start()
     capi_cluster = f"{cluster.cluster_id}--default"
@@ -161,7 +272,9 @@ async def measure(
         progress(f"{POOLS} pools created; waiting for every shard to carry every group")
         for group in groups:
             await watcher.wait_all(group, 1, limit=300)
-        progress("initial sync done; measuring single changes")
+        progress("initial sync done; waiting for the operator to settle")
+        before_single = await calls.settle()
+        progress("measuring single changes")
 
         current = dict.fromkeys(groups, 3)
 
@@ -175,9 +288,13 @@ async def measure(
 
         # Each single change flips one pool between 3 and 6 replicas (1 and 2 per shard).
         single = [await change(groups[i], 6) for i in range(SINGLE_CHANGES)]
+        single_calls = per_change(before_single, await calls.settle(), SINGLE_CHANGES)
         await asyncio.gather(*(change(groups[i], 3) for i in range(SINGLE_CHANGES)))
-        progress("measuring a burst of 100 changes")
+        before_burst = await calls.settle()
+        progress(f"measuring a burst of {POOLS} changes")
         burst = list(await asyncio.gather(*(change(g, 6) for g in groups)))
+        burst_calls = per_change(before_burst, await calls.settle(), POOLS)
+        failures, unreachable = await upsert_failures(kube)
         progress("measuring the direct-UpsertGroup baseline")
         # The baseline's groups live in a tenant the operator does not manage: groups of its own
         # tenant that it does not know, it imports as MachinePools and then sets their sizes itself.
@@ -190,7 +307,7 @@ async def measure(
             request = operator_pb2.UpsertGroupRequest(
                 key=group, config=operator_pb2.GroupConfig(template="app", size=size)
             )
-            await asyncio.gather(*(stub.UpsertGroup(request, timeout=10) for stub in baseline_stubs.values()))
+            await asyncio.gather(*(upsert(stub, request) for stub in baseline_stubs.values()))
             return await direct_watcher.wait_all(group, size) - started
 
         try:
@@ -222,7 +339,53 @@ async def measure(
                     "shards": len(SHARDS),
                 }
             )
+    limit = CALLS_TARGET_RATIO * MIN_CALLS_PER_CHANGE
+    for name, (value, split) in (
+        ("operator_sync_single", single_calls),
+        ("operator_sync_burst", burst_calls),
+    ):
+        results.append(
+            {
+                "name": f"{name}_kube_calls_per_change",
+                "value": round(value, 2),
+                "unit": "calls",
+                "target": limit,
+                "target_text": f"≤ {CALLS_TARGET_RATIO:g} × the design minimum ({limit:g})",
+                "baseline": MIN_CALLS_PER_CHANGE,
+                "baseline_name": "design minimum per pool change (docs/benchmarks.md)",
+                "ratio": round(value / MIN_CALLS_PER_CHANGE, 2),
+                "met": value <= limit,
+                "calls": split,
+                "pools": POOLS,
+                "shards": len(SHARDS),
+            }
+        )
+    results.append(
+        {
+            "name": "operator_sync_upsert_failures",
+            "value": failures,
+            "unit": "failures",
+            "target": 0,
+            "target_text": "0",
+            "baseline": None,
+            "baseline_name": None,
+            "ratio": None,
+            "met": failures == 0,
+            "unreachable": unreachable,
+        }
+    )
     return results
+
+
+async def upsert_failures(kube: Kube) -> tuple[int, int]:
+    """Warning Events on shard groups: (UpsertGroup refused or failed, shard unreachable)."""
+    reasons = [
+        event.get("reason")
+        for event in await kube.list(EVENTS, NAMESPACE)
+        if (event.get("involvedObject") or {}).get("kind") == SHARD_GROUP_KIND
+        and event.get("type") == "Warning"
+    ]
+    return sum(r in FAILURE_REASONS for r in reasons), reasons.count("ShardUnreachable")
 
 
 def main() -> None:
@@ -254,10 +417,12 @@ def main() -> None:
                 servers.append(start_leader(cluster, root / shard, shard=shard))
             identity = cluster.operator_identity(root / "bench-identity")
             baseline_identity = cluster.operator_identity(root / "baseline-identity", tenant="bench")
-            with emulator(root) as kubeconfig:
+            with emulator(root) as (kubeconfig, api_url):
 
                 async def bootstrap() -> None:
-                    kube = Kube.from_configuration(await load_configuration(str(kubeconfig)))
+                    kube = Kube.from_configuration(
+                        await load_configuration(str(kubeconfig)), user_agent=BENCH_AGENT
+                    )
                     try:
                         for obj in bootstrap_objects(cluster, addrs, namespace=NAMESPACE):
                             res = CONFIGMAPS if obj["kind"] == "ConfigMap" else SECRETS
@@ -270,7 +435,18 @@ def main() -> None:
                     kubeconfig=kubeconfig,
                     namespace=NAMESPACE,
                     log_path=root / "operator.log",
-                    args=["--log-format", "text", "--no-leader-elect", "--disable-webhooks"],
+                    args=[
+                        "--log-format",
+                        "text",
+                        "--no-leader-elect",
+                        "--disable-webhooks",
+                        # Group events come from config changes only: instances that appear after
+                        # an UpsertGroup reach the shard groups' status through the periodic list.
+                        # 10 s here, so a change's status updates land in its own phase's count
+                        # (each phase waits QUIET_S > 10 s without a call before it is counted).
+                        "--resync-interval",
+                        RESYNC,
+                    ],
                     env={"PYTHONUNBUFFERED": "1"},
                 ).start()
                 operator.wait_ready(60)
@@ -293,7 +469,7 @@ def main() -> None:
 
                 async def run() -> list[dict[str, Any]]:
                     return await measure(
-                        kubeconfig, cluster, stubs_for(identity), stubs_for(baseline_identity)
+                        kubeconfig, api_url, cluster, stubs_for(identity), stubs_for(baseline_identity)
                     )
 
                 try:

@@ -1,5 +1,7 @@
-"""Fixtures shared by the test tiers: the real Kubernetes control plane (etcd + kube-apiserver +
-kube-controller-manager, ``nstance.testing.realkube``), started once per session when a suite asks for it.
+"""What every test tier shares: each test is marked with its tier from its folder (``pytest -m unit``,
+``-m "not e2e"``; the tiers are registered in pyproject.toml), in-process AWS (moto) for the secret
+stores, and the real Kubernetes control plane (etcd + kube-apiserver + kube-controller-manager,
+``nstance.testing.realkube``), started once per session when a suite asks for it.
 
 Where ``scripts/build_kube.sh`` has not been run the real-server tests are skipped with the command to
 run; where ``NSTANCE_KUBE_BIN`` is set (CI sets it from the build script's output) they never skip.
@@ -8,10 +10,39 @@ run; where ``NSTANCE_KUBE_BIN`` is set (CI sets it from the build script's outpu
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from moto import mock_aws
 
 from nstance.testing.realkube import RealKube, binaries
+
+TESTS = Path(__file__).resolve().parent
+TIERS = frozenset({"unit", "contract", "integration", "e2e", "security", "simulation", "compat", "packaging"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test with the tier its folder names."""
+    for item in items:
+        parts = item.path.resolve().relative_to(TESTS).parts
+        if parts and parts[0] in TIERS:
+            item.add_marker(getattr(pytest.mark, parts[0]))
+
+
+@pytest.fixture
+def mocked_aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """In-process AWS (moto) with fake credentials; no real endpoint or profile can leak in."""
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_SESSION_TOKEN": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    with mock_aws():
+        yield
 
 
 @pytest.fixture(scope="session")

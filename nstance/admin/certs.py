@@ -24,8 +24,8 @@ from nstance.objectstore.base import ObjectNotFound, ObjectStore, PreconditionFa
 from nstance.pki.revocation_record import REVOKED_PREFIX, revocation_document, revoked_key
 from nstance.pki.serial import parse_serial_hex, serial_hex
 
-from .commands import _print_table
 from .options import StorageBucketOpt, StoragePrefixOpt, StorageProviderOpt
+from .output import fail, print_table
 from .stores import StorageOptions, open_cluster_stores
 
 OUTPUT_FORMATS = ("table", "json")
@@ -96,11 +96,6 @@ def list_revoked(store: ObjectStore) -> tuple[list[dict[str, Any]], list[str]]:
 # --- commands --------------------------------------------------------------------------------------
 
 
-def _fail(message: str) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(1)
-
-
 def _cluster_store(provider: str, bucket: str, prefix: str) -> ObjectStore:
     # The deny-list needs no secrets; the memory secrets provider avoids demanding a key.
     return open_cluster_stores(StorageOptions(provider, bucket, prefix, secrets_provider="memory")).cluster
@@ -119,14 +114,14 @@ def cert_revoke(
 ) -> None:
     """Put a certificate serial on the cluster's deny-list; servers refuse it once they sync."""
     if len(reason) > MAX_REASON:
-        raise _fail(f"--reason is {len(reason)} characters long; at most {MAX_REASON} are kept")
+        raise fail(f"--reason is {len(reason)} characters long; at most {MAX_REASON} are kept")
     try:
         canonical = canonical_serial(serial, decimal=decimal)
         store = _cluster_store(storage_provider, storage_bucket, storage_prefix)
         created = revoke_serial(store, canonical, now=datetime.now(UTC), reason=reason)
         existing = None if created else _read_entry(store, revoked_key(canonical))
     except NstanceError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     where = f"{storage_prefix}{revoked_key(canonical)}"
     if existing is None:
         typer.echo(f"revoked certificate serial {canonical} (wrote {where})")
@@ -146,11 +141,11 @@ def cert_list_revoked(
 ) -> None:
     """List the cluster's revoked certificate serials."""
     if output not in OUTPUT_FORMATS:
-        raise _fail(f"--output {output!r} is not supported; use one of: {', '.join(OUTPUT_FORMATS)}")
+        raise fail(f"--output {output!r} is not supported; use one of: {', '.join(OUTPUT_FORMATS)}")
     try:
         rows, warnings = list_revoked(_cluster_store(storage_provider, storage_bucket, storage_prefix))
     except NstanceError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     for warning in warnings:
         typer.echo(f"warning: {warning}", err=True)
     if output == "json":
@@ -158,7 +153,7 @@ def cert_list_revoked(
     elif not rows:
         typer.echo("no revoked certificates")
     else:
-        _print_table(rows, [("SERIAL", "serial"), ("REVOKED_AT", "revoked_at"), ("REASON", "reason")])
+        print_table(rows, [("SERIAL", "serial"), ("REVOKED_AT", "revoked_at"), ("REASON", "reason")])
 
 
 def register_certs(app: typer.Typer) -> None:

@@ -1,8 +1,10 @@
-"""Command line of nstance-admin: cluster bootstrap, operator nonces and config checks.
+"""Command line of nstance-admin: the root options and the command groups, wired together.
 
-Commands that touch storage take upstream's storage/secrets flags (see ``stores``). Every expected
-failure (bad flag, invalid config, missing key, inconsistent cluster state) prints ``error: ...`` on
-stderr and exits with status 1; nothing is written before every check that can fail has passed.
+Each group lives in its own module: ``cluster`` (init, nonce, register-operator; ``secrets
+generate-key``), ``configcmds`` (config validate/upload/status/refresh) and ``plan`` (config plan),
+``groups``, ``instances``, ``certs`` (cert revoke/list-revoked) and ``watch``. Every expected failure
+prints ``error: ...`` on stderr and exits with status 1 (``output.fail``); nothing is written before
+every check that can fail has passed.
 """
 
 from __future__ import annotations
@@ -10,92 +12,29 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from nstance.config import validate_config_file
 from nstance.core.cli import DEBUG_ENV, VERSION_HELP, print_version, run_app
-from nstance.core.durations import parse_duration
-from nstance.core.errors import NstanceError
-from nstance.core.ids import identifier_problem
 from nstance.core.logformat import TEXT_FORMAT
-from nstance.pki.nonce import operator_nonce_claims, sign_nonce
-from nstance.secrets.cluster_identity import ensure_cluster_identity, identity_state, load_cluster_identity
-from nstance.secrets.keys import generate_encryption_key
 
 from .certs import register_certs
-from .commands import register
-from .options import (
-    KeyProviderOpt,
-    KeySourceOpt,
-    SecretsPrefixOpt,
-    SecretsProviderOpt,
-    StorageBucketOpt,
-    StoragePrefixOpt,
-    StorageProviderOpt,
-)
+from .cluster import cluster_app, secrets_app
+from .configcmds import register_config
+from .groups import group_app
+from .instances import instance_app
 from .plan import register_plan
-from .stores import StorageOptions, open_cluster_stores
 from .watch import register_watch
 
 app = typer.Typer(
     add_completion=False, help="Nstance administration: cluster bootstrap, nonces, config checks."
 )
-cluster_app = typer.Typer(add_completion=False, help="Cluster bootstrap (direct storage access, no server).")
 config_app = typer.Typer(add_completion=False, help="Shard config files: validate and upload.")
-secrets_app = typer.Typer(add_completion=False, help="Secrets helpers.")
 app.add_typer(cluster_app, name="cluster")
 app.add_typer(config_app, name="config")
 app.add_typer(secrets_app, name="secrets")
-
-_state: dict[str, Path] = {"temp_dir": Path("./temp")}
-
-ClusterIdOpt = Annotated[str, typer.Option("--cluster-id", help="Cluster identifier. Required.")]
-
-
-def _fail(message: str) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(1)
-
-
-@contextmanager
-def _expected_errors() -> Iterator[None]:
-    """Turn domain errors into one clear line and exit status 1 (no traceback)."""
-    try:
-        yield
-    except NstanceError as exc:
-        raise _fail(str(exc)) from None
-
-
-def _checked_identifier(value: str, flag: str) -> str:
-    problem = identifier_problem(value)
-    if problem:
-        raise _fail(f"{flag} {value!r}: {problem}")
-    return value
-
-
-def _options(
-    storage_provider: str,
-    storage_bucket: str,
-    storage_prefix: str,
-    secrets_provider: str,
-    secrets_prefix: str,
-    key_provider: str,
-    key_source: str,
-) -> StorageOptions:
-    return StorageOptions(
-        storage_provider=storage_provider,
-        storage_bucket=storage_bucket,
-        storage_prefix=storage_prefix,
-        secrets_provider=secrets_provider,
-        secrets_prefix=secrets_prefix,
-        key_provider=key_provider,
-        key_source=key_source,
-    )
 
 
 @app.callback()
@@ -118,202 +57,15 @@ def main_options(
     ] = False,
 ) -> None:
     """Nstance administration."""
-    _state["temp_dir"] = temp_dir
+    del temp_dir  # read by the commands from the context (``options.temp_dir``)
     if debug:
         os.environ[DEBUG_ENV] = "1"
         logging.basicConfig(level=logging.DEBUG, format=TEXT_FORMAT, stream=sys.stderr)
 
 
-# --- config -----------------------------------------------------------------------------------
-
-
-@config_app.command("validate")
-def config_validate(
-    files: Annotated[list[Path], typer.Argument(help="config.jsonc files to check.")],
-) -> None:
-    """Check config files; print OK or every problem (JSON path and rule). Exit 1 on any problem."""
-    failed = False
-    for path in files:
-        problems = validate_config_file(path)
-        if problems:
-            failed = True
-            noun = "problem" if len(problems) == 1 else "problems"
-            typer.echo(f"{path}: {len(problems)} {noun}", err=True)
-            for problem in problems:
-                typer.echo(f"  {problem}", err=True)
-        else:
-            typer.echo(f"{path}: OK")
-    if failed:
-        raise typer.Exit(1)
-
-
-@config_app.command("upload")
-def config_upload(
-    file: Annotated[Path, typer.Argument(help="config.jsonc to upload.")],
-    shard: Annotated[str, typer.Option("--shard", help="Shard whose config this is. Required.")],
-    storage_provider: StorageProviderOpt = "s3",
-    storage_bucket: StorageBucketOpt = "",
-) -> None:
-    """Validate a config file, then store it as shard/{shard}/config.jsonc (nothing is written if invalid)."""
-    _checked_identifier(shard, "--shard")
-    problems = validate_config_file(file)
-    if problems:
-        for problem in problems:
-            typer.echo(f"{file}: {problem}", err=True)
-        raise _fail(f"{file} is invalid; nothing was uploaded")
-    with _expected_errors():
-        # Uploading config needs no secrets; the memory secrets provider avoids demanding a key.
-        stores = open_cluster_stores(
-            StorageOptions(storage_provider, storage_bucket, secrets_provider="memory")
-        )
-        etag = stores.shard(shard).put("config.jsonc", file.read_bytes())
-    typer.echo(f"uploaded {file} to shard/{shard}/config.jsonc (etag {etag})")
-
-
-# --- cluster ----------------------------------------------------------------------------------
-
-
-@cluster_app.command("init")
-def cluster_init(
-    cluster_id: ClusterIdOpt,
-    storage_provider: StorageProviderOpt = "s3",
-    storage_bucket: StorageBucketOpt = "",
-    storage_prefix: StoragePrefixOpt = "cluster/",
-    secrets_provider: SecretsProviderOpt = "object-storage",
-    secrets_prefix: SecretsPrefixOpt = "secret/",
-    key_provider: KeyProviderOpt = "env",
-    key_source: KeySourceOpt = "NSTANCE_ENCRYPTION_KEY",
-    ca_key_type: Annotated[
-        str,
-        typer.Option(
-            "--ca-key-type",
-            help="Key type of a new CA: ed25519 (what upstream's Go server loads) or ecdsa-p256.",
-        ),
-    ] = "ed25519",
-    exist_ok: Annotated[
-        bool, typer.Option("--exist-ok", help="Succeed without changes when the cluster is already set up.")
-    ] = False,
-) -> None:
-    """Create the cluster CA and the registration-nonce key. Refuses to overwrite an existing cluster."""
-    _checked_identifier(cluster_id, "--cluster-id")
-    if ca_key_type not in ("ecdsa-p256", "ed25519"):
-        raise _fail(f"--ca-key-type {ca_key_type!r} is not supported; use ecdsa-p256 or ed25519")
-    opts = _options(
-        storage_provider,
-        storage_bucket,
-        storage_prefix,
-        secrets_provider,
-        secrets_prefix,
-        key_provider,
-        key_source,
-    )
-    with _expected_errors():
-        stores = open_cluster_stores(opts, create=True)
-        state = identity_state(stores.cluster, stores.secrets)
-        if state.complete:
-            identity = load_cluster_identity(stores.cluster, stores.secrets)
-            if not exist_ok:
-                raise _fail(
-                    "the cluster is already initialised (CA sha256 "
-                    f"{identity.ca_fingerprint}); nothing was changed. Use --exist-ok to accept this."
-                )
-            typer.echo(f"cluster already initialised; CA sha256 {identity.ca_fingerprint}")
-            return
-        result = ensure_cluster_identity(
-            stores.cluster, stores.secrets, cluster_id=cluster_id, key_type=ca_key_type
-        )
-    done = [
-        label
-        for label, flag in (
-            ("created the CA", result.created_ca),
-            ("re-created the missing CA certificate for the existing CA key", result.repaired_ca_cert),
-            ("created the registration-nonce key", result.created_nonce_key),
-        )
-        if flag
-    ]
-    typer.echo(f"cluster {cluster_id}: {'; '.join(done) or 'nothing to do'}")
-    typer.echo(f"CA sha256 {result.identity.ca_fingerprint} ({result.identity.ca.key_type})")
-
-
-def _write_private_file(path: Path, data: str) -> None:
-    """Write ``data`` to ``path`` readable only by the owner, atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-@cluster_app.command("nonce")
-def cluster_nonce(
-    cluster_id: ClusterIdOpt,
-    tenant: Annotated[str, typer.Option("--tenant", help="Tenant the operator acts for.")] = "default",
-    expiry: Annotated[str, typer.Option("--expiry", help="Validity as a Go duration (3h, 90m).")] = "3h",
-    output: Annotated[
-        str | None,
-        typer.Option(
-            "--output",
-            "-o",
-            help="File to write; '-' prints to stdout. Default <temp-dir>/cli-operator-identity/nonce.jwt.",
-        ),
-    ] = None,
-    storage_provider: StorageProviderOpt = "s3",
-    storage_bucket: StorageBucketOpt = "",
-    storage_prefix: StoragePrefixOpt = "cluster/",
-    secrets_provider: SecretsProviderOpt = "object-storage",
-    secrets_prefix: SecretsPrefixOpt = "secret/",
-    key_provider: KeyProviderOpt = "env",
-    key_source: KeySourceOpt = "NSTANCE_ENCRYPTION_KEY",
-) -> None:
-    """Sign an operator registration nonce (JWT) with the cluster's registration-nonce key."""
-    _checked_identifier(cluster_id, "--cluster-id")
-    _checked_identifier(tenant, "--tenant")
-    opts = _options(
-        storage_provider,
-        storage_bucket,
-        storage_prefix,
-        secrets_provider,
-        secrets_prefix,
-        key_provider,
-        key_source,
-    )
-    with _expected_errors():
-        ttl = parse_duration(expiry)
-        if ttl.total_seconds() <= 0:
-            raise _fail(f"--expiry {expiry!r} must be a positive duration")
-        stores = open_cluster_stores(opts)
-        identity = load_cluster_identity(stores.cluster, stores.secrets)
-        token = sign_nonce(
-            identity.nonce_key, operator_nonce_claims(cluster_id=cluster_id, tenant=tenant, ttl=ttl)
-        )
-    if output == "-":
-        sys.stdout.write(token + "\n")
-        return
-    path = Path(output) if output else _state["temp_dir"] / "cli-operator-identity" / "nonce.jwt"
-    _write_private_file(path, token + "\n")
-    typer.echo(f"wrote operator nonce for tenant {tenant} (valid {expiry}) to {path}")
-
-
-# --- secrets ----------------------------------------------------------------------------------
-
-
-@secrets_app.command("generate-key")
-def secrets_generate_key() -> None:
-    """Print a new random encryption key for the object-storage secrets provider: 32 letters and digits,
-    used byte for byte (what upstream's Go server reads too)."""
-    typer.echo(generate_encryption_key())
-
-
-# --- shard commands and cluster register-operator (commands.py) --------------------------------
-
-register(app, cluster_app, config_app)
+app.add_typer(group_app, name="group")
+app.add_typer(instance_app, name="instance")
+register_config(config_app)
 register_plan(config_app)
 register_certs(app)
 register_watch(app)

@@ -17,8 +17,8 @@
 * ``run_on_shards`` calls a function against each selected shard in order, one at a time, and keeps
   going after a failure; callers exit non-zero when any shard failed.
 
-This module does no printing and no exit-code policy (that is ``commands``), and never writes the
-identity: it only reads it.
+This module does no printing and no exit-code policy (that is ``output`` and ``shardcalls``), and
+never writes the identity: it only reads it.
 """
 
 from __future__ import annotations
@@ -272,6 +272,12 @@ class ShardClient:
         request = operator_pb2.DeleteInstanceRequest(instance_id=instance_id)
         result: operator_pb2.DeleteInstanceResponse = self._stub.DeleteInstance(request, timeout=self.timeout)
         return result
+
+    def list_instances(self, group: str = "") -> list[operator_pb2.InstanceSummary]:
+        """ListInstances (this implementation's addition; an upstream server answers UNIMPLEMENTED)."""
+        request = operator_pb2.ListInstancesRequest(group=group)
+        response: operator_pb2.ListInstancesResponse = self._stub.ListInstances(request, timeout=self.timeout)
+        return list(response.instances)
 
     def get_instance_status(self, instance_id: str) -> operator_pb2.InstanceStatusResponse:
         request = operator_pb2.GetInstanceStatusRequest(instance_id=instance_id)

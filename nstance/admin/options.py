@@ -2,11 +2,13 @@
 
 Declared once so that every storage command spells, documents and reads its storage flags the same way,
 and the same way as nstance-server (``--storage-provider``/``--storage``, ``--storage-bucket``/``--bucket``,
-environment ``NSTANCE_STORAGE`` and ``NSTANCE_BUCKET``). Only typer annotations here; no behaviour.
+environment ``NSTANCE_STORAGE`` and ``NSTANCE_BUCKET``). Only typer annotations here, and ``temp_dir``,
+which reads the root ``--temp-dir``.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -35,13 +37,50 @@ SecretsProviderOpt = Annotated[
     typer.Option(
         "--secrets-provider",
         envvar="NSTANCE_SECRETS_PROVIDER",
-        help="object-storage (AES-256-GCM), aws-secrets-manager or memory.",
+        help=(
+            "object-storage (AES-256-GCM), aws-parameter-store, aws-secrets-manager, "
+            "google-secret-manager or memory."
+        ),
     ),
 ]
-SecretsPrefixOpt = Annotated[str, typer.Option("--secrets-prefix", help="Name prefix of secrets.")]
+SecretsPrefixOpt = Annotated[
+    str,
+    typer.Option(
+        "--secrets-prefix",
+        help=(
+            "Name prefix of secrets. Default: the provider's, as the server uses (secret/, /nstance/, "
+            "nstance/, nstance-)."
+        ),
+    ),
+]
+SecretsProjectOpt = Annotated[
+    str,
+    typer.Option(
+        "--secrets-project",
+        envvar="NSTANCE_SECRETS_PROJECT",
+        help="Google project of google-secret-manager secrets (and of a google-secret-manager key).",
+    ),
+]
 KeyProviderOpt = Annotated[
-    str, typer.Option("--key-provider", help="Where the object-storage encryption key is: env or file.")
+    str,
+    typer.Option(
+        "--key-provider",
+        help=(
+            "Where the object-storage encryption key is: env, file, aws-parameter-store, "
+            "aws-secrets-manager or google-secret-manager."
+        ),
+    ),
 ]
 KeySourceOpt = Annotated[
-    str, typer.Option("--key-source", help="Environment variable name (env) or path (file) of the key.")
+    str,
+    typer.Option(
+        "--key-source",
+        help="Environment variable name (env), path (file) or secret/parameter name of the key.",
+    ),
 ]
+
+
+def temp_dir(ctx: typer.Context) -> Path:
+    """The ``--temp-dir`` given to ``nstance-admin`` (generated identities and nonces go below it)."""
+    value = ctx.find_root().params.get("temp_dir")
+    return Path(value) if value else Path("./temp")

@@ -42,8 +42,8 @@ from nstance.core.errors import FailedPrecondition, InvalidArgument, NotFound, N
 from nstance.core.ids import identifier_problem
 from nstance.objectstore.base import ObjectNotFound, ObjectStore
 
-from .commands import _print_table
 from .options import StorageBucketOpt, StorageProviderOpt
+from .output import fail, print_table
 from .stores import StorageOptions, open_cluster_stores
 
 CONFIG_KEY = "config.jsonc"
@@ -240,11 +240,6 @@ COLUMNS = [
 # --- command ---------------------------------------------------------------------------------------
 
 
-def _fail(message: str) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(1)
-
-
 def config_plan(
     file: Annotated[Path, typer.Argument(help="The new config.jsonc (not uploaded).")],
     shard: Annotated[
@@ -263,14 +258,14 @@ def config_plan(
     Reads the shard's stored config, dynamic groups and instance records; writes nothing.
     """
     if output not in OUTPUT_FORMATS:
-        raise _fail(f"--output {output!r} is not supported; use one of: {', '.join(OUTPUT_FORMATS)}")
+        raise fail(f"--output {output!r} is not supported; use one of: {', '.join(OUTPUT_FORMATS)}")
     if shard is not None and all_shards:
-        raise _fail("use either --shard or --all-shards, not both")
+        raise fail("use either --shard or --all-shards, not both")
     problems = validate_config_file(file)
     if problems:
         for problem in problems:
             typer.echo(f"{file}: {problem}", err=True)
-        raise _fail(f"{file} is invalid; nothing was planned")
+        raise fail(f"{file} is invalid; nothing was planned")
     plans: list[ShardPlan] = []
     try:
         new_config = load_config_file(file)
@@ -286,7 +281,7 @@ def config_plan(
         for name in names:
             plans.append(plan_shard(stores.shard(name), name, new_config))
     except NstanceError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     for plan in plans:
         for note in plan.notes:
             typer.echo(f"note: {note}", err=True)
@@ -299,7 +294,7 @@ def config_plan(
     if not rows:
         typer.echo("no groups in either config")
         return
-    _print_table(rows, COLUMNS)
+    print_table(rows, COLUMNS)
     typer.echo("")
     typer.echo(_totals(rows))
 

@@ -1,9 +1,11 @@
 """Open the cluster's object storage and secret store from nstance-admin's storage/secrets flags.
 
 The flags mirror upstream's (``--storage-provider``, ``--storage-bucket``, ``--storage-prefix``,
-``--secrets-provider``, ``--secrets-prefix``, ``--key-provider``, ``--key-source``). The cluster scope
-is ``{bucket}/{storage-prefix}`` and object-storage secrets live under ``{storage-prefix}{secrets-prefix}``
-(``cluster/secret/ca.key``), shard scopes under ``shard/{shard}/``, as upstream lays them out.
+``--secrets-provider``, ``--secrets-prefix``, ``--secrets-project``, ``--key-provider``,
+``--key-source``); an empty ``--secrets-prefix`` is the provider's default, as in the server.
+The cluster scope is ``{bucket}/{storage-prefix}`` and object-storage secrets live under
+``{storage-prefix}{secrets-prefix}`` (``cluster/secret/ca.key``), shard scopes under ``shard/{shard}/``,
+as upstream lays them out.
 
 This module only validates the flag combination and constructs stores; it reads no secret. A ``file``
 bucket directory is created only by ``cluster init``; every other command requires it to exist. It also
@@ -37,7 +39,8 @@ class StorageOptions:
     storage_bucket: str
     storage_prefix: str = "cluster/"
     secrets_provider: str = "object-storage"
-    secrets_prefix: str = "secret/"
+    secrets_prefix: str = ""  # empty: the provider's default (``secret/`` for object-storage)
+    secrets_project: str = ""
     key_provider: str = "env"
     key_source: str = "NSTANCE_ENCRYPTION_KEY"
 
@@ -84,12 +87,15 @@ def open_cluster_stores(
     )
     keys: list[bytes] = []
     if opts.secrets_provider == "object-storage":
-        keys.append(load_encryption_key(opts.key_provider, opts.key_source, environ))
+        keys.append(
+            load_encryption_key(opts.key_provider, opts.key_source, environ, project_id=opts.secrets_project)
+        )
     secrets = open_secret_store(
         opts.secrets_provider,
         object_store=scopes.cluster,
-        prefix=opts.secrets_prefix,
+        prefix=opts.secrets_prefix or None,
         keys=keys,
+        project_id=opts.secrets_project,
     )
     return ClusterStores(root=scopes.root, cluster=scopes.cluster, secrets=secrets)
 

@@ -1,11 +1,10 @@
 """``nstance-admin watch``: the live view of groups and instances (what ``make run`` shows).
 
-Each redraw makes one ListGroups call per shard over a channel opened once, and asks for the status of
-every instance in one concurrent burst of GetInstanceStatus calls on that same channel (the Operator
-API has no instance listing). Instance IDs come from two places: ``--instances-dir``, the local
-provider's directory (every instance it started, on-demand ones included, with its group), and, for
-any other provider, the provider IDs ListGroups reports (shown as provider IDs: the API cannot map them
-back to instance IDs).
+Each redraw makes two calls per shard over a channel opened once: ListGroups and ListInstances (every
+instance by ID, on-demand ones included, with its status and last report). A server without
+ListInstances (upstream's) falls back to what the Operator API offers there: the instances of
+``--instances-dir`` (the local provider's directory), each asked for its status in one concurrent burst
+of GetInstanceStatus calls, or else the provider IDs ListGroups reports.
 
 The frame is built by the pure ``render`` and written in one piece: the cursor goes home, each line
 overwrites the previous frame's and is cleared to its end, and what is below the new frame is cleared,
@@ -33,7 +32,7 @@ from nstance.core.errors import NstanceError
 from nstance.rpc import operator_pb2
 
 from .client import ShardClient, describe_rpc_error, open_channel
-from .commands import AllShardsOpt, IdentityDirOpt, ServersOpt, ShardOpt, TimeoutOpt, resolve_target
+from .shardcalls import AllShardsOpt, IdentityDirOpt, ServersOpt, ShardOpt, TimeoutOpt, resolve_target
 
 HOME = "\033[H"
 CLEAR_LINE = "\033[K"
@@ -78,7 +77,7 @@ def local_instances(directory: Path | None) -> dict[str, str]:
     return out
 
 
-def _ago(status: operator_pb2.InstanceStatusResponse, now: datetime) -> str:
+def _ago(status: operator_pb2.InstanceStatusResponse | operator_pb2.InstanceSummary, now: datetime) -> str:
     if not status.HasField("last_seen"):
         return "-"
     seconds = max(0, int((now - status.last_seen.ToDatetime(tzinfo=UTC)).total_seconds()))
@@ -86,13 +85,36 @@ def _ago(status: operator_pb2.InstanceStatusResponse, now: datetime) -> str:
 
 
 def collect(client: ShardClient, local: dict[str, str], now: datetime) -> ShardView:
-    """One redraw's data for one shard: ListGroups, then every instance's status at once."""
+    """One redraw's data for one shard: ListGroups, then ListInstances (or the fallback)."""
     view = ShardView(client.shard)
     try:
         view.groups = sorted(client.list_groups(), key=lambda g: g.key)
+        listed = client.list_instances()
     except grpc.RpcError as exc:
+        if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+            return _collect_without_listing(client, view, local, now)
         view.error = describe_rpc_error(exc, timeout=client.timeout)
         return view
+    view.instances = sorted(
+        (
+            InstanceRow(
+                client.shard,
+                item.group + (" (on-demand)" if item.on_demand else ""),
+                item.instance_id,
+                "draining" if item.draining else item.status,
+                _ago(item, now),
+            )
+            for item in listed
+        ),
+        key=lambda r: (r.group, r.instance),
+    )
+    return view
+
+
+def _collect_without_listing(
+    client: ShardClient, view: ShardView, local: dict[str, str], now: datetime
+) -> ShardView:
+    """A server without ListInstances: the local provider's instances by ID, else provider IDs."""
     statuses = client.get_instance_statuses(sorted(local))
     for instance_id, result in statuses.items():
         if isinstance(result, str):

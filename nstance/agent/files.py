@@ -23,15 +23,15 @@ from cryptography import x509
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 
-from nstance.agent.fsutil import TEMP_PREFIX, atomic_write
+from nstance.core.atomicfile import TEMP_NAME_EXTRA, TEMP_PREFIX, write_atomic
 from nstance.core.errors import InvalidArgument
 
 log = logging.getLogger("nstance.agent.files")
 
 MAX_NAME_LENGTH = 255 * 4
 #: Longest path component, in UTF-8 bytes: NAME_MAX (255) less what the temporary file adds around it
-#: (``TEMP_PREFIX`` and ``.<pid>``), so a name that validates can also be written.
-MAX_COMPONENT_BYTES = 255 - len(TEMP_PREFIX) - len(".4194304")
+#: (``TEMP_PREFIX`` and a random suffix), so a name that validates can also be written.
+MAX_COMPONENT_BYTES = 255 - len(TEMP_PREFIX) - TEMP_NAME_EXTRA
 _ENV_KEY = re.compile(r"[A-Z0-9_]+")
 _PEM_BEGIN = re.compile(rb"-----BEGIN ([A-Z0-9 ]+)-----")
 
@@ -235,7 +235,7 @@ class FileReceiver:
         for name, delivery in sorted(staged.items()):
             try:
                 target = self._target(name)
-                atomic_write(
+                write_atomic(
                     target,
                     delivery.content,
                     mode=self._mode,
@@ -258,7 +258,7 @@ class FileReceiver:
                 len(result.failed),
             )
             return result
-        atomic_write(
+        write_atomic(
             self._config_hash_path, config_hash.encode() + b"\n", mode=self._hash_mode, dir_mode=0o700
         )
         result.config_hash_written = True

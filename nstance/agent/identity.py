@@ -20,7 +20,7 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from nstance.agent.fsutil import atomic_write
+from nstance.core.atomicfile import write_atomic
 from nstance.core.errors import FailedPrecondition, InvalidArgument, Unauthenticated
 from nstance.pki.ca import parse_certificate
 from nstance.pki.keys import (
@@ -74,7 +74,7 @@ def ensure_identity_key(path: Path, *, mode: int = 0o600, key_type: str = "ecdsa
     if path.exists():
         return load_private_key_pem(path.read_bytes(), what=f"identity key {path}")
     key = generate_private_key(key_type)
-    atomic_write(path, private_key_to_pem(key), mode=mode, dir_mode=0o700)
+    write_atomic(path, private_key_to_pem(key), mode=mode, dir_mode=0o700)
     return key
 
 
@@ -125,7 +125,7 @@ def certificate_problem(
 
 def store_certificate(path: Path, cert_pem: bytes, *, mode: int = 0o600) -> None:
     """Write the identity certificate atomically."""
-    atomic_write(path, cert_pem, mode=mode, dir_mode=0o700)
+    write_atomic(path, cert_pem, mode=mode, dir_mode=0o700)
 
 
 def nonce_config_hash(nonce: str) -> str:

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from nstance.agent.fsutil import atomic_write
+from nstance.core.atomicfile import write_atomic
 from nstance.core.errors import InvalidArgument
 from nstance.pki.keys import (
     generate_private_key,
@@ -74,11 +74,11 @@ class KeyStore:
                     continue
             else:
                 key = generate_private_key("ecdsa-p256")
-                atomic_write(key_path, private_key_to_pem(key), mode=self._mode, dir_mode=self._dir_mode)
+                write_atomic(key_path, private_key_to_pem(key), mode=self._mode, dir_mode=self._dir_mode)
                 log.info("generated key %s", name)
             pem = public_key_to_pem(key)
             if not pub_path.exists() or pub_path.read_bytes() != pem:
-                atomic_write(pub_path, pem, mode=self._mode, dir_mode=self._dir_mode)
+                write_atomic(pub_path, pem, mode=self._mode, dir_mode=self._dir_mode)
             ready.append(name)
         return ready
 

@@ -178,14 +178,6 @@ def _load_balancer_checks(s: Sections) -> list[Problem]:
     provider = s.shard.infra.provider
     out: list[Problem] = []
     for name, lb in s.load_balancers.items():
-        if lb.instance_group_name is not None:
-            out.append(
-                Problem(
-                    join_path("load_balancers", name, "instance_group_name"),
-                    "upstream's v1 unmanaged instance groups are not supported; list the zone's network "
-                    'endpoint groups in "network_endpoint_groups" instead',
-                )
-            )
         if provider in _LB_PROVIDERS[lb.provider]:
             continue
         if lb.provider == "tunnel":

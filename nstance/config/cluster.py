@@ -52,9 +52,6 @@ class LeaderElectionConfig(StrictModel):
         return self
 
 
-NOT_SUPPORTED_YET = "is not supported by this server yet (it could not start with it)"
-
-
 class StorageConfig(StrictModel):
     """Where cluster-scope objects live when they are not in the shard's bucket."""
 
@@ -71,8 +68,34 @@ class StorageConfig(StrictModel):
     """Key prefix of the cluster scope inside that bucket."""
 
 
-EncryptionKeyProvider = Literal[
-    "env", "file", "aws-parameter-store", "aws-secrets-manager", "google-secret-manager"
+def _secrets_alias(value: object) -> object:
+    return "google-secret-manager" if value == "gcp-secret-manager" else value
+
+
+def read_v1_options(data: object) -> object:
+    """Upstream v1 wrote the Google project as ``options: {"project_id": ...}``; read it as ``project_id``."""
+    if not isinstance(data, dict) or "options" not in data:
+        return data
+    options = data["options"]
+    rules = Rules()
+    if not isinstance(options, dict):
+        rules.add("options", 'must be an object such as {"project_id": "my-project"} (upstream v1\'s shape)')
+    else:
+        for key in sorted(set(options) - {"project_id"}):
+            rules.add(("options", key), "unknown field (upstream v1's options carry only project_id)")
+        project = options.get("project_id")
+        if project is not None and data.get("project_id") not in (None, "", project):
+            rules.add(("options", "project_id"), "differs from project_id; set one of them")
+    rules.check()
+    out = {k: v for k, v in data.items() if k != "options"}
+    if isinstance(options, dict) and options.get("project_id") is not None and not out.get("project_id"):
+        out["project_id"] = options["project_id"]
+    return out
+
+
+EncryptionKeyProvider = Annotated[
+    Literal["env", "file", "aws-parameter-store", "aws-secrets-manager", "google-secret-manager"],
+    BeforeValidator(_secrets_alias),
 ]
 
 
@@ -81,26 +104,28 @@ class EncryptionKeyConfig(StrictModel):
 
     provider: EncryptionKeyProvider
     """`env` (an environment variable), `file`, `aws-secrets-manager` (a secret's name or ARN; the default
-    of upstream's Terraform module) or `aws-parameter-store` (a `SecureString` parameter).
-    `google-secret-manager` is accepted by the schema and refused by validation (not supported yet)."""
+    of upstream's Terraform module), `aws-parameter-store` (a `SecureString` parameter) or
+    `google-secret-manager` (the latest version of the secret `source` in project `project_id`)."""
     source: NonEmptyStr
     """The variable name, file path, secret name or ARN, or parameter name holding the key: 32 raw bytes
     (what upstream reads; `nstance-admin secrets generate-key` prints such a key), 64 hex characters, or
     base64 of 32 bytes."""
     project_id: str = ""
-    """Google project of `google-secret-manager`; required with that provider."""
+    """Google project of `google-secret-manager`; required with that provider. Upstream v1's
+    `options: {"project_id": ...}` is read as this field."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _v1_options(cls, data: object) -> object:
+        return read_v1_options(data)
 
     @model_validator(mode="after")
     def _rules(self) -> Self:
         rules = Rules()
-        if self.provider == "google-secret-manager":
-            rules.add("provider", f'"google-secret-manager" {NOT_SUPPORTED_YET}')
+        if self.provider == "google-secret-manager" and not self.project_id:
+            rules.add("project_id", 'is required when provider is "google-secret-manager"')
         rules.check()
         return self
-
-
-def _secrets_alias(value: object) -> object:
-    return "google-secret-manager" if value == "gcp-secret-manager" else value
 
 
 SecretsProvider = Annotated[
@@ -116,17 +141,19 @@ class SecretsConfig(StrictModel):
 
     provider: SecretsProvider
     """`object-storage` (AES-256-GCM encrypted objects in the cluster scope), `aws-parameter-store`
-    (`SecureString` parameters), `aws-secrets-manager`, or `memory` (a process-local store, for tests).
-    `google-secret-manager` (alias `gcp-secret-manager`) is accepted by the schema and refused by
-    validation (not supported yet). Without a `cluster.secrets` block, `aws` shards use
-    `aws-parameter-store` and `google` shards `google-secret-manager`, as upstream."""
+    (`SecureString` parameters), `aws-secrets-manager`, `google-secret-manager` (alias
+    `gcp-secret-manager`; secrets in project `project_id`) or `memory` (a process-local store, for tests).
+    Without a `cluster.secrets` block, `aws` shards use `aws-parameter-store` and `google` shards
+    `google-secret-manager`, as upstream."""
     prefix: str = ""
     """Name prefix of every secret. Empty: upstream's default of the provider: `secret/` for
     `object-storage` (so `cluster/secret/ca.key`), `/nstance/` for `aws-parameter-store`, `nstance/` for
     `aws-secrets-manager`, `nstance-` for `google-secret-manager`. Pass the same value to
     `nstance-admin --secrets-prefix`."""
     project_id: str = ""
-    """Google project of `google-secret-manager`; required with that provider."""
+    """Google project of `google-secret-manager`; required with that provider. On a `google` shard it
+    defaults to the provider's project, `shard.infra.options.project_id` (or `.project`); upstream
+    requires it written out. Upstream v1's `options: {"project_id": ...}` is read as this field."""
     encryption_key: EncryptionKeyConfig | None = None
     """The current key of `object-storage` secrets: it encrypts every write and is tried first on reads.
     Required with `object-storage`, refused with any other provider."""
@@ -141,6 +168,11 @@ class SecretsConfig(StrictModel):
     cache_ttl: Duration = timedelta(0)
     """Accepted for upstream compatibility. This server does not cache secrets, so the value has no effect."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _v1_options(cls, data: object) -> object:
+        return read_v1_options(data)
+
     @model_validator(mode="after")
     def _rules(self) -> Self:
         rules = Rules()
@@ -152,8 +184,12 @@ class SecretsConfig(StrictModel):
             rules.add("bind_names", 'is only used with provider "object-storage"; remove it')
         if self.provider != "object-storage" and self.old_encryption_keys:
             rules.add("old_encryption_keys", 'is only used with provider "object-storage"; remove it')
-        if self.provider == "google-secret-manager":
-            rules.add("provider", f'"google-secret-manager" {NOT_SUPPORTED_YET}')
+        if self.provider == "google-secret-manager" and not self.project_id:
+            rules.add(
+                "project_id",
+                'is required when provider is "google-secret-manager" (on a google shard it defaults to '
+                "shard.infra.options.project_id)",
+            )
         rules.check()
         return self
 

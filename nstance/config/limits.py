@@ -53,6 +53,12 @@ class LimitsConfig(StrictModel):
     max_registration_connections: int = Field(default=1_000, ge=1)
     """Most connections on the registration port (the one that needs no client certificate); more are
     closed as soon as they are accepted."""
+    max_registration_connections_per_address: int = Field(default=64, ge=1)
+    """Most connections one client address (an IPv6 client's /64) may hold on the registration port;
+    more are closed as soon as they are accepted, so one address cannot take the whole port."""
+    max_operator_connections_per_address: int = Field(default=64, ge=1)
+    """Most connections one client address (an IPv6 client's /64) may hold on the operator port, before
+    its TLS handshake."""
     reserved_file_descriptors: int = Field(default=256, ge=32)
     """Open files kept free of client connections for object storage, SQLite, the elections and logs."""
     handshake_timeout: PositiveDuration = seconds(10)

@@ -20,6 +20,7 @@ from nstance.config.errors import ConfigError, Problem, join_path
 from nstance.config.fields import GroupName, TenantName
 from nstance.config.jsonc import parse_jsonc
 from nstance.config.schema import UNSUPPORTED_SECTIONS, DynamicGroups, ServerConfig
+from nstance.config.shard import google_project
 from nstance.config.translate import problems_from_validation
 from nstance.config.workloads import DynamicGroupConfig
 from nstance.core.gojson import go_marshal_indent
@@ -86,16 +87,35 @@ DEFAULT_SECRETS_PROVIDERS: dict[str, str] = {
 
 
 def _default_secrets(raw: dict[str, Any]) -> dict[str, Any]:
-    """Fill in ``cluster.secrets`` from the shard's provider when it is absent, as upstream v2 does."""
+    """Fill in ``cluster.secrets`` from the shard's provider when it is absent, as upstream v2 does.
+
+    On a ``google`` shard, a Secret Manager store without ``project_id`` takes the provider's project
+    (``shard.infra.options.project_id`` or ``.project``; upstream requires the field written out).
+    """
     cluster, shard = raw.get("cluster"), raw.get("shard")
-    if not isinstance(cluster, dict) or cluster.get("secrets") is not None or not isinstance(shard, dict):
+    if not isinstance(cluster, dict) or not isinstance(shard, dict):
         return raw
     infra = shard.get("infra")
     provider = infra.get("provider") if isinstance(infra, dict) else None
-    default = DEFAULT_SECRETS_PROVIDERS.get(provider) if isinstance(provider, str) else None
-    if default is None:
+    secrets = cluster.get("secrets")
+    if secrets is None:
+        default = DEFAULT_SECRETS_PROVIDERS.get(provider) if isinstance(provider, str) else None
+        if default is None:
+            return raw
+        secrets = {"provider": default}
+    if (
+        isinstance(secrets, dict)
+        and secrets.get("provider") in ("google-secret-manager", "gcp-secret-manager")
+        and not secrets.get("project_id")
+        and provider in ("google", "gcp")
+    ):
+        options = infra.get("options") if isinstance(infra, dict) else None
+        project = google_project(options) if isinstance(options, dict) else ""
+        if project:
+            secrets = {**secrets, "project_id": project}
+    if secrets is cluster.get("secrets"):
         return raw
-    return {**raw, "cluster": {**cluster, "secrets": {"provider": default}}}
+    return {**raw, "cluster": {**cluster, "secrets": secrets}}
 
 
 def _validate(raw: object) -> tuple[ServerConfig | None, list[Problem]]:

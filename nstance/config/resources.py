@@ -3,8 +3,9 @@
 Load balancers use upstream's v2 shape (provider ``aws`` with ``target_groups``, ``google`` with
 ``network_endpoint_groups`` and ``frontends``, ``tunnel`` with ``listeners``; fields of another
 provider are refused) and its v1 shape (``aws`` with ``target_group_arns``; ``gcp``, the v1 name of
-``google``, with ``instance_group_name``). Images describe a lookup (filters, owners, sort,
-fallback). Certificates are issuance templates; ``ca``, ``agent`` and ``operator`` are reserved names. No I/O.
+``google``, with ``instance_group_name`` and ``backend_service_name``; one entry is either shape, not
+both). Images describe a lookup (filters, owners, sort, fallback). Certificates are issuance templates;
+``ca``, ``agent`` and ``operator`` are reserved names. No I/O.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ class ListenerConfig(StrictModel):
 
 _LB_FIELDS: dict[str, tuple[str, ...]] = {
     "aws": ("target_groups", "target_group_arns"),
-    "google": ("network_endpoint_groups", "frontends", "instance_group_name"),
+    "google": ("network_endpoint_groups", "frontends", "instance_group_name", "backend_service_name"),
     "tunnel": ("listeners",),
 }
 _LB_REQUIRED = {
@@ -82,9 +83,9 @@ class LoadBalancerConfig(StrictModel):
     """
 
     provider: Annotated[Literal["aws", "google", "tunnel"], BeforeValidator(_lb_provider_alias)]
-    """`aws` (target groups) or `google` (zonal network endpoint groups; `gcp` is upstream's v1 name);
-    must be the shard's provider. `tunnel` is accepted by the schema and refused by validation (not
-    supported yet)."""
+    """`aws` (target groups) or `google` (zonal network endpoint groups, or upstream v1's unmanaged
+    instance group; `gcp` is upstream's v1 name); must be the shard's provider. `tunnel` is accepted
+    by the schema and refused by validation (not supported yet)."""
     target_groups: list[TargetGroupConfig] = Field(default_factory=list)
     """`aws`: target groups; at least one of `target_groups` and `target_group_arns`, and only for
     `aws`."""
@@ -93,13 +94,18 @@ class LoadBalancerConfig(StrictModel):
     gets its target group's default port."""
     network_endpoint_groups: list[NonEmptyStr] = Field(default_factory=list)
     """`google`: zonal NEGs of the shard's zone (a name, `zones/Z/networkEndpointGroups/N`,
-    `projects/P/zones/Z/networkEndpointGroups/N` or its URL); at least one, and only for `google`."""
+    `projects/P/zones/Z/networkEndpointGroups/N` or its URL); only for `google`, which needs at least one
+    of them or an `instance_group_name`."""
     frontends: list[FrontendConfig] = Field(default_factory=list)
     """`google`: forwarding-rule addresses; accepted for upstream compatibility and as documentation, not
     used."""
     instance_group_name: NonEmptyStr | None = None
     """`google`, upstream's v1 shape (`provider: "gcp"`): an unmanaged instance group of the shard's
-    zone. Accepted by the schema and refused by validation: use `network_endpoint_groups`."""
+    zone (a name, `zones/Z/instanceGroups/N`, `projects/P/zones/Z/instanceGroups/N` or its URL) that
+    each VM of the group is added to; instead of `network_endpoint_groups`, not with them."""
+    backend_service_name: NonEmptyStr | None = None
+    """`google`, upstream's v1 shape: the backend service the instance group serves. Upstream v1
+    requires it next to `instance_group_name`; neither implementation calls it, so it is documentation."""
     listeners: list[ListenerConfig] = Field(default_factory=list)
     """`tunnel`: listeners (not supported yet)."""
 
@@ -108,13 +114,20 @@ class LoadBalancerConfig(StrictModel):
         rules = Rules()
         required = _LB_REQUIRED[self.provider]
         if not any(getattr(self, name) for name in required):
-            rules.add(required[0], f'must have at least one entry for provider "{self.provider}"')
+            also = f" (or set {required[1]})" if self.provider == "google" else ""
+            rules.add(required[0], f'must have at least one entry for provider "{self.provider}"{also}')
         for provider, names in _LB_FIELDS.items():
             if provider == self.provider:
                 continue
             for name in names:
                 if getattr(self, name):
                     rules.add(name, f'is for provider "{provider}", not "{self.provider}"')
+        if self.instance_group_name is not None and self.network_endpoint_groups:
+            rules.add(
+                "instance_group_name",
+                "cannot be combined with network_endpoint_groups (upstream's v1 reads only the instance "
+                "group and v2 only the NEGs); make them two load_balancers entries",
+            )
         rules.check()
         return self
 

@@ -9,6 +9,7 @@ rules that need only this section. Unlike upstream, ``default_drain_timeout: "0s
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Annotated, Any, Self
 
@@ -54,6 +55,19 @@ class InfraConfig(StrictModel):
     options: dict[str, Any] = Field(default_factory=dict)
     """Provider options; each provider refuses keys it does not know, naming them. See
     docs/provider-aws.md, docs/provider-gcp.md and docs/provider-proxmox.md."""
+
+
+#: Keys of ``shard.infra.options`` that name a Google shard's project: upstream's (both generations), ours.
+GOOGLE_PROJECT_KEYS: tuple[str, ...] = ("project_id", "project")
+
+
+def google_project(options: Mapping[str, Any]) -> str:
+    """The project a Google shard's ``shard.infra.options`` names (``project_id`` first); "" if none."""
+    for key in GOOGLE_PROJECT_KEYS:
+        value = options.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return ""
 
 
 def split_host_port(addr: str) -> tuple[str, int] | None:

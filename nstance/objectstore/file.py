@@ -36,11 +36,11 @@ import errno
 import fcntl
 import hashlib
 import os
-import secrets
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
+from nstance.core.atomicfile import fsync_dir, write_atomic
 from nstance.core.errors import InvalidArgument
 from nstance.objectstore.base import ObjectInfo, ObjectNotFound, PreconditionFailed
 from nstance.objectstore.memory import content_etag
@@ -79,14 +79,6 @@ def validate_key(key: str) -> str:
         if segment.startswith(RESERVED_PREFIX):
             raise InvalidArgument(f"object key {key!r} uses the reserved name prefix {RESERVED_PREFIX!r}")
     return key
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class FileObjectStore:
@@ -168,7 +160,7 @@ class FileObjectStore:
                 os.unlink(path)
             except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
                 return  # absent (or only a "directory" of other keys): nothing to delete
-            _fsync_dir(path.parent)
+            fsync_dir(path.parent)
 
     # -- listing -------------------------------------------------------------------------------
 
@@ -254,7 +246,7 @@ class FileObjectStore:
                         f"object key {key!r} lies under existing object {self._key_of(new_dir)!r}"
                     ) from None
                 continue  # created concurrently by another writer
-            _fsync_dir(new_dir.parent)
+            fsync_dir(new_dir.parent)
 
     def _key_of(self, path: Path) -> str:
         return path.relative_to(self._root).as_posix()
@@ -264,20 +256,11 @@ class FileObjectStore:
         self._ensure_dir(key, directory)
         if path.is_dir():
             raise InvalidArgument(f"object key {key!r} is a prefix of other keys and cannot hold data")
-        tmp = directory / (_TMP_PREFIX + secrets.token_hex(8))
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-            with open(fd, "wb", closefd=True) as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            if isinstance(exc, OSError) and exc.errno == errno.ENAMETOOLONG:
+            write_atomic(path, data, dir_mode=None, temp_prefix=_TMP_PREFIX, name_temp=False)
+        except OSError as exc:
+            if exc.errno == errno.ENAMETOOLONG:
                 raise InvalidArgument(
                     f"object key {key!r} has a segment too long for the file system"
                 ) from exc
             raise
-        _fsync_dir(directory)

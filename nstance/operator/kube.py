@@ -6,6 +6,13 @@ coordinator need and nothing else: get (None when absent), list with label/field
 merge or JSON patch (also on the ``status`` subresource), delete (False when already gone), pod
 eviction, watch as an async iterator of ``(type, object)``, and Kubernetes Events on an object.
 
+The HTTP session does not read proxy settings or ``~/.netrc`` from the environment (aiohttp's
+``trust_env``, which kubernetes_asyncio turns on): with it on, every request looked up the proxy
+variables and tried to open ``~/.netrc``, time spent on each of the operator's calls. A proxy named in
+the kubeconfig (``proxy-url``) is still used; ``HTTPS_PROXY``/``NO_PROXY`` are not, like kopf's own
+client (its ``networking.trust_env`` defaults to off). Requests carry the User-Agent
+``nstance-operator`` (or the one given), so API server audit logs and metrics name the caller.
+
 API errors become ``KubeError`` with the HTTP status, the Status ``reason`` and its message, so callers
 branch on ``exc.status`` (404, 409, 422, 429) instead of parsing text. This module holds no operator
 policy: it never retries, never caches and never decides what to write.
@@ -22,6 +29,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
+import aiohttp
 from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -34,6 +42,9 @@ MERGE_PATCH: Final = "application/merge-patch+json"
 JSON_PATCH: Final = "application/json-patch+json"
 _AUTH: Final = ["BearerToken"]
 _OBJECT: Final = {200: "object", 201: "object", 202: "object"}
+USER_AGENT: Final = "nstance-operator"
+_READ_BUFSIZE: Final = 2**21
+"""kubernetes_asyncio's read buffer: watch events of large objects exceed aiohttp's default."""
 
 
 @dataclass(frozen=True)
@@ -129,8 +140,24 @@ class Kube:
         self._api = api
 
     @classmethod
-    def from_configuration(cls, configuration: Configuration) -> Kube:
-        return cls(ApiClient(configuration=configuration))
+    def from_configuration(cls, configuration: Configuration, *, user_agent: str = USER_AGENT) -> Kube:
+        """A client for ``configuration`` whose session ignores proxy environment variables (see the
+        module docstring). Call it inside the event loop that will use the client."""
+        api = ApiClient(configuration=configuration)
+        api.user_agent = user_agent
+        rest = api.rest_client
+        session: aiohttp.ClientSession = rest.pool_manager
+        connector = session.connector
+        rest.pool_manager = aiohttp.ClientSession(
+            connector=connector, trust_env=False, read_bufsize=_READ_BUFSIZE
+        )
+        session.detach()  # the new session owns the connector now; the old one is closed without it
+        return cls(api)
+
+    @property
+    def api(self) -> ApiClient:
+        """The underlying client (shared by wrappers such as ``kubecache.CachedKube``)."""
+        return self._api
 
     @property
     def configuration(self) -> Configuration:

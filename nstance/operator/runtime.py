@@ -71,6 +71,7 @@ from nstance.operator.crds import names
 from nstance.operator.health import HealthServer, OperatorMetrics
 from nstance.operator.identity import IdentityManager
 from nstance.operator.kube import PODS, Kube, KubeError, load_configuration
+from nstance.operator.kubecache import CachedKube, ObjectCache
 from nstance.operator.leader import LeaseElector
 from nstance.operator.nodes import NodeIndex
 from nstance.operator.renewal import CertificateRenewer
@@ -632,7 +633,9 @@ class OperatorRuntime:
                 namespace=self.settings.namespace,
                 cluster_id=config.cluster_id,
                 tenant=config.tenant,
-                kube=self.kube,
+                # Reads of pools, MachinePools and shard groups come from memory (kopf's events
+                # and the session's own writes keep it current); a new session starts empty.
+                kube=CachedKube(self.kube, ObjectCache()),
                 shards=shards,
                 nodes=nodes,
                 clock=self.clock,

@@ -300,6 +300,13 @@ def build_settings(
         )
     if webhook_managed is not None:
         _k8s_name(webhook_managed, "--webhook-managed")
+        if "." not in webhook_managed:
+            # kopf names each webhook "<id>.<this value>"; Kubernetes wants at least three labels.
+            raise SettingsError(
+                f"--webhook-managed {webhook_managed!r}: the webhooks are named '<id>.{webhook_managed}' "
+                "and Kubernetes requires webhook names of at least three dot-separated parts: use a "
+                "domain such as 'webhooks.example.com'"
+            )
     if not disable_webhooks and not webhook_self_signed and cert_file is None:
         raise SettingsError(
             "the webhook server needs a certificate: pass --webhook-cert and --webhook-key (PEM files), put "

@@ -16,9 +16,13 @@ Responsible for (spec "Operator Sync", reference §5.7, improving §10 item 15):
 * **Watch.** Per shard a WatchGroups stream (``streams.keep_stream``; every (re)connect starts with a
   full ListGroups of that shard) updates the cache ``shard → group → GroupState``; each change marks
   the state dirty and one writer brings NstanceShardGroup status (replicas, sorted providerIDs,
-  isStatic, ShardReachable) in line, skipping objects that are already current. A lost stream sets
-  ShardReachable=False (reason StreamLost) on the shard's shard groups and records a ShardUnreachable
-  Event. Every ``timings.resync`` seconds each synced shard is listed again (safety net).
+  isStatic, ShardReachable) in line, skipping objects that are already current. A pass reads the
+  shard groups and pools through ``ctx.kube``, which in the operator answers from its read cache
+  (``kubecache``: kopf's watch events plus the operator's own writes), so a pass costs API calls only
+  for what it writes. A write that loses a conflict is compared again after ``CONFLICT_RETRY``.
+  A lost stream sets ShardReachable=False (reason StreamLost) on the shard's shard groups and
+  records a ShardUnreachable Event. Every ``timings.resync`` seconds each synced shard is listed
+  again (safety net).
 * **Errors.** Per shard a WatchErrors stream: each error becomes a Warning Event (reason
   ProviderError) on the NstanceMachine whose ``status.instanceID`` it names, else on the
   NstanceShardGroup ``{group}--{shard}``, else on the NstanceCluster. Repeats of the same error on the
@@ -72,6 +76,9 @@ ERROR_EVENT_WINDOW: Final = 60.0
 """Seconds during which the same error on the same object is recorded as an Event only once.
 Errors that differ only in numbers (retry delays, counters) count as the same error."""
 _DIGITS: Final = re.compile(r"[0-9]+")
+CONFLICT_RETRY: Final = 0.2
+"""Seconds before a pass that lost a write conflict compares again (the winner's watch event is
+usually in the read cache by then; an immediate pass would only conflict again)."""
 
 REASON_PROVIDER_ERROR: Final = "ProviderError"
 REASON_SHARD_UNREACHABLE: Final = "ShardUnreachable"
@@ -303,7 +310,8 @@ class SyncManager:
                 if exc.status == 404:
                     continue
                 if exc.status == 409:
-                    self._dirty.set()  # someone else wrote it meanwhile: compare again on the next pass
+                    # Someone else wrote it meanwhile: compare again once their write has been seen.
+                    asyncio.get_running_loop().call_later(CONFLICT_RETRY, self._dirty.set)
                     continue
                 if exc.status >= 500 or exc.status == 0:
                     raise

@@ -31,7 +31,6 @@ import contextlib
 import json
 import os
 import re
-import secrets
 import shutil
 import signal
 import sys
@@ -43,8 +42,9 @@ from pathlib import Path
 from typing import Any
 
 import nstance
+from nstance.core.atomicfile import write_atomic
 from nstance.core.clock import Clock
-from nstance.core.errors import InvalidArgument
+from nstance.providers import options as opt
 from nstance.providers.base import (
     CreateRequest,
     InstanceNotFound,
@@ -399,18 +399,7 @@ def _make_dir(path: Path) -> None:
 
 def _write_private(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically, mode 0600."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        with open(fd, "wb", closefd=True) as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_atomic(path, data, mode=0o600, dir_mode=None)
 
 
 def _reap(pid: int) -> None:
@@ -476,21 +465,8 @@ def local_provider_from_options(
     options: Mapping[str, Any], *, clock: Clock, base_dir: Path, zone: str = ""
 ) -> LocalProvider:
     """Build a LocalProvider from ``shard.infra.options``; refuse unknown keys and bad values by path."""
-    prefix = "shard.infra.options"
-    unknown = sorted(set(options) - set(OPTION_KEYS))
-    if unknown:
-        raise InvalidArgument(
-            f"{prefix}.{unknown[0]}: unknown option for the local provider; allowed: {', '.join(OPTION_KEYS)}"
-        )
-    instances_dir = options.get("instances_dir", "local-instances")
-    if not isinstance(instances_dir, str) or not instances_dir:
-        raise InvalidArgument(
-            f"{prefix}.instances_dir: must be a non-empty path string (got {instances_dir!r})"
-        )
-    stop = options.get("stop_instances_on_close", False)
-    if not isinstance(stop, bool):
-        raise InvalidArgument(f"{prefix}.stop_instances_on_close: must be true or false (got {stop!r})")
-    path = Path(instances_dir)
-    return LocalProvider(
-        path if path.is_absolute() else base_dir / path, clock=clock, stop_instances_on_close=stop, zone=zone
-    )
+    opt.check_known(options, OPTION_KEYS, "local")
+    instances_dir = opt.path(options, "instances_dir", base_dir, "local-instances")
+    assert instances_dir is not None  # it has a default
+    stop = opt.flag(options, "stop_instances_on_close")
+    return LocalProvider(instances_dir, clock=clock, stop_instances_on_close=stop, zone=zone)

@@ -48,7 +48,6 @@ import json
 import os
 import random
 import re
-import secrets
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -58,10 +57,11 @@ from types import MappingProxyType
 from typing import Any
 
 from nstance.config.resources import ImageConfig, LoadBalancerConfig
+from nstance.core.atomicfile import write_atomic
 from nstance.core.clock import Clock
-from nstance.core.durations import parse_duration
 from nstance.core.errors import FailedPrecondition, InvalidArgument
 from nstance.core.ratelimit import TokenBucket
+from nstance.providers import options as opt
 from nstance.providers.base import (
     CreateRequest,
     InstanceNotFound,
@@ -782,18 +782,7 @@ class SimProvider:
             "leader_network": dict(self._leader),
         }
         data = json.dumps(doc, indent=1, sort_keys=True).encode("utf-8")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-        try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        write_atomic(path, data, mode=0o644, dir_mode=None)
 
 
 def _target_ids(targets: Sequence[LbTarget]) -> tuple[list[str], list[str]]:
@@ -816,47 +805,29 @@ def sim_provider_from_options(
     sleep: Sleep = asyncio.sleep,
 ) -> SimProvider:
     """Build a SimProvider from ``shard.infra.options``; refuse unknown keys and bad values by path."""
-    prefix = "shard.infra.options"
-    unknown = sorted(set(options) - set(OPTION_KEYS))
-    if unknown:
-        raise InvalidArgument(
-            f"{prefix}.{unknown[0]}: unknown option for the sim provider; allowed: {', '.join(OPTION_KEYS)}"
-        )
+    prefix = opt.PREFIX
+    opt.check_known(options, OPTION_KEYS, "sim")
     seed = options.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise InvalidArgument(f"{prefix}.seed: must be an integer (got {seed!r})")
-    state_file = options.get("state_file")
-    state_path: Path | None = None
-    if state_file is not None:
-        if not isinstance(state_file, str) or not state_file:
-            raise InvalidArgument(
-                f"{prefix}.state_file: must be a non-empty path string (got {state_file!r})"
-            )
-        state_path = Path(state_file) if Path(state_file).is_absolute() else base_dir / state_file
-    calls_file = options.get("calls_file")
-    calls_path: Path | None = None
-    if calls_file is not None:
-        if not isinstance(calls_file, str) or not calls_file:
-            raise InvalidArgument(
-                f"{prefix}.calls_file: must be a non-empty path string (got {calls_file!r})"
-            )
-        calls_path = Path(calls_file) if Path(calls_file).is_absolute() else base_dir / calls_file
+    state_path = opt.path(options, "state_file", base_dir)
+    calls_path = opt.path(options, "calls_file", base_dir)
     return SimProvider(
         clock=clock,
         sleep=sleep,
         seed=seed,
-        latency=_seconds(options, "latency", prefix),
+        latency=opt.seconds(options, "latency", 0.0, allow_zero=True),
         latency_jitter=_fraction(options, "latency_jitter", prefix),
-        boot_time=_seconds(options, "boot_time", prefix),
-        not_found_after_create=_seconds(options, "not_found_after_create", prefix),
-        deleted_retention=_seconds(options, "deleted_retention", prefix, default=60.0),
+        boot_time=opt.seconds(options, "boot_time", 0.0, allow_zero=True),
+        not_found_after_create=opt.seconds(options, "not_found_after_create", 0.0, allow_zero=True),
+        deleted_retention=opt.seconds(options, "deleted_retention", 60.0, allow_zero=True),
         throttle_probability=_fraction(options, "throttle_probability", prefix),
         request_bucket=_bucket_option(options, "request_bucket", prefix),
         instance_bucket=_bucket_option(options, "instance_bucket", prefix),
         state_path=state_path,
         zone=zone,
-        lb_health_delay=_seconds(options, "lb_health_delay", prefix),
-        lb_deregistration_delay=_seconds(options, "lb_deregistration_delay", prefix),
+        lb_health_delay=opt.seconds(options, "lb_health_delay", 0.0, allow_zero=True),
+        lb_deregistration_delay=opt.seconds(options, "lb_deregistration_delay", 0.0, allow_zero=True),
         calls_path=calls_path,
     )
 
@@ -865,27 +836,6 @@ def _number(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return float(value)
-
-
-def _seconds(options: Mapping[str, Any], key: str, prefix: str, default: float = 0.0) -> float:
-    value = options.get(key)
-    if value is None:
-        return default
-    if isinstance(value, str):
-        try:
-            seconds = parse_duration(value).total_seconds()
-        except InvalidArgument as exc:
-            raise InvalidArgument(f"{prefix}.{key}: {exc}") from exc
-    else:
-        number = _number(value)
-        if number is None:
-            raise InvalidArgument(
-                f'{prefix}.{key}: must be a duration like "100ms" or a number of seconds (got {value!r})'
-            )
-        seconds = number
-    if seconds < 0:
-        raise InvalidArgument(f"{prefix}.{key}: must not be negative (got {value!r})")
-    return seconds
 
 
 def _fraction(options: Mapping[str, Any], key: str, prefix: str) -> float:

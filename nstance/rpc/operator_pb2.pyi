@@ -592,6 +592,97 @@ class InstanceStatusResponse(_message.Message):
 Global___InstanceStatusResponse: _TypeAlias = InstanceStatusResponse  # noqa: Y015
 
 @_typing.final
+class ListInstancesRequest(_message.Message):
+    """ListInstancesRequest narrows ListInstances to one group."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    group: _builtins.str
+    """Only the instances of this group; empty: every group."""
+    def __init__(
+        self,
+        *,
+        group: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListInstancesRequest: _TypeAlias = ListInstancesRequest  # noqa: Y015
+
+@_typing.final
+class ListInstancesResponse(_message.Message):
+    """ListInstancesResponse holds the instances oldest first."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INSTANCES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def instances(self) -> _containers.RepeatedCompositeFieldContainer[Global___InstanceSummary]: ...
+    def __init__(
+        self,
+        *,
+        instances: _abc.Iterable[Global___InstanceSummary] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["instances", b"instances"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListInstancesResponse: _TypeAlias = ListInstancesResponse  # noqa: Y015
+
+@_typing.final
+class InstanceSummary(_message.Message):
+    """InstanceSummary is one instance as ListInstances reports it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INSTANCE_ID_FIELD_NUMBER: _builtins.int
+    GROUP_FIELD_NUMBER: _builtins.int
+    ON_DEMAND_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    PROVIDER_INSTANCE_ID_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    LAST_SEEN_FIELD_NUMBER: _builtins.int
+    DRAINING_FIELD_NUMBER: _builtins.int
+    instance_id: _builtins.str
+    group: _builtins.str
+    on_demand: _builtins.bool
+    """Created by CreateInstance (not counted in the group's size)."""
+    status: _builtins.str
+    """Provider status, as in InstanceStatusResponse."""
+    provider_instance_id: _builtins.str
+    draining: _builtins.bool
+    """Being drained before deletion (waiting for the operator or the timeout)."""
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def last_seen(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        instance_id: _builtins.str = ...,
+        group: _builtins.str = ...,
+        on_demand: _builtins.bool = ...,
+        status: _builtins.str = ...,
+        provider_instance_id: _builtins.str = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+        last_seen: _timestamp_pb2.Timestamp | None = ...,
+        draining: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "last_seen", b"last_seen"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "draining", b"draining", "group", b"group", "instance_id", b"instance_id", "last_seen", b"last_seen", "on_demand", b"on_demand", "provider_instance_id", b"provider_instance_id", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InstanceSummary: _TypeAlias = InstanceSummary  # noqa: Y015
+
+@_typing.final
 class GroupEvent(_message.Message):
     """GroupEvent is one change on the WatchGroups stream."""
 

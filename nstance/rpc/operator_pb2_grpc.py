@@ -88,6 +88,11 @@ class OperatorServiceStub:
                 request_serializer=nstance_dot_rpc_dot_operator__pb2.DrainAckRequest.SerializeToString,
                 response_deserializer=google_dot_protobuf_dot_empty__pb2.Empty.FromString,
                 _registered_method=True)
+        self.ListInstances = channel.unary_unary(
+                '/nstance.v1.OperatorService/ListInstances',
+                request_serializer=nstance_dot_rpc_dot_operator__pb2.ListInstancesRequest.SerializeToString,
+                response_deserializer=nstance_dot_rpc_dot_operator__pb2.ListInstancesResponse.FromString,
+                _registered_method=True)
         self.WatchGroups = channel.unary_stream(
                 '/nstance.v1.OperatorService/WatchGroups',
                 request_serializer=google_dot_protobuf_dot_empty__pb2.Empty.SerializeToString,
@@ -179,6 +184,15 @@ class OperatorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListInstances(self, request, context):
+        """ListInstances lists the caller tenant's instances, managed and on-demand,
+        with their instance IDs. Added by this implementation (upstream's servers
+        answer UNIMPLEMENTED); nothing else depends on it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def WatchGroups(self, request, context):
         """Long-lived streams the operator follows to stay in sync: group changes,
         instance drain notices, and errors.
@@ -251,6 +265,11 @@ def add_OperatorServiceServicer_to_server(servicer, server):
                     servicer.AcknowledgeDrained,
                     request_deserializer=nstance_dot_rpc_dot_operator__pb2.DrainAckRequest.FromString,
                     response_serializer=google_dot_protobuf_dot_empty__pb2.Empty.SerializeToString,
+            ),
+            'ListInstances': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListInstances,
+                    request_deserializer=nstance_dot_rpc_dot_operator__pb2.ListInstancesRequest.FromString,
+                    response_serializer=nstance_dot_rpc_dot_operator__pb2.ListInstancesResponse.SerializeToString,
             ),
             'WatchGroups': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchGroups,
@@ -541,6 +560,33 @@ class OperatorService:
             '/nstance.v1.OperatorService/AcknowledgeDrained',
             nstance_dot_rpc_dot_operator__pb2.DrainAckRequest.SerializeToString,
             google_dot_protobuf_dot_empty__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListInstances(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/nstance.v1.OperatorService/ListInstances',
+            nstance_dot_rpc_dot_operator__pb2.ListInstancesRequest.SerializeToString,
+            nstance_dot_rpc_dot_operator__pb2.ListInstancesResponse.FromString,
             options,
             channel_credentials,
             insecure,

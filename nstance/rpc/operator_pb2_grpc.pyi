@@ -63,6 +63,11 @@ class OperatorServiceStub:
     DeleteInstance: _grpc.UnaryUnaryMultiCallable[_operator_pb2.DeleteInstanceRequest, _operator_pb2.DeleteInstanceResponse]
     GetInstanceStatus: _grpc.UnaryUnaryMultiCallable[_operator_pb2.GetInstanceStatusRequest, _operator_pb2.InstanceStatusResponse]
     AcknowledgeDrained: _grpc.UnaryUnaryMultiCallable[_operator_pb2.DrainAckRequest, _empty_pb2.Empty]
+    ListInstances: _grpc.UnaryUnaryMultiCallable[_operator_pb2.ListInstancesRequest, _operator_pb2.ListInstancesResponse]
+    """ListInstances lists the caller tenant's instances, managed and on-demand,
+    with their instance IDs. Added by this implementation (upstream's servers
+    answer UNIMPLEMENTED); nothing else depends on it.
+    """
     WatchGroups: _grpc.UnaryStreamMultiCallable[_empty_pb2.Empty, _operator_pb2.GroupEvent]
     """Long-lived streams the operator follows to stay in sync: group changes,
     instance drain notices, and errors.
@@ -99,6 +104,11 @@ class OperatorServiceAsyncStub(OperatorServiceStub):
     DeleteInstance: _aio.UnaryUnaryMultiCallable[_operator_pb2.DeleteInstanceRequest, _operator_pb2.DeleteInstanceResponse]  # type: ignore[assignment]
     GetInstanceStatus: _aio.UnaryUnaryMultiCallable[_operator_pb2.GetInstanceStatusRequest, _operator_pb2.InstanceStatusResponse]  # type: ignore[assignment]
     AcknowledgeDrained: _aio.UnaryUnaryMultiCallable[_operator_pb2.DrainAckRequest, _empty_pb2.Empty]  # type: ignore[assignment]
+    ListInstances: _aio.UnaryUnaryMultiCallable[_operator_pb2.ListInstancesRequest, _operator_pb2.ListInstancesResponse]  # type: ignore[assignment]
+    """ListInstances lists the caller tenant's instances, managed and on-demand,
+    with their instance IDs. Added by this implementation (upstream's servers
+    answer UNIMPLEMENTED); nothing else depends on it.
+    """
     WatchGroups: _aio.UnaryStreamMultiCallable[_empty_pb2.Empty, _operator_pb2.GroupEvent]  # type: ignore[assignment]
     """Long-lived streams the operator follows to stay in sync: group changes,
     instance drain notices, and errors.
@@ -192,6 +202,17 @@ class OperatorServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _operator_pb2.DrainAckRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_empty_pb2.Empty, _abc.Awaitable[_empty_pb2.Empty]]: ...
+
+    @_abc_1.abstractmethod
+    def ListInstances(
+        self,
+        request: _operator_pb2.ListInstancesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_pb2.ListInstancesResponse, _abc.Awaitable[_operator_pb2.ListInstancesResponse]]:
+        """ListInstances lists the caller tenant's instances, managed and on-demand,
+        with their instance IDs. Added by this implementation (upstream's servers
+        answer UNIMPLEMENTED); nothing else depends on it.
+        """
 
     @_abc_1.abstractmethod
     def WatchGroups(

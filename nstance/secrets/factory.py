@@ -2,11 +2,11 @@
 
 Providers and their default name prefixes (upstream v2's): ``object-storage`` (needs an ObjectStore
 and at least one 32-byte key; ``secret/``), ``aws-parameter-store`` (``/nstance/``),
-``aws-secrets-manager`` (``nstance/``) and ``memory``. ``google-secret-manager`` is refused with
-InvalidArgument "not supported yet"; anything else is refused naming the accepted providers.
+``aws-secrets-manager`` (``nstance/``), ``google-secret-manager`` (``nstance-``; needs a project id)
+and ``memory``. Anything else is refused naming the accepted providers.
 
-This module only chooses and constructs; it imports boto3 (via ``aws``) only when that provider is
-asked for, and loads no keys itself (see ``keys``).
+This module only chooses and constructs; it imports boto3 or the Google client library only when that
+provider is asked for, and loads no keys itself (see ``keys``).
 """
 
 from __future__ import annotations
@@ -20,8 +20,13 @@ from nstance.secrets.base import SecretStore
 from nstance.secrets.memory import MemorySecretStore
 from nstance.secrets.objectstorage import DEFAULT_PREFIX, ObjectStorageSecretStore
 
-PROVIDERS = ("object-storage", "aws-parameter-store", "aws-secrets-manager", "memory")
-NOT_YET_SUPPORTED = ("google-secret-manager",)
+PROVIDERS = (
+    "object-storage",
+    "aws-parameter-store",
+    "aws-secrets-manager",
+    "google-secret-manager",
+    "memory",
+)
 #: Name prefix of each provider when the config sets none (upstream v2's ``SetDefaults``).
 DEFAULT_PREFIXES: dict[str, str] = {
     "object-storage": DEFAULT_PREFIX,
@@ -46,6 +51,8 @@ def open_secret_store(
     aws_region: str | None = None,
     aws_endpoint_url: str | None = None,
     aws_client: Any = None,
+    project_id: str = "",
+    google_client: Any = None,
     accept_legacy_unbound: bool = True,
     bind_names: bool = False,
 ) -> SecretStore:
@@ -80,8 +87,8 @@ def open_secret_store(
             region=aws_region,
             endpoint_url=aws_endpoint_url,
         )
-    if provider in NOT_YET_SUPPORTED:
-        raise InvalidArgument(
-            f"secrets provider {provider!r} is not supported yet; use one of: {', '.join(PROVIDERS)}"
-        )
+    if provider == "google-secret-manager":
+        from nstance.secrets.googlesm import GoogleSecretManagerStore  # Google's library only when asked for
+
+        return GoogleSecretManagerStore(project_id, default_prefix(provider, prefix), client=google_client)
     raise InvalidArgument(f"unknown secrets provider {provider!r}; use one of: {', '.join(PROVIDERS)}")

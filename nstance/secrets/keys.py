@@ -6,7 +6,9 @@ Sources (``provider``, ``source``), as upstream:
 * ``file``: the file at path ``source``;
 * ``aws-secrets-manager``: the secret whose name or ARN is ``source`` (string or binary value; the
   default of upstream's Terraform module);
-* ``aws-parameter-store``: the ``SecureString`` parameter named ``source``.
+* ``aws-parameter-store``: the ``SecureString`` parameter named ``source``;
+* ``google-secret-manager``: the latest version of the secret ``source`` in Google project
+  ``project_id`` (required).
 
 Accepted encodings, tried in this order (none of them can be mistaken for another):
 
@@ -17,8 +19,8 @@ Accepted encodings, tried in this order (none of them can be mistaken for anothe
    or ``generate_encryption_key()``.
 
 Errors are InvalidArgument naming the variable or file and the expected formats; the key itself is
-never echoed. ``google-secret-manager`` is refused as not supported yet. Reads only the named
-variable, file, secret or parameter (boto3 is imported only for the AWS sources).
+never echoed. Reads only the named variable, file, secret or parameter (boto3 and Google's client
+library are imported only for their sources).
 """
 
 from __future__ import annotations
@@ -37,8 +39,7 @@ from nstance.core.errors import InvalidArgument
 
 KEY_SIZE = 32
 DEFAULT_KEY_ENV = "NSTANCE_ENCRYPTION_KEY"
-KEY_PROVIDERS = ("env", "file", "aws-secrets-manager", "aws-parameter-store")
-_UNSUPPORTED = ("google-secret-manager",)
+KEY_PROVIDERS = ("env", "file", "aws-secrets-manager", "aws-parameter-store", "google-secret-manager")
 _HEX = re.compile(rb"[0-9a-fA-F]{64}")
 _B64 = re.compile(rb"[A-Za-z0-9+/_-]+={0,2}")
 EXPECTED_FORMATS = (
@@ -90,8 +91,19 @@ def decode_encryption_key(value: bytes | str, where: str) -> bytes:
     )
 
 
-def _remote_key(provider: str, source: str, client: Any) -> bytes:
-    """The key held by an AWS secret or parameter (boto3 imported only here)."""
+def _remote_key(provider: str, source: str, client: Any, project_id: str = "") -> bytes:
+    """The key held by an AWS secret or parameter or a Google secret (their libraries imported only here)."""
+    if provider == "google-secret-manager":
+        from nstance.secrets.googlesm import access_latest, secret_manager_client
+
+        if not project_id:
+            raise InvalidArgument("encryption key provider 'google-secret-manager' needs a project_id")
+        held = access_latest(client or secret_manager_client(), project_id, source, f"secret {source!r}")
+        if not held:
+            raise InvalidArgument(
+                f"Google Secret Manager secret {source} is empty; it must hold {EXPECTED_FORMATS}"
+            )
+        return decode_encryption_key(held, f"Google Secret Manager secret {source}")
     if provider == "aws-parameter-store":
         from nstance.secrets.parameterstore import read_secure_string, ssm_client
 
@@ -115,15 +127,20 @@ def _remote_key(provider: str, source: str, client: Any) -> bytes:
 
 
 def load_encryption_key(
-    provider: str, source: str, environ: Mapping[str, str] | None = None, *, aws_client: Any = None
+    provider: str,
+    source: str,
+    environ: Mapping[str, str] | None = None,
+    *,
+    aws_client: Any = None,
+    project_id: str = "",
+    google_client: Any = None,
 ) -> bytes:
-    """Load one 32-byte key from a source (``aws_client``: a boto3 client to use for an AWS source)."""
+    """Load one 32-byte key from a source.
+
+    ``aws_client`` / ``google_client``: a client to use for an AWS or Google source; ``project_id``: the
+    Google project of a ``google-secret-manager`` source.
+    """
     env = os.environ if environ is None else environ
-    if provider in _UNSUPPORTED:
-        raise InvalidArgument(
-            f"encryption key provider {provider!r} is not supported yet; "
-            f"use one of: {', '.join(KEY_PROVIDERS)}"
-        )
     if provider not in KEY_PROVIDERS:
         raise InvalidArgument(
             f"unknown encryption key provider {provider!r}; use one of: {', '.join(KEY_PROVIDERS)}"
@@ -131,6 +148,8 @@ def load_encryption_key(
     if not source:
         what = {"env": "an environment variable name", "file": "a file path"}.get(provider, "a name or ARN")
         raise InvalidArgument(f"encryption key provider {provider!r} needs a source ({what})")
+    if provider == "google-secret-manager":
+        return _remote_key(provider, source, google_client, project_id)
     if provider in ("aws-secrets-manager", "aws-parameter-store"):
         return _remote_key(provider, source, aws_client)
     if provider == "env":
@@ -152,7 +171,11 @@ def load_encryption_key(
 
 
 def load_encryption_keys(
-    sources: Iterable[tuple[str, str]], environ: Mapping[str, str] | None = None
+    sources: Iterable[tuple[str, str, str]], environ: Mapping[str, str] | None = None
 ) -> list[bytes]:
-    """Load several keys; the first is the current key, the rest are old decrypt-only keys."""
-    return [load_encryption_key(provider, source, environ) for provider, source in sources]
+    """Load several keys from (provider, source, Google project id); the first is the current key, the
+    rest are old decrypt-only keys."""
+    return [
+        load_encryption_key(provider, source, environ, project_id=project)
+        for provider, source, project in sources
+    ]

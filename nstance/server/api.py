@@ -37,7 +37,7 @@ class GroupView:
 
 @dataclass(frozen=True, slots=True)
 class InstanceView:
-    """One instance as GetInstanceStatus reports it."""
+    """One instance as GetInstanceStatus and ListInstances report it."""
 
     instance_id: str
     tenant: str
@@ -46,6 +46,8 @@ class InstanceView:
     created_at: datetime
     last_seen: datetime | None
     provider_id: str
+    on_demand: bool = False
+    draining: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +127,10 @@ class ShardAPI(Protocol):
 
     async def instance_status(self, tenant: str, instance_id: str) -> InstanceView:
         """Current status of one instance of the tenant (NotFound otherwise)."""
+        ...
+
+    async def list_instances(self, tenant: str, group: str = "") -> list[InstanceView]:
+        """The tenant's live instances (of ``group`` only, when given), oldest first."""
         ...
 
     def config_status(self) -> ConfigStatusView:

@@ -298,14 +298,17 @@ class ServerApp:
         secrets_cfg = config.cluster.secrets
         keys: list[bytes] = []
         if secrets_cfg.encryption_key is not None:
-            sources = [(secrets_cfg.encryption_key.provider, secrets_cfg.encryption_key.source)]
-            sources += [(k.provider, k.source) for k in secrets_cfg.old_encryption_keys]
+            sources = [
+                (k.provider, k.source, k.project_id)
+                for k in (secrets_cfg.encryption_key, *secrets_cfg.old_encryption_keys)
+            ]
             keys = load_encryption_keys(sources, self.opts.environ)
         secrets = open_secret_store(
             secrets_cfg.provider,
             object_store=cluster_store,
             prefix=secrets_cfg.prefix or None,
             keys=keys,
+            project_id=secrets_cfg.project_id,
             bind_names=secrets_cfg.bind_names,
         )
         self._secrets = secrets
@@ -502,13 +505,16 @@ class ServerApp:
                 handshake_timeout=shard_cfg.limits.handshake_timeout.total_seconds(),
             )
             fronts.append(front)
-            server_auth, _ = server_credentials(
+            server_auth, registration_cert = server_credentials(
                 identity.ca,
                 hosts=hosts,
                 clock=self.clock,
                 require_client_cert=False,
                 key_type=opts.server_key_type,
             )
+            self.metrics.set_certificate_expiry("ca", identity.ca.not_after)
+            self.metrics.set_certificate_expiry("server-mtls", mtls.not_after)
+            self.metrics.set_certificate_expiry("server-registration", registration_cert.not_after)
             limits = shard_cfg.limits
             caps = plan_connection_caps(limits, open_files)
             log.log(
@@ -542,32 +548,66 @@ class ServerApp:
             agent_pb2_grpc.add_AgentServiceServicer_to_server(
                 AgentServicer(self.shard.agents, registrar), agent_server
             )
-            for server, field, creds, what in (
-                (operator_server, "operator_addr", None, "operator API (mTLS)"),
-                (registration_server, "registration_addr", server_auth, "registration (TLS)"),
-                (agent_server, "agent_addr", None, "agent API (mTLS)"),
+            # Every port is accepted in the front process, which applies the caps per port and per
+            # client address before any TLS; the registration port's TLS stays grpcio's, behind it.
+            for server, field, creds, what, cap, per_address, names in (
+                (
+                    operator_server,
+                    "operator_addr",
+                    None,
+                    "operator API (mTLS)",
+                    caps.operator,
+                    limits.max_operator_connections_per_address,
+                    ("max_operator_connections", "max_operator_connections_per_address"),
+                ),
+                (
+                    registration_server,
+                    "registration_addr",
+                    server_auth,
+                    "registration (TLS)",
+                    caps.registration,
+                    limits.max_registration_connections_per_address,
+                    ("max_registration_connections", "max_registration_connections_per_address"),
+                ),
+                (
+                    agent_server,
+                    "agent_addr",
+                    None,
+                    "agent API (mTLS)",
+                    caps.agent,
+                    None,
+                    ("max_agent_connections", "max_agent_connections"),
+                ),
             ):
                 host, port = _host_port(bind[field], f"shard.bind.{field}")
-                if creds is None:
-                    backend = front_dir / f"{field}.sock"
-                    if server.add_insecure_port(f"unix:{backend}") == 0:
-                        raise FailedPrecondition(f"cannot listen on {backend} for shard.bind.{field}")
-                    await server.start()
-                    grpc_servers.append(server)
-                    try:
-                        sock = listening_socket(host, port)
-                    except OSError as exc:
-                        raise FailedPrecondition(
-                            f"cannot listen on shard.bind.{field} {bind[field]}: {exc}"
-                        ) from exc
-                    front.add(Listener(sock, backend, what))
-                    bound = sock.getsockname()[1]
-                else:
-                    bound = server.add_secure_port(f"{host}:{port}", creds)
-                    if bound == 0:
-                        raise FailedPrecondition(f"cannot listen on shard.bind.{field} {bind[field]}")
-                    await server.start()
-                    grpc_servers.append(server)
+                backend = front_dir / f"{field}.sock"
+                added = (
+                    server.add_insecure_port(f"unix:{backend}")
+                    if creds is None
+                    else server.add_secure_port(f"unix:{backend}", creds)
+                )
+                if added == 0:
+                    raise FailedPrecondition(f"cannot listen on {backend} for shard.bind.{field}")
+                await server.start()
+                grpc_servers.append(server)
+                try:
+                    sock = listening_socket(host, port)
+                except OSError as exc:
+                    raise FailedPrecondition(
+                        f"cannot listen on shard.bind.{field} {bind[field]}: {exc}"
+                    ) from exc
+                front.add(
+                    Listener(
+                        sock,
+                        backend,
+                        what,
+                        tls=creds is None,
+                        max_connections=cap,
+                        per_address=per_address,
+                        limit_names=names,
+                    )
+                )
+                bound = sock.getsockname()[1]
                 log.info("%s on %s:%d", what, host, bound)
             await front.start()
             self.tls_front = front

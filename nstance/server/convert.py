@@ -84,6 +84,20 @@ def instance_status(view: InstanceView) -> operator_pb2.InstanceStatusResponse:
     )
 
 
+def instance_summary(view: InstanceView) -> operator_pb2.InstanceSummary:
+    """InstanceSummary (ListInstances) for one instance."""
+    return operator_pb2.InstanceSummary(
+        instance_id=view.instance_id,
+        group=view.group,
+        on_demand=view.on_demand,
+        status=view.status,
+        provider_instance_id=view.provider_id,
+        created_at=timestamp(view.created_at),
+        last_seen=timestamp(view.last_seen),
+        draining=view.draining,
+    )
+
+
 def config_status(view: ConfigStatusView) -> operator_pb2.ConfigStatusResponse:
     """ConfigStatusResponse for the loaded config object."""
     return operator_pb2.ConfigStatusResponse(

@@ -1,4 +1,4 @@
-"""The OpenSSL front of the mTLS ports in its own process, so TLS work does not share the server's loop.
+"""The front of the gRPC ports in its own process, so TLS and accept work do not share the server's loop.
 
 Measured (``bench/health_ingest.py``): run on the server's event loop, the front's Python-level TLS
 and forwarding starved the loop under 2,000 agent streams (lease renewals late, the shard lost). In a
@@ -7,7 +7,11 @@ which grpc core reads in its own threads.
 
 ``FrontProcess`` (in the server) binds the listening sockets itself, so ports and bind errors are
 known at once, and starts ``python -m nstance.server.frontproc`` with those sockets and one end of a
-control socket pair. The child runs one ``TlsFront`` per listener. Before it forwards the first byte
+control socket pair. The child runs one ``TlsFront`` per mTLS listener and one ``TcpFront`` per plain
+one (the registration port, whose TLS grpcio terminates behind it); each admits connections through a
+``ConnectionLimiter`` with the listener's caps (for the port, and per client address when set), so a
+flood's connections are refused in the child, before TLS, and never reach the server's process.
+Before it forwards the first byte
 of a verified connection it sends ``A <peer> <base64 DER>`` over the control socket and waits for
 ``K <peer>``; the server adds the entry to its ``PeerTable`` before it answers, so the interceptor
 always finds it. ``D <peer>`` retracts an entry when the connection closes. The child exits when the
@@ -33,8 +37,11 @@ from pathlib import Path
 from typing import Any, Final
 
 from nstance.core.logformat import JsonFormatter
+from nstance.core.logthrottle import LogThrottle
 from nstance.pki.tlspipe import HANDSHAKE_TIMEOUT
-from nstance.server.tlsfront import PeerTable, TlsFront, server_ssl_context
+from nstance.server.connlimit import ConnectionLimiter
+from nstance.server.tcpfront import TcpFront
+from nstance.server.tlsfront import UNLIMITED, PeerTable, TlsFront, server_ssl_context
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +53,20 @@ STOP_TIMEOUT: Final = 5.0
 
 @dataclass(frozen=True)
 class Listener:
-    """One mTLS port: its listening socket, the gRPC server's Unix socket, and a name for logs."""
+    """One port: its listening socket, the gRPC server's Unix socket, a name for logs, and its caps.
+
+    ``tls``: the front terminates mTLS (agent and operator ports); otherwise it forwards the bytes as
+    they come (the registration port). ``max_connections`` caps the port, ``per_address`` (when set)
+    each client address; ``limit_names`` are the two caps' config keys, for the log.
+    """
 
     sock: socket.socket
     backend: Path
     what: str
+    tls: bool = True
+    max_connections: int = UNLIMITED
+    per_address: int | None = None
+    limit_names: tuple[str, str] = ("max_connections", "max_connections_per_address")
 
 
 class FrontProcess:
@@ -113,7 +129,15 @@ class FrontProcess:
             "handshake_timeout": self._handshake_timeout,
             "control_fd": child_end.fileno(),
             "listeners": [
-                {"fd": listener.sock.fileno(), "backend": str(listener.backend), "what": listener.what}
+                {
+                    "fd": listener.sock.fileno(),
+                    "backend": str(listener.backend),
+                    "what": listener.what,
+                    "tls": listener.tls,
+                    "max_connections": listener.max_connections,
+                    "per_address": listener.per_address,
+                    "limit_names": list(listener.limit_names),
+                }
                 for listener in self._listeners
             ],
         }
@@ -249,17 +273,32 @@ async def _child(config: dict[str, Any]) -> None:
     control_sock = socket.socket(fileno=config["control_fd"])
     reader, writer = await asyncio.open_connection(sock=control_sock)
     channel = _ControlChannel(reader, writer)
-    fronts = []
+    fronts: list[TlsFront | TcpFront] = []
     for item in config["listeners"]:
-        front = TlsFront(
-            ctx,
-            directory=directory,
-            backend=Path(item["backend"]),
-            peers=channel,
-            what=item["what"],
-            name_prefix=config["name_prefix"],
-            handshake_timeout=float(config["handshake_timeout"]),
-        )
+        limiter = ConnectionLimiter(total=int(item["max_connections"]), per_address=item["per_address"])
+        limit_names = (str(item["limit_names"][0]), str(item["limit_names"][1]))
+        front: TlsFront | TcpFront
+        if item["tls"]:
+            front = TlsFront(
+                ctx,
+                directory=directory,
+                backend=Path(item["backend"]),
+                peers=channel,
+                what=item["what"],
+                name_prefix=config["name_prefix"],
+                handshake_timeout=float(config["handshake_timeout"]),
+                limiter=limiter,
+                limit_names=limit_names,
+            )
+        else:
+            front = TcpFront(
+                directory=directory,
+                backend=Path(item["backend"]),
+                limiter=limiter,
+                limit_names=limit_names,
+                what=item["what"],
+                name_prefix=config["name_prefix"],
+            )
         sock = socket.socket(fileno=item["fd"])
         sock.setblocking(False)
         await front.start_on(sock)
@@ -274,6 +313,7 @@ async def _child(config: dict[str, Any]) -> None:
 def main() -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
+    handler.addFilter(LogThrottle())  # a flood's refusals: a few lines a minute, not thousands
     logging.getLogger().handlers[:] = [handler]
     logging.getLogger().setLevel(logging.INFO)
     config = json.loads(sys.stdin.read())

@@ -22,6 +22,8 @@ several servers can run in one process (tests, benchmarks) without their series 
 * ``nstance_replacements_total{reason}`` counter (instances retired to be replaced: a drain started or a
   delete done for a reason other than scale-down, group deletion, the end of a drain or on-demand
   expiry);
+* ``nstance_certificate_expiry_timestamp_seconds{certificate}`` gauge (when the cluster CA and the
+  server certificates of the mTLS and registration ports expire; servers issue theirs at start);
 * ``nstance_server_info{server_id,shard,version}`` gauge (1; the labels to join other series by shard);
 * ``nstance_event_loop_lag_seconds`` histogram (how late each ``watch_event_loop_lag`` tick woke).
 
@@ -44,6 +46,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime
 from typing import Any, Final, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -205,6 +208,12 @@ class Metrics:
             ["kind"],
             registry=reg,
         )
+        self.certificate_expiry = Gauge(
+            "nstance_certificate_expiry_timestamp_seconds",
+            "When a certificate this server presents or trusts expires (Unix time), by certificate.",
+            ["certificate"],
+            registry=reg,
+        )
         self.unreadable_records = Gauge(
             "nstance_unreadable_instance_records",
             "Objects under instance/ that could not be read as instance records at the last cache rebuild.",
@@ -299,6 +308,10 @@ class Metrics:
     def set_info(self, server_id: str, shard: str) -> None:
         """Publish ``nstance_server_info`` for this server (call once at start)."""
         self.info.labels(server_id=server_id, shard=shard, version=nstance.__version__).set(1)
+
+    def set_certificate_expiry(self, certificate: str, not_after: datetime) -> None:
+        """Publish when ``certificate`` (``ca``, ``server-mtls``, ``server-registration``) expires."""
+        self.certificate_expiry.labels(certificate=certificate).set(not_after.timestamp())
 
     def observe_event_loop_lag(self, seconds: float) -> None:
         self.event_loop_lag.observe(max(0.0, seconds))

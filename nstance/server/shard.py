@@ -35,6 +35,7 @@ from nstance.config.workloads import DynamicGroupConfig
 from nstance.core.backoff import Backoff
 from nstance.core.errors import FailedPrecondition, InvalidArgument, NotFound, NstanceError, Unavailable
 from nstance.db import repo
+from nstance.db.models import Instance
 from nstance.db.quarantine import is_corruption
 from nstance.objectstore.base import ObjectNotFound
 from nstance.pki.certs import issue_client_certificate
@@ -395,15 +396,15 @@ class Shard:
             row = repo.get_instance(session, instance_id)
         if row is None or row.tenant != tenant:
             raise NotFound(f"instance {instance_id!r} does not exist in this shard")
-        return InstanceView(
-            instance_id=row.id,
-            tenant=row.tenant,
-            group=row.group_key,
-            status=status_of(row),
-            created_at=row.created_at,
-            last_seen=row.health_at or row.provider_at,
-            provider_id=row.provider_id or "",
-        )
+        return _instance_view(row)
+
+    async def list_instances(self, tenant: str, group: str = "") -> list[InstanceView]:
+        def read() -> list[InstanceView]:
+            with self.ctx.db.read_session() as session:
+                rows = repo.list_active_instances(session, tenant=tenant, group_key=group or None)
+            return [_instance_view(row) for row in rows]
+
+        return await asyncio.to_thread(read)  # a shard may hold 100,000 rows: not on the loop
 
     def draining_instances(self, tenant: str) -> list[tuple[InstanceView, str, datetime | None]]:
         out: list[tuple[InstanceView, str, datetime | None]] = []
@@ -606,3 +607,18 @@ class Shard:
         )
         await asyncio.to_thread(self.ctx.cluster_store.put, key, data)
         return IssuedCert(cert_pem=issued.cert_pem, expires_at=issued.not_after)
+
+
+def _instance_view(row: Instance) -> InstanceView:
+    """What GetInstanceStatus and ListInstances report of one cache row."""
+    return InstanceView(
+        instance_id=row.id,
+        tenant=row.tenant,
+        group=row.group_key,
+        status=status_of(row),
+        created_at=row.created_at,
+        last_seen=row.health_at or row.provider_at,
+        provider_id=row.provider_id or "",
+        on_demand=bool(row.on_demand),
+        draining=row.drain_started_at is not None and row.drain_acked_at is None,
+    )

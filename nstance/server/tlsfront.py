@@ -9,6 +9,8 @@ to its grpc.aio server (in the server, from a child process: ``frontproc``):
 * ``TlsFront`` listens on the public address with an OpenSSL server context: TLS 1.3, ALPN ``h2``, a
   client certificate required and its chain verified against the cluster CA (Ed25519 or ECDSA P-256
   leaves, under an Ed25519 or ECDSA CA). A connection that fails the handshake never reaches gRPC.
+  Connections are admitted before the handshake by a ``ConnectionLimiter`` (a cap for the port and,
+  optionally, one per client address: ``frontaccept``).
 * Each verified connection is forwarded over its own Unix-socket connection to the grpc.aio server,
   which listens in a private directory (mode 0700, so no other user can connect to it). Before it
   connects, the forwarding socket is bound to a name used once (``<dir>/<prefix><backend>.<n>``),
@@ -36,11 +38,15 @@ from pathlib import Path
 from typing import Final, Protocol
 
 from nstance.pki.tlspipe import HANDSHAKE_TIMEOUT, Pipe, load_key_pair
+from nstance.server.connlimit import ConnectionLimiter
+from nstance.server.frontaccept import Acceptor
 
 log = logging.getLogger(__name__)
 
 #: Unacknowledged TCP connections the listener queues (the same order as grpc core's default).
 BACKLOG: Final = 1024
+#: Connections a front holds when not told otherwise (what a process's open files allow at most).
+UNLIMITED: Final = 1 << 20
 
 
 class PeerRegistry(Protocol):
@@ -116,6 +122,8 @@ class TlsFront:
         what: str = "mTLS",
         name_prefix: str = "",
         handshake_timeout: float = HANDSHAKE_TIMEOUT,
+        limiter: ConnectionLimiter | None = None,
+        limit_names: tuple[str, str] = ("max_connections", "max_connections_per_address"),
     ) -> None:
         self.ssl_context = ssl_context
         self.directory = directory
@@ -124,7 +132,9 @@ class TlsFront:
         self.what = what
         self._name_prefix = name_prefix
         self._handshake_timeout = handshake_timeout
-        self._server: asyncio.Server | None = None
+        self.limiter = limiter or ConnectionLimiter(total=UNLIMITED, per_address=None)
+        self._limit_names = limit_names
+        self._acceptor: Acceptor | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._names = itertools.count()
 
@@ -139,14 +149,28 @@ class TlsFront:
 
     async def start_on(self, sock: socket.socket) -> int:
         """Serve on an already bound and listening socket; return its port."""
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            self._accept, sock=sock, ssl=self.ssl_context, ssl_handshake_timeout=self._handshake_timeout
+        sock.setblocking(False)
+        self._acceptor = Acceptor(
+            sock, self.limiter, self._handshake, what=self.what, limit_names=self._limit_names
         )
-        return int(self._server.sockets[0].getsockname()[1])
+        self._acceptor.start()
+        return int(sock.getsockname()[1])
 
-    def _accept(self) -> Pipe:
-        return Pipe(on_made=self._handshake_done)
+    async def _handshake(self, conn: socket.socket, host: str) -> None:
+        """TLS on one admitted connection; it stays counted until it closes (or its handshake fails)."""
+        loop = asyncio.get_running_loop()
+        closed = loop.create_future()
+        try:
+            await loop.connect_accepted_socket(
+                lambda: Pipe(on_made=self._handshake_done, on_lost=closed),
+                conn,
+                ssl=self.ssl_context,
+                ssl_handshake_timeout=self._handshake_timeout,
+            )
+        except (OSError, ssl.SSLError, TimeoutError) as exc:
+            log.debug("%s: handshake with %s failed: %s", self.what, host, exc)
+            return
+        await closed
 
     def _handshake_done(self, client: Pipe, transport: asyncio.Transport) -> None:
         transport.pause_reading()
@@ -197,8 +221,9 @@ class TlsFront:
 
     async def close(self) -> None:
         """Stop listening and close every forwarded connection."""
-        if self._server is not None:
-            self._server.close()
+        if self._acceptor is not None:
+            await self._acceptor.close()
+            self._acceptor.sock.close()
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):

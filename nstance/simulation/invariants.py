@@ -11,6 +11,8 @@
 * **Blips replace nothing**: an instance replaced for missed health reports had an agent that really
   died (or could never register), or a VM that was already gone; a blip shorter than the missed-report
   window never causes it.
+* **Storage damage and floods** have their own promises (``nemeses.StorageNemeses.check``,
+  ``floods.FloodNemesis.check``), reported here with the others.
 
 Pure reads of the world's shared state; nothing here changes it.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+from nstance.core.errors import NstanceError
 from nstance.objectstore.scoped import ScopedObjectStore
 from nstance.providers.base import InstanceStatus
 from nstance.server import records
@@ -45,8 +48,12 @@ def desired_sizes(world: World, cache: Path) -> dict[str, int]:
 
 def check_end_state(world: World, cache: Path) -> list[str]:
     """Every broken promise, as a sentence naming the instance or group (empty when all hold)."""
-    problems = list(world.violations) + world.storage.check()
-    desired = desired_sizes(world, cache)
+    problems = list(world.violations) + world.storage.check() + world.floods.check()
+    try:
+        desired = desired_sizes(world, cache)
+    except NstanceError as exc:  # e.g. an over-limit size got stored: nothing to compare sizes with
+        problems.append(f"the shard's stored configuration cannot be loaded: {exc}")
+        desired = {}
     live = [
         vm
         for vm in world.cloud.vms.values()

@@ -55,6 +55,7 @@ class StorageNemeses:
             self._protect_healthy()
             kind = self.rng.choice(KINDS)
             self.strikes += 1
+            world.disrupted_at = world.clock.monotonic()
             world.stats["storage_damage"] = world.stats.get("storage_damage", 0) + 1
             if kind == "corrupt-record":
                 self._corrupt_record()

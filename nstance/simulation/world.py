@@ -18,6 +18,8 @@ A ``World`` builds everything from ``random.Random(seed)`` and runs it on a ``Vi
 * **The operator** changes group sizes through ``UpsertGroup`` and acknowledges drains.
 * **Process faults** (``leader_faults``): a server paused and continued after a takeover, a server that
   loses the provider's API but not storage, and steps of a server's wall clock.
+* **Nemeses** of their own: damaged and lost storage (``nemeses``) and floods of forged, replayed and
+  over-limit calls (``floods``); the cloud refuses creates beyond a quota per group (``check_quota``).
 * **Fault points** in the server (``nstance.server.context.fault_point``: before and after the
   provider create, after the provider delete, after a registration claim, after a groups write)
   crash the server that reaches them when armed.
@@ -81,6 +83,7 @@ from nstance.server.reconciler import MISSED_REPORTS
 from nstance.server.registration import Registrar
 from nstance.server.shard import Shard
 from nstance.simulation import leader_faults
+from nstance.simulation.floods import MAX_GROUP_SIZE, QUOTA_FACTOR, FloodNemesis
 from nstance.simulation.nemeses import StorageNemeses
 
 log = logging.getLogger("nstance.simulation")
@@ -113,6 +116,8 @@ FAULT_KINDS = (
     "provider-loss",
     "wall-step",
 )
+#: Fault kinds that leave the servers (and so leadership) alone.
+HARMLESS_TO_SERVERS = frozenset({"agent-crash", "blip", "lost-create", "throttle", "flood"})
 #: Set while an agent's health stream runs: its end is not held back when the server it talks to is paused.
 _STREAMING: contextvars.ContextVar[bool] = contextvars.ContextVar("sim_streaming", default=False)
 _CURRENT: contextvars.ContextVar[Incarnation | None] = contextvars.ContextVar("sim_server", default=None)
@@ -274,6 +279,7 @@ class SimCloud:
 
     async def create_instance(self, request: CreateRequest) -> ProviderInstance:
         self._world.nonces[request.instance_id] = request.nonce
+        self._world.check_quota(request)
         return await self._call("create", True, lambda: self.inner.create_instance(request))
 
     async def delete_instance(self, instance_id: str, provider_id: str) -> None:
@@ -439,6 +445,7 @@ class SimServer:
         if not inc.gate.alive or inc.shard is None:
             return
         self.world.trace(f"{inc.name} {'leads' if leading else 'stops leading'}")
+        self.world.leader_changes += 1
         coro = inc.shard.start_leading() if leading else inc.shard.stop_leading(grace=2.0)
         self.world.spawn(inc, coro, "leadership")
 
@@ -599,6 +606,9 @@ class World:
                 "wall_steps",
                 "duplicate_acks",
                 "late_acks",
+                "floods",
+                "flood_calls",
+                "flood_clone_streams",
             ),
             0,
         )
@@ -606,6 +616,11 @@ class World:
         self._background: set[asyncio.Task[Any]] = set()
         self.start_mono = self.clock.monotonic()
         self.storage = StorageNemeses(self, SHARD, drawn=fault_kinds is None)
+        self.floods = FloodNemesis(self, drawn=fault_kinds is None)
+        #: Monotonic time of the last fault that may cost a server its leadership (floods must not).
+        self.disrupted_at = -math.inf
+        self.leader_changes = 0
+        self.quota_refusals = 0
 
     # -- bookkeeping ------------------------------------------------------------------------
 
@@ -641,6 +656,25 @@ class World:
             self.violations.append(
                 f"t={self.now():.2f}: {inc.name} did '{what}' while the leaders were: {names}"
             )
+
+    def check_quota(self, request: CreateRequest) -> None:
+        """The simulated account's quota: a create beyond it breaks a promise and is refused."""
+        quota = QUOTA_FACTOR * MAX_GROUP_SIZE
+        live = sum(
+            1
+            for vm in self.cloud.vms.values()
+            if vm.group == request.group
+            and vm.status not in (InstanceStatus.DELETED, InstanceStatus.DELETING)
+        )
+        if live < quota:
+            return
+        self.quota_refusals += 1
+        if self.quota_refusals == 1:
+            self.violations.append(
+                f"t={self.now():.2f}: the cloud was asked for more than {quota} VMs in group {request.group} "
+                f"({QUOTA_FACTOR} x shard.limits.max_group_size)"
+            )
+        raise ProviderUnavailable(f"simulated quota: {live} VMs run in group {request.group}")
 
     def instance_event_sink(
         self, publish: Callable[[InstanceEventData], None]
@@ -692,6 +726,7 @@ class World:
                     "deleted_record_retention": "5m",
                 },
                 "request_timeout": "10s",
+                "limits": {"max_group_size": MAX_GROUP_SIZE},
                 "shutdown_timeout": "2s",
             },
             "load_balancers": {
@@ -737,6 +772,13 @@ class World:
             return await fn(inc)
         except SimCrash as exc:
             raise ProviderUnavailable(f"{inc.name} died during the call") from exc
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the caller itself is being stopped
+            # A task of the server that served the call was cancelled (it crashed or stopped leading):
+            # a real client sees its call fail (UNAVAILABLE), it does not die with the server.
+            raise ProviderUnavailable(f"{inc.name} dropped the call") from None
         finally:
             _CURRENT.reset(token)
 
@@ -861,7 +903,11 @@ class World:
             if self.clock.monotonic() >= until:
                 return
             kind = rng.choice(sc.fault_kinds)
-            if kind == "pause":
+            if kind not in HARMLESS_TO_SERVERS:
+                self.disrupted_at = self.clock.monotonic()
+            if kind == "flood":
+                self.floods.strike()
+            elif kind == "pause":
                 leader_faults.inject_pause(self, rng)
             elif kind == "provider-loss":
                 leader_faults.inject_provider_loss(self, rng)
@@ -925,6 +971,7 @@ class World:
         self.armed = None
         self.cloud.set_throttle_probability(0.0)
         leader_faults.resume_all(self)
+        self.disrupted_at = self.clock.monotonic()
         for server in self.servers:
             inc = server.current
             if inc is None or not inc.gate.alive:
@@ -946,6 +993,7 @@ class World:
         self.spawn(None, self.operator(fault_end), "operator")
         self.spawn(None, self.faults(fault_end), "faults")
         self.spawn(None, self.storage.run(fault_end), "storage-nemeses")
+        self.spawn(None, self.floods.run(fault_end), "floods")
         await asyncio.sleep(sc.fault_phase)
         self.calm_down()
         await asyncio.sleep(sc.calm_phase)

@@ -7,7 +7,9 @@ numeric id), list (``filter``, ``maxResults``, ``pageToken``), delete and ``upda
 fields (a hex id makes the client fail to parse); machine types get (with ``architecture``); regional
 subnetworks get; zonal ``networkEndpointGroups`` get, ``attachNetworkEndpoints``,
 ``detachNetworkEndpoints`` (both return zone operations) and ``listNetworkEndpoints`` (paged, with
-``healthStatus: SHOW`` giving each endpoint's ``healths[].healthState``). Errors use Google's JSON error
+``healthStatus: SHOW`` giving each endpoint's ``healths[].healthState``); zonal unmanaged
+``instanceGroups`` get, ``addInstances``, ``removeInstances`` (both return zone operations) and
+``listInstances`` (paged, ``instanceState`` ``ALL`` or ``RUNNING``). Errors use Google's JSON error
 body (``{"error": {"code", "message", "errors": [{"domain", "reason", "message"}]}}``) with the real
 HTTP codes: 404 ``notFound``, 409 ``alreadyExists``, 400 ``invalid``, 429 ``rateLimitExceeded``, 503
 ``backendError``. Validation follows the real service where the provider depends on it: instance names
@@ -30,6 +32,14 @@ The fake is strict where the real service's leniency is not documented: attachin
 already attached, or detaching one that is not, is refused with 400. Attach and detach take effect when
 their operation finishes; an unknown NEG answers 404. Tests set endpoint health with
 ``set_endpoint_health``.
+
+Instance groups (``add_instance_group``) hold VM names. A member is referenced as the real API takes
+it: a full URL, ``projects/P/zones/Z/instances/N`` or ``zones/Z/instances/N`` of the group's project
+and zone (400 otherwise); adding a VM that does not exist answers 404, one without an interface in the
+group's network 400, and one that is already a member 400 ``memberAlreadyExists`` ("Resource '...' is
+already a member of '...'"), refusing the whole call, as GCE does. Removing a VM that is not a member
+is refused with 400 (the fake's strictness again). Changes take effect when their operation finishes;
+a finished VM delete also drops the VM from its groups, as GCE does.
 
 Operations start ``RUNNING``; ``wait`` finishes them at once (the real ``wait`` blocks up to two
 minutes), while ``get`` finishes them after ``operation_polls`` polls. A finished insert makes the
@@ -76,10 +86,10 @@ _LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 _LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
 _PATH = re.compile(
     r"^/compute/v1/projects/(?P<project>[^/]+)/(?P<scope>zones|regions)/(?P<where>[^/]+)"
-    r"/(?P<collection>instances|operations|machineTypes|subnetworks|networkEndpointGroups)"
+    r"/(?P<collection>instances|operations|machineTypes|subnetworks|networkEndpointGroups|instanceGroups)"
     r"(?:/(?P<name>[^/]+))?"
     r"(?:/(?P<verb>wait|attachNetworkEndpoints|detachNetworkEndpoints|listNetworkEndpoints"
-    r"|updateNetworkInterface))?$"
+    r"|updateNetworkInterface|addInstances|removeInstances|listInstances))?$"
 )
 _NEG_TYPES = frozenset({"GCE_VM_IP_PORT", "GCE_VM_IP"})
 _HEALTH_STATES = frozenset({"HEALTHY", "UNHEALTHY", "DRAINING", "UNKNOWN"})
@@ -149,6 +159,20 @@ class _Neg:
 
 
 @dataclass(slots=True)
+class _InstanceGroup:
+    """A zonal unmanaged instance group and its members (VM names, in the order they were added)."""
+
+    name: str
+    zone: str
+    id: str
+    network: str
+    named_ports: list[dict[str, Any]]
+    created: str
+    fingerprint: str
+    members: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class _Injected:
     code: int
     reason: str
@@ -187,6 +211,7 @@ class _State:
     hidden: dict[str, int] = field(default_factory=dict)  # instance name -> 404s left for get
     hide_next_inserts: int = 0
     negs: dict[tuple[str, str], _Neg] = field(default_factory=dict)  # (zone, name) -> NEG
+    groups: dict[tuple[str, str], _InstanceGroup] = field(default_factory=dict)  # (zone, name) -> group
     fingerprint_bumps: int = 0  # updates left that find the interface changed since it was read
     ip_conflicts_in_operations: bool = False
     calls: list[RecordedCall] = field(default_factory=list)
@@ -304,7 +329,7 @@ class GceFake:
         """The next ``method`` operation ends DONE with this error.
 
         ``method`` is an ``operationType``: ``insert``, ``delete``, ``attachNetworkEndpoints``,
-        ``detachNetworkEndpoints`` or ``updateNetworkInterface``.
+        ``detachNetworkEndpoints``, ``addInstances``, ``removeInstances`` or ``updateNetworkInterface``.
         """
         with self._lock:
             self._state.op_failures.setdefault(method, []).append((code, message))
@@ -394,6 +419,39 @@ class GceFake:
             else:
                 neg.health[instance] = state
 
+    def add_instance_group(
+        self,
+        name: str,
+        *,
+        zone: str | None = None,
+        network: str = "default",
+        named_ports: dict[str, int] | None = None,
+    ) -> None:
+        """Create unmanaged instance group ``name`` (its VMs must have an interface in ``network``)."""
+        zone = zone or self._state.zones[0]
+        with self._lock:
+            if zone not in self._state.zones:
+                raise ValueError(f"unknown zone {zone!r}")
+            self._state.groups[(zone, name)] = _InstanceGroup(
+                name=name,
+                zone=zone,
+                id=str(self._rng.randrange(10**18, 2**63)),
+                network=network,
+                named_ports=[{"name": k, "port": v} for k, v in (named_ports or {}).items()],
+                created=_timestamp(),
+                fingerprint=_fingerprint(self._rng),
+            )
+
+    def delete_instance_group(self, name: str, *, zone: str | None = None) -> None:
+        """Delete instance group ``name`` (its VMs stay), as an operator might behind Nstance's back."""
+        with self._lock:
+            self._state.groups.pop((zone or self._state.zones[0], name), None)
+
+    def instance_group_members(self, name: str, *, zone: str | None = None) -> list[str]:
+        """The names of the VMs in instance group ``name``, in the order they were added."""
+        with self._lock:
+            return list(self._group(zone or self._state.zones[0], name).members)
+
     def instances(self, zone: str | None = None) -> list[dict[str, Any]]:
         """Copies of the VMs in ``zone`` (default: the first zone), as the API would return them."""
         with self._lock:
@@ -478,6 +536,13 @@ class GceFake:
         ):
             verb = method.split(".", 1)[1]
             return self._change_endpoints(zone, name or "", verb, body or {}, query.get("requestId", ""))
+        if method == "instanceGroups.get":
+            return self._group_doc(self._group(zone, name or ""))
+        if method == "instanceGroups.listInstances":
+            return self._list_members(zone, name or "", query, body or {})
+        if method in ("instanceGroups.addInstances", "instanceGroups.removeInstances"):
+            verb = method.split(".", 1)[1]
+            return self._change_members(zone, name or "", verb, body or {}, query.get("requestId", ""))
         raise FakeHttpError(404, "notFound", f"method {method} is not supported by the fake")
 
     # ---- instances ---------------------------------------------------------------------------
@@ -1080,6 +1145,150 @@ class GceFake:
             endpoint["port"] = port
         return endpoint
 
+    # ---- unmanaged instance groups -----------------------------------------------------------
+
+    def _group(self, zone: str, name: str) -> _InstanceGroup:
+        group = self._state.groups.get((zone, name))
+        if group is None:
+            raise self._nf(f"zones/{zone}/instanceGroups/{name}")
+        return group
+
+    def _group_doc(self, group: _InstanceGroup) -> dict[str, Any]:
+        network_link, _ = self._net(region_of(group.zone), "default", group.network)
+        doc: dict[str, Any] = {
+            "kind": "compute#instanceGroup",
+            "id": group.id,
+            "creationTimestamp": group.created,
+            "name": group.name,
+            "description": "",
+            "network": network_link,
+            "fingerprint": group.fingerprint,
+            "zone": f"{SELF_LINK_ROOT}projects/{self._state.project}/zones/{group.zone}",
+            "selfLink": self._link(group.zone, "instanceGroups", group.name),
+            "size": len(group.members),
+        }
+        if group.named_ports:
+            doc["namedPorts"] = [dict(p) for p in group.named_ports]
+        return doc
+
+    def _list_members(
+        self, zone: str, name: str, query: dict[str, str], body: dict[str, Any]
+    ) -> dict[str, Any]:
+        group = self._group(zone, name)
+        state = str(body.get("instanceState", "ALL"))
+        if state not in ("ALL", "RUNNING"):
+            raise FakeHttpError(
+                400,
+                "invalid",
+                f"Invalid value for field 'resource.instanceState': '{state}'. Must be ALL or RUNNING.",
+            )
+        items: list[dict[str, Any]] = []
+        for member in group.members:
+            instance = self._state.instances[group.zone].get(member)
+            status = str(instance["status"]) if instance is not None else "TERMINATED"
+            if state == "RUNNING" and status != "RUNNING":
+                continue
+            item: dict[str, Any] = {"instance": self._link(group.zone, "instances", member), "status": status}
+            if group.named_ports:
+                item["namedPorts"] = [dict(p) for p in group.named_ports]
+            items.append(item)
+        out = {
+            "kind": "compute#instanceGroupsListInstances",
+            "id": f"{self._link(group.zone, 'instanceGroups', group.name)}/listInstances",
+            "selfLink": f"{self._link(group.zone, 'instanceGroups', group.name)}/listInstances",
+        }
+        return _paged(out, items, query)
+
+    def _change_members(
+        self, zone: str, name: str, verb: str, body: dict[str, Any], request_id: str
+    ) -> dict[str, Any]:
+        replay = self._replay(request_id)
+        if replay is not None:
+            return replay
+        group = self._group(zone, name)
+        given = body.get("instances")
+        if not isinstance(given, list) or not given:
+            raise FakeHttpError(
+                400, "invalid", "Invalid value for field 'resource.instances': ''. No instances given."
+            )
+        adding = verb == "addInstances"
+        group_path = f"projects/{self._state.project}/zones/{group.zone}/instanceGroups/{group.name}"
+        wanted: list[str] = []
+        for index, item in enumerate(given):
+            vm_name = self._member_ref(group, item if isinstance(item, dict) else {}, index, check=adding)
+            vm_path = f"projects/{self._state.project}/zones/{group.zone}/instances/{vm_name}"
+            if vm_name in wanted:
+                raise FakeHttpError(
+                    400,
+                    "invalid",
+                    f"Invalid value for field 'resource.instances[{index}].instance': '{vm_path}'. "
+                    "The instance is listed more than once.",
+                )
+            if adding and vm_name in group.members:
+                raise FakeHttpError(
+                    400, "memberAlreadyExists", f"Resource '{vm_path}' is already a member of '{group_path}'."
+                )
+            if not adding and vm_name not in group.members:
+                raise FakeHttpError(
+                    400, "invalid", f"Resource '{vm_path}' is not a member of '{group_path}'."
+                )
+            wanted.append(vm_name)
+
+        def apply() -> None:
+            if adding:
+                group.members.extend(m for m in wanted if m not in group.members)
+            else:
+                group.members[:] = [m for m in group.members if m not in wanted]
+            group.fingerprint = _fingerprint(self._rng)
+
+        return self._new_operation(
+            zone, verb, group.name, group.id, request_id, collection="instanceGroups", effect=apply
+        )
+
+    def _member_ref(self, group: _InstanceGroup, item: dict[str, Any], index: int, *, check: bool) -> str:
+        """The VM name an ``instances[i]`` reference names (a URL, ``projects/...`` or ``zones/...`` path).
+
+        When adding (``check``), the VM must exist in the group's zone, with an interface in its network.
+        """
+        field_name = f"resource.instances[{index}].instance"
+        ref = str(item.get("instance", ""))
+        path = ref
+        for prefix in (SELF_LINK_ROOT, "https://compute.googleapis.com/compute/v1/"):
+            path = path.removeprefix(prefix)
+        parts = path.split("/")
+        if len(parts) == 4:
+            parts = ["projects", self._state.project, *parts]
+        if len(parts) != 6 or parts[0] != "projects" or parts[2] != "zones" or parts[4] != "instances":
+            raise FakeHttpError(
+                400,
+                "invalid",
+                f"Invalid value for field '{field_name}': '{ref}'. The URL is malformed.",
+            )
+        project, zone, vm_name = parts[1], parts[3], parts[5]
+        if project != self._state.project or zone != group.zone:
+            raise FakeHttpError(
+                400,
+                "invalid",
+                f"Invalid value for field '{field_name}': '{ref}'. Instance must be in the same project and "
+                f"zone as the instance group (zone '{group.zone}').",
+            )
+        if not check:
+            return vm_name
+        instance = self._state.instances[group.zone].get(vm_name)
+        if instance is None:
+            raise self._nf(f"zones/{zone}/instances/{vm_name}")
+        networks = {
+            str(n.get("network", "")).rsplit("/", 1)[-1] for n in instance.get("networkInterfaces", [])
+        }
+        if group.network not in networks:
+            raise FakeHttpError(
+                400,
+                "invalid",
+                f"Resource 'projects/{project}/zones/{zone}/instances/{vm_name}' is expected to be in the "
+                f"network 'projects/{project}/global/networks/{group.network}'.",
+            )
+        return vm_name
+
     # ---- operations --------------------------------------------------------------------------
 
     def _new_operation(
@@ -1160,6 +1369,9 @@ class GceFake:
             instance["lastStartTimestamp"] = _timestamp()
         elif op.on_done == "delete":
             instances.pop(op.target, None)
+            for group in self._state.groups.values():  # GCE drops a deleted VM from its groups
+                if group.zone == op.zone and op.target in group.members:
+                    group.members.remove(op.target)
 
     # ---- machine types and subnetworks -------------------------------------------------------
 
@@ -1222,6 +1434,10 @@ def _method_name(verb: str, match: re.Match[str]) -> str:
         if action in ("attachNetworkEndpoints", "detachNetworkEndpoints", "listNetworkEndpoints"):
             return f"networkEndpointGroups.{action}" if verb == "POST" else "unknown"
         return "networkEndpointGroups.get" if verb == "GET" and action is None else "unknown"
+    if collection == "instanceGroups" and name is not None and zonal:
+        if action in ("addInstances", "removeInstances", "listInstances"):
+            return f"instanceGroups.{action}" if verb == "POST" else "unknown"
+        return "instanceGroups.get" if verb == "GET" and action is None else "unknown"
     if action is not None or name is None or verb != "GET":
         return "unknown"
     if collection == "machineTypes" and zonal:

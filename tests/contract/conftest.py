@@ -16,9 +16,17 @@ import pytest
 from nstance.objectstore.gcs import GcsObjectStore, gcs_client
 from nstance.objectstore.s3 import S3ObjectStore
 from nstance.testing.gcsfake import GcsFake
+from nstance.testing.gsmfake import GsmFake
 from nstance.testing.motoserver import MotoServer
 
 REGION = "us-east-1"
+
+
+@pytest.fixture(scope="session")
+def gsm_fake() -> Iterator[GsmFake]:
+    """A local Secret Manager (gRPC) for the whole session; tests use their own project ids."""
+    with GsmFake() as fake:
+        yield fake
 
 
 @pytest.fixture(scope="session")

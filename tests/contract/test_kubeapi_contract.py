@@ -1193,6 +1193,21 @@ async def webhook_configuration(
         await admission.delete_validating_webhook_configuration(name)
 
 
+async def test_webhook_names_need_three_dot_separated_parts(kube: Kube) -> None:
+    config = _webhook_config("names", "https://127.0.0.1:1/validate", "")
+    config["webhooks"][0]["name"] = "names.nstance"
+    config["webhooks"][0]["clientConfig"].pop("caBundle")
+    status, body = await kube.raw(
+        "POST", "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations", config
+    )
+    assert status == 422, body
+    assert body["reason"] == "Invalid"
+    assert (
+        'webhooks[0].name: Invalid value: "names.nstance": should be a domain with at least three '
+        in (body["message"])
+    )
+
+
 async def test_validating_webhook_denies_and_allows(kube: Kube, tmp_path: Path) -> None:
     kube.require_local("the webhook listens on the test machine's loopback")
     reviews: list[dict[str, Any]] = []

@@ -78,6 +78,7 @@ class Harness:
     subnet: str = "subnet-a"
     kind: str = ""
     lb: LoadBalancerConfig | None = None  # a load balancer of this cloud, when it has them
+    other_lbs: tuple[LoadBalancerConfig, ...] = ()  # other shapes of load balancer it takes
     leader: LeaderSetup | None = None
 
     def request(self, cluster_id: str = "c1", shard: str = "s1", token: str | None = None) -> CreateRequest:
@@ -154,6 +155,7 @@ async def harness(
             fake.add_machine_type("small")
             fake.add_subnetwork("subnet-a")
             fake.add_network_endpoint_group("neg-web")
+            fake.add_instance_group("ig-web")
             gcp = GcpProvider(
                 project=fake.project,
                 zone=GCE_ZONE,
@@ -177,6 +179,9 @@ async def harness(
                 {"args": {"SourceImage": image}},
                 kind="gcp",
                 lb=LoadBalancerConfig(provider="google", network_endpoint_groups=["neg-web"]),
+                other_lbs=(
+                    LoadBalancerConfig.model_validate({"provider": "gcp", "instance_group_name": "ig-web"}),
+                ),
                 leader=LeaderSetup("10.0.0.200", "", alias_holder),
             )
             await gcp.close()
@@ -370,19 +375,20 @@ async def test_load_balancer_registration_is_repeatable_and_deregistration_takes
     targets = [LbTarget(m.instance_id, m.provider_id, m.ip4) for m in made]
     attached = {TargetState.REGISTERED, TargetState.HEALTHY}
 
-    await provider.register_targets("web", harness.lb, targets)
-    await provider.register_targets("web", harness.lb, targets)  # again: harmless
+    for lb in (harness.lb, *harness.other_lbs):
+        await provider.register_targets("web", lb, targets)
+        await provider.register_targets("web", lb, targets)  # again: harmless
 
-    states = await provider.target_states("web", harness.lb, targets)
-    assert set(states) == {t.instance_id for t in targets}
-    assert set(states.values()) <= attached
+        states = await provider.target_states("web", lb, targets)
+        assert set(states) == {t.instance_id for t in targets}
+        assert set(states.values()) <= attached, lb
 
-    await provider.deregister_targets("web", harness.lb, targets[:1])
-    await provider.deregister_targets("web", harness.lb, targets[:1])  # again: nothing to do
+        await provider.deregister_targets("web", lb, targets[:1])
+        await provider.deregister_targets("web", lb, targets[:1])  # again: nothing to do
 
-    states = await provider.target_states("web", harness.lb, targets)
-    assert states[targets[0].instance_id] == TargetState.DEREGISTERED  # no delay configured anywhere here
-    assert states[targets[1].instance_id] in attached
+        states = await provider.target_states("web", lb, targets)
+        assert states[targets[0].instance_id] == TargetState.DEREGISTERED, lb  # no delay configured here
+        assert states[targets[1].instance_id] in attached, lb
 
 
 async def test_the_leader_address_has_one_holder_and_only_the_holder_releases_it(harness: Harness) -> None:

@@ -709,10 +709,12 @@ def test_options_are_checked_by_path(aws_env: None, tmp_path: Path) -> None:
     with pytest.raises(InvalidArgument, match=r"shard\.infra\.options\.bucket: unknown option"):
         aws_provider_from_options({"bucket": "x"}, clock=clock, base_dir=tmp_path, zone=ZONE)
     with pytest.raises(
-        InvalidArgument, match=r"shard\.infra\.options\.page_size: must be between 5 and 1000"
+        InvalidArgument, match=r"shard\.infra\.options\.page_size: must be a whole number from 5 to 1000"
     ):
         aws_provider_from_options({"page_size": 2}, clock=clock, base_dir=tmp_path, zone=ZONE)
-    with pytest.raises(InvalidArgument, match=r"shard\.infra\.options\.max_attempts: must be a positive"):
+    with pytest.raises(
+        InvalidArgument, match=r"shard\.infra\.options\.max_attempts: must be a whole number of at least 1"
+    ):
         aws_provider_from_options({"max_attempts": 0}, clock=clock, base_dir=tmp_path, zone=ZONE)
     with pytest.raises(InvalidArgument, match=r"shard\.infra\.options\.region: cannot tell the AWS region"):
         aws_provider_from_options({}, clock=clock, base_dir=tmp_path, zone="dev")

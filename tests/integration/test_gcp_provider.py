@@ -5,7 +5,8 @@ across pages; creates are idempotent per token (requestId) and per name; deletes
 throttling and 5xx are retried with backoff and then reported as the right error; a VM that is not yet
 visible after its insert is not an error; an instance type of the wrong arch is refused before launch;
 operations are waited on the configured endpoint (never compute.googleapis.com). And the capabilities:
-VMs join and leave load balancers through network endpoint groups, the leader alias IP follows the
+VMs join and leave load balancers through network endpoint groups (or upstream v1's unmanaged instance
+groups), the leader alias IP follows the
 leader without ever being held twice, the server learns its own VM id from the metadata server, and
 config validation can check a machine type's architecture.
 """
@@ -23,6 +24,7 @@ from google.auth.credentials import AnonymousCredentials
 from nstance.config.loader import load_config_file
 from nstance.config.merge import all_group_keys, merged_group
 from nstance.config.resources import LoadBalancerConfig
+from nstance.config.schema import ServerConfig
 from nstance.core.backoff import Backoff
 from nstance.core.clock import ManualClock
 from nstance.core.errors import InvalidArgument
@@ -45,6 +47,7 @@ from nstance.providers.features import (
     TargetState,
 )
 from nstance.providers.gcp import GcpProvider, gcp_provider_from_options, request_id_for
+from nstance.providers.gcp.instancegroups import group_ref
 from nstance.providers.gcp.labels import label_key, label_value, merge_labels
 from nstance.providers.gcp.loadbalancers import neg_refs
 from nstance.providers.gcp.resources import subnetwork_path
@@ -56,6 +59,7 @@ from nstance.testing.requests import sample_create_request
 ZONE = "us-central1-a"
 IMAGE = "projects/debian-cloud/global/images/family/debian-12"
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gcp" / "config.jsonc"
+UPSTREAM = Path(__file__).resolve().parents[1] / "fixtures" / "upstream"
 
 
 class Sleeps:
@@ -107,6 +111,23 @@ def req(cluster_id: str = "c1", shard: str = "s1", **changes: Any) -> CreateRequ
     changes.setdefault("subnet_id", "workers")
     changes.setdefault("args", {"SourceImage": IMAGE})
     return sample_create_request(cluster_id=cluster_id, shard=shard, **changes)
+
+
+def group_request(config: ServerConfig, tenant: str, group: str, **changes: Any) -> CreateRequest:
+    """A create request for a new VM of ``tenant``/``group`` of ``config``, with its merged settings."""
+    merged = merged_group(config, {}, tenant, group)
+    return req(
+        tenant=tenant,
+        group=group,
+        template=merged.template,
+        kind=merged.kind,
+        arch=merged.arch,
+        instance_type=merged.instance_type,
+        subnet_id=config.shard.subnet_pools[merged.subnet_pool][0],
+        args=merged.args,
+        instance_id=new_instance_id(merged.kind),
+        **changes,
+    )
 
 
 def vm(fake: GceFake, name: str) -> dict[str, Any]:
@@ -411,6 +432,10 @@ async def test_bad_args_are_refused_with_their_config_path(fake: GceFake, provid
         await provider.create_instance(req(args={"SourceImage": IMAGE, "DiskSizeGb": "big"}))
     with pytest.raises(ProviderInvalidRequest, match=r"args\.Labels\.nstance-x: .*belong to Nstance"):
         await provider.create_instance(req(args={"SourceImage": IMAGE, "Labels": {"nstance-x": "y"}}))
+    with pytest.raises(
+        ProviderInvalidRequest, match=r"args\.Labels\.nstance-group: .*\(Nstance writes 'web' here\)"
+    ):
+        await provider.create_instance(req(args={"SourceImage": IMAGE, "Labels": {"nstance-group": "db"}}))
     with pytest.raises(ProviderInvalidRequest, match=r"args\.Labels\.Env"):
         await provider.create_instance(req(args={"SourceImage": IMAGE, "Labels": {"Env": "prod"}}))
     assert fake.calls("instances.insert") == []
@@ -512,6 +537,14 @@ def test_options_are_checked_by_path(tmp_path: Path) -> None:
         gcp_provider_from_options(
             {"project": "p", "credentials_file": "missing.json"}, clock=clock, base_dir=tmp_path, zone=ZONE
         )
+    with pytest.raises(
+        InvalidArgument, match=r"shard\.infra\.options\.project: 'a' differs from project_id 'b'"
+    ):
+        gcp_provider_from_options(
+            {"project": "a", "project_id": "b"}, clock=clock, base_dir=tmp_path, zone=ZONE
+        )
+    with pytest.raises(InvalidArgument, match=r"options\.project_id: must be a non-empty string"):
+        gcp_provider_from_options({"project_id": 7}, clock=clock, base_dir=tmp_path, zone=ZONE)
 
 
 async def test_provider_from_options_talks_to_a_plain_http_endpoint_anonymously(
@@ -529,6 +562,18 @@ async def test_provider_from_options_talks_to_a_plain_http_endpoint_anonymously(
     await provider.close()
 
 
+async def test_upstreams_project_id_option_names_the_project(fake: GceFake, tmp_path: Path) -> None:
+    """Both of upstream's generations read the project from ``shard.infra.options.project_id``."""
+    options = {"project_id": fake.project, "endpoint": fake.endpoint}
+    provider = gcp_provider_from_options(options, clock=ManualClock(), base_dir=tmp_path, zone=ZONE)
+    assert provider.project == "proj-1"
+    made = await provider.create_instance(req())
+    assert [i.provider_id for i in await provider.list_instances("c1", "s1")] == [made.provider_id]
+    await provider.close()
+    same = {**options, "project": fake.project}  # both keys, one project: fine
+    await gcp_provider_from_options(same, clock=ManualClock(), base_dir=tmp_path, zone=ZONE).close()
+
+
 async def test_instance_id_that_is_not_a_gce_name_is_refused(provider: GcpProvider) -> None:
     with pytest.raises(ProviderInvalidRequest, match="cannot be a GCE instance name"):
         await provider.create_instance(req(instance_id="Web_1"))
@@ -544,20 +589,7 @@ async def test_every_group_of_the_shipped_example_launches_on_the_fake(
     fake.add_machine_type("c4a-standard-8", guest_cpus=8, memory_mb=32768, architecture="ARM64")
     fake.add_subnetwork("control", cidr="10.30.0.0/24")
     for tenant, group in all_group_keys(config, {}):
-        merged = merged_group(config, {}, tenant, group)
-        request = req(
-            tenant=tenant,
-            group=group,
-            template=merged.template,
-            kind=merged.kind,
-            arch=merged.arch,
-            instance_type=merged.instance_type,
-            subnet_id=config.shard.subnet_pools[merged.subnet_pool][0],
-            args=merged.args,
-            spot=False,
-            instance_id=new_instance_id(merged.kind),
-        )
-        made = await provider.create_instance(request)
+        made = await provider.create_instance(group_request(config, tenant, group, spot=False))
         assert made.status == InstanceStatus.RUNNING, (tenant, group)
     spot = next(i for i in fake.instances() if i["labels"]["nstance-template"] == "kns")
     assert spot["scheduling"]["provisioningModel"] == "SPOT"
@@ -756,7 +788,7 @@ async def test_registering_a_vm_gce_does_not_know_is_refused_naming_the_neg(
 async def test_many_targets_are_attached_in_chunks_and_listed_across_pages(
     fake: GceFake, sleeps: Sleeps
 ) -> None:
-    provider = make_provider(fake, sleeps, page_size=2, neg_batch_size=2)
+    provider = make_provider(fake, sleeps, page_size=2, lb_batch_size=2)
     fake.add_network_endpoint_group("ingress")
     lb = google_lb("ingress")
     targets = await new_targets(provider, 5)
@@ -795,6 +827,264 @@ async def test_a_detach_still_running_reads_draining_until_its_operation_is_done
         assert await impatient.target_states("ingress", lb, targets) == {key: TargetState.DRAINING}
         assert await impatient.target_states("ingress", lb, targets) == {key: TargetState.DEREGISTERED}
         assert slow.network_endpoints("ingress") == []
+        await provider.close()
+        await impatient.close()
+
+
+async def test_upstreams_v1_terraform_config_launches_and_fills_its_instance_group(tmp_path: Path) -> None:
+    """What upstream's v1 Terraform module uploads (tests/fixtures/upstream/tf-gcp-shard.json) runs here."""
+    config = load_config_file(UPSTREAM / "tf-gcp-shard.json")
+    infra = config.shard.infra
+    assert (infra.provider, infra.zone, infra.options) == ("google", ZONE, {"project_id": "acme-prod"})
+    with GceFake(project="acme-prod", zones=(ZONE,)) as fake:
+        fake.add_subnetwork("agents-usc1a", cidr="10.40.0.0/24")
+        fake.add_instance_group("ingress-usc1a")
+        options = {**infra.options, "endpoint": fake.endpoint}  # upstream's own options, aimed at the fake
+        provider = gcp_provider_from_options(options, clock=ManualClock(), base_dir=tmp_path, zone=infra.zone)
+        merged = merged_group(config, {}, "default", "main")
+        where = {"cluster_id": config.cluster.id, "shard": config.shard.id}
+        made = [
+            await provider.create_instance(group_request(config, "default", "main", **where)) for _ in "ab"
+        ]
+        targets = [LbTarget(m.instance_id, m.provider_id, m.ip4) for m in made]
+        (lb_name,) = merged.load_balancers
+
+        await provider.register_targets(lb_name, config.load_balancers[lb_name], targets)
+
+        assert sorted(fake.instance_group_members("ingress-usc1a")) == sorted(m.instance_id for m in made)
+        vm_doc = vm(fake, made[0].instance_id)
+        assert vm_doc["tags"]["items"] == ["nstance-agent-usc1a-1"]
+        assert vm_doc["serviceAccounts"][0]["email"] == "nstance-agent@acme-prod.iam.gserviceaccount.com"
+        await provider.close()
+
+
+# ---- load balancers: upstream v1's unmanaged instance group ------------------------------------------
+
+
+def v1_lb(group: str = "web-ig") -> LoadBalancerConfig:
+    """Upstream v1's own shape: provider "gcp", a backend service and its instance group."""
+    return LoadBalancerConfig.model_validate(
+        {"provider": "gcp", "backend_service_name": "web-backend", "instance_group_name": group}
+    )
+
+
+async def test_v1_instance_group_gets_each_vm_once_and_registering_again_adds_nothing(
+    fake: GceFake, provider: GcpProvider
+) -> None:
+    fake.add_instance_group("web-ig", named_ports={"http": 30080})
+    fake.add_network_endpoint_group("web-ig")  # a NEG of the same name is not what a v1 entry means
+    lb = v1_lb()
+    first, second = targets = await new_targets(provider)
+
+    await provider.register_targets("web", lb, [first])
+    await provider.register_targets("web", lb, targets)  # only the VM not in the group yet is added
+    await provider.register_targets("web", lb, targets)  # again: nothing to add
+
+    assert fake.instance_group_members("web-ig") == [first.instance_id, second.instance_id]
+    assert [c.status for c in fake.calls("instanceGroups.addInstances")] == [200, 200]
+    assert fake.network_endpoints("web-ig") == []
+    assert fake.calls("zoneOperations.wait"), "add operations are waited on the configured endpoint"
+    assert await provider.target_states("web", lb, targets) == {
+        t.instance_id: TargetState.REGISTERED for t in targets
+    }
+
+
+async def test_a_vm_another_writer_added_meanwhile_is_not_an_error(
+    fake: GceFake, provider: GcpProvider
+) -> None:
+    fake.add_instance_group("web-ig")
+    targets = await new_targets(provider)
+    fake.inject_error(
+        "instanceGroups.addInstances", code=400, reason="memberAlreadyExists", message="is already a member"
+    )
+
+    await provider.register_targets("web", v1_lb(), targets)
+
+    assert sorted(fake.instance_group_members("web-ig")) == sorted(t.instance_id for t in targets)
+    assert [c.status for c in fake.calls("instanceGroups.addInstances")] == [400, 200]
+    assert len(fake.calls("instanceGroups.listInstances")) == 2  # listed again before adding the rest
+
+
+async def test_deregistered_vms_leave_the_instance_group(fake: GceFake, provider: GcpProvider) -> None:
+    fake.add_instance_group("web-ig")
+    lb = v1_lb()
+    targets = await new_targets(provider)
+    bystander = await new_targets(provider, 1)
+    await provider.register_targets("web", lb, [*targets, *bystander])
+
+    await provider.deregister_targets("web", lb, targets)
+
+    assert fake.instance_group_members("web-ig") == [bystander[0].instance_id]
+    assert len(fake.calls("instanceGroups.removeInstances")) == 1  # both VMs in one call
+    assert await provider.target_states("web", lb, [*targets, *bystander]) == {
+        targets[0].instance_id: TargetState.DEREGISTERED,
+        targets[1].instance_id: TargetState.DEREGISTERED,
+        bystander[0].instance_id: TargetState.REGISTERED,
+    }
+    await provider.deregister_targets("web", lb, targets)  # again: not members, nothing to do
+    assert len(fake.calls("instanceGroups.removeInstances")) == 1
+
+
+async def test_a_missing_group_needs_no_deregistration_and_refuses_registration(
+    fake: GceFake, provider: GcpProvider
+) -> None:
+    fake.add_instance_group("web-ig")
+    targets = await new_targets(provider)
+    await provider.register_targets("web", v1_lb(), targets)
+    fake.delete_instance_group("web-ig")
+
+    await provider.deregister_targets("web", v1_lb(), targets)
+
+    assert await provider.target_states("web", v1_lb(), targets) == {
+        t.instance_id: TargetState.DEREGISTERED for t in targets
+    }
+    assert fake.calls("instanceGroups.removeInstances") == []
+    with pytest.raises(
+        ProviderInvalidRequest,
+        match=rf"load_balancers\.web\.instance_group_name: instance group projects/proj-1/zones/{ZONE}"
+        r"/instanceGroups/web-ig does not exist",
+    ):
+        await provider.register_targets("web", v1_lb(), targets)
+
+
+async def test_a_vm_deleted_at_the_provider_leaves_its_group(fake: GceFake, provider: GcpProvider) -> None:
+    fake.add_instance_group("web-ig")
+    targets = await new_targets(provider)
+    await provider.register_targets("web", v1_lb(), targets)
+
+    await provider.delete_instance(targets[0].instance_id, targets[0].provider_id)
+
+    assert fake.instance_group_members("web-ig") == [targets[1].instance_id]
+    states = await provider.target_states("web", v1_lb(), targets)
+    assert states[targets[0].instance_id] == TargetState.DEREGISTERED
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "Bad_Name",
+        "regions/us-central1/instanceGroups/web-ig",
+        f"zones/{ZONE}/networkEndpointGroups/web-ig",
+        "projects/proj-1/zones/us-central1-b/instanceGroups/web-ig",
+    ],
+)
+async def test_a_bad_instance_group_reference_is_refused_naming_its_config_path(
+    fake: GceFake, provider: GcpProvider, bad: str
+) -> None:
+    fake.add_instance_group("web-ig")
+    targets = [LbTarget(instance_id="web-1", provider_id="1")]
+    path = r"load_balancers\.web\.instance_group_name: "
+
+    with pytest.raises(ProviderInvalidRequest, match=path):
+        await provider.register_targets("web", v1_lb(bad), targets)
+    with pytest.raises(ProviderInvalidRequest, match=path):
+        await provider.deregister_targets("web", v1_lb(bad), targets)
+    with pytest.raises(ProviderInvalidRequest, match=path):
+        await provider.target_states("web", v1_lb(bad), targets)
+    assert [c for c in fake.calls() if c.method.startswith("instanceGroups.")] == []
+
+
+def test_instance_group_references_accept_a_name_a_zonal_path_a_project_path_and_a_url() -> None:
+    path = f"projects/proj-1/zones/{ZONE}/instanceGroups/web-ig"
+    for ref in (
+        "web-ig",
+        f"zones/{ZONE}/instanceGroups/web-ig",
+        path,
+        f"https://www.googleapis.com/compute/v1/{path}",
+    ):
+        parsed = group_ref("web", v1_lb(ref), project="proj-1", zone=ZONE)
+        assert (parsed.path, parsed.where) == (path, "load_balancers.web.instance_group_name")
+    with pytest.raises(ProviderInvalidRequest, match=r"load_balancers\.web\.instance_group_name: is not set"):
+        group_ref("web", google_lb("web-neg"), project="proj-1", zone=ZONE)
+
+
+async def test_a_vm_gce_refuses_for_the_group_is_refused_naming_the_entry(
+    fake: GceFake, provider: GcpProvider
+) -> None:
+    fake.add_instance_group("web-ig")
+    fake.add_instance_group("other-net", network="other")
+    made = await new_targets(provider, 1)
+    where = r"load_balancers\.web\.instance_group_name: "
+
+    with pytest.raises(ProviderInvalidRequest, match=where + r".*web-gone.*was not found"):
+        await provider.register_targets("web", v1_lb(), [LbTarget(instance_id="web-gone", provider_id="1")])
+    with pytest.raises(ProviderInvalidRequest, match=where + r".*expected to be in the network"):
+        await provider.register_targets("web", v1_lb("other-net"), made)
+    assert fake.instance_group_members("web-ig") == fake.instance_group_members("other-net") == []
+
+
+async def test_a_removal_gce_refuses_while_the_vm_is_still_a_member_is_an_error(
+    fake: GceFake, provider: GcpProvider
+) -> None:
+    fake.add_instance_group("web-ig")
+    targets = await new_targets(provider, 1)
+    await provider.register_targets("web", v1_lb(), targets)
+    fake.inject_error("instanceGroups.removeInstances", code=400, reason="invalid", message="refused")
+
+    with pytest.raises(ProviderInvalidRequest, match=r"load_balancers\.web\.instance_group_name: .*refused"):
+        await provider.deregister_targets("web", v1_lb(), targets)
+
+    assert fake.instance_group_members("web-ig") == [targets[0].instance_id]
+
+
+async def test_a_failed_add_operation_is_reported_and_a_later_registration_adds_the_vms(
+    fake: GceFake, provider: GcpProvider
+) -> None:
+    fake.add_instance_group("web-ig")
+    targets = await new_targets(provider)
+    fake.fail_next_operation("addInstances", code="INVALID_USAGE", message="the group is being updated")
+
+    with pytest.raises(
+        ProviderInvalidRequest, match=r"load_balancers\.web\.instance_group_name: .*INVALID_USAGE"
+    ):
+        await provider.register_targets("web", v1_lb(), targets)
+    assert fake.instance_group_members("web-ig") == []
+
+    await provider.register_targets("web", v1_lb(), targets)
+    assert sorted(fake.instance_group_members("web-ig")) == sorted(t.instance_id for t in targets)
+
+
+async def test_many_vms_are_added_in_chunks_and_members_listed_across_pages(
+    fake: GceFake, sleeps: Sleeps
+) -> None:
+    provider = make_provider(fake, sleeps, page_size=2, lb_batch_size=2)
+    fake.add_instance_group("web-ig")
+    lb = v1_lb()
+    targets = await new_targets(provider, 5)
+    fake.inject_error("instanceGroups.addInstances", code=503, reason="backendError")
+
+    await provider.register_targets("web", lb, targets)
+
+    assert fake.instance_group_members("web-ig") == [t.instance_id for t in targets]
+    assert [c.status for c in fake.calls("instanceGroups.addInstances")] == [503, 200, 200, 200]
+    assert set((await provider.target_states("web", lb, targets)).values()) == {TargetState.REGISTERED}
+    lists = fake.calls("instanceGroups.listInstances")
+    assert [bool(c.query.get("pageToken")) for c in lists] == [False, False, True, True]  # 5 read in 3 pages
+    await provider.deregister_targets("web", lb, targets)
+    assert fake.instance_group_members("web-ig") == []
+    assert len(fake.calls("instanceGroups.removeInstances")) == 3
+    await provider.close()
+
+
+async def test_a_group_removal_still_running_reads_draining_until_its_operation_is_done(
+    sleeps: Sleeps,
+) -> None:
+    with GceFake(project="proj-1", zones=(ZONE,), operation_polls=3) as slow:
+        slow.add_subnetwork("workers", cidr="10.20.0.0/24")
+        slow.add_instance_group("web-ig")
+        lb = v1_lb()
+        provider = make_provider(slow, sleeps)
+        impatient = make_provider(slow, sleeps, operation_timeout=0.0)  # never waits for an operation
+        targets = await new_targets(provider, 1)
+        await provider.register_targets("web", lb, targets)
+        key = targets[0].instance_id
+
+        await impatient.deregister_targets("web", lb, targets)  # the removal is still running (draining)
+
+        assert await impatient.target_states("web", lb, targets) == {key: TargetState.DRAINING}
+        assert await impatient.target_states("web", lb, targets) == {key: TargetState.DRAINING}
+        assert await impatient.target_states("web", lb, targets) == {key: TargetState.DEREGISTERED}
+        assert slow.instance_group_members("web-ig") == []
         await provider.close()
         await impatient.close()
 

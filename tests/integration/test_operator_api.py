@@ -16,7 +16,9 @@ from typing import Any
 import grpc
 import pytest
 from google.protobuf.empty_pb2 import Empty
+from typer.testing import CliRunner
 
+from nstance.admin.cli import app as admin_app
 from nstance.core.ids import new_instance_id
 from nstance.pki.keys import generate_private_key, private_key_to_pem, public_key_to_pem
 from nstance.rpc import operator_pb2, operator_pb2_grpc
@@ -247,3 +249,56 @@ def test_renew_certificate_issues_a_working_certificate_for_a_new_key(server: Se
     assert {g.key for g in stub.ListGroups(Empty(), timeout=10).groups} >= {"web"}
     record = server.cluster.cluster.get("operator/default.test.json")[0]
     assert json.loads(record)["public_key"] == public_key_to_pem(key.public_key()).decode()
+
+
+def test_list_instances_names_managed_and_on_demand_instances_by_id(server: Server) -> None:
+    stub = server.stub
+    scale(stub, "idle", 2)
+    group = wait_size(stub, "idle", 2)
+    iid = str(new_instance_id("app"))
+    stub.CreateInstance(
+        operator_pb2.CreateInstanceRequest(instance_id=iid, config=operator_pb2.InstanceConfig(group="idle")),
+        timeout=10,
+    )
+    try:
+        listed = stub.ListInstances(operator_pb2.ListInstancesRequest(group="idle"), timeout=10).instances
+        assert {i.instance_id for i in listed if i.on_demand} == {iid}
+        managed = [i for i in listed if not i.on_demand]
+        assert sorted(i.provider_instance_id for i in managed) == sorted(group.provider_ids)
+        assert all(i.group == "idle" and i.instance_id.startswith("app") for i in listed)
+        everything = stub.ListInstances(operator_pb2.ListInstancesRequest(), timeout=10).instances
+        assert {i.instance_id for i in listed} <= {i.instance_id for i in everything}
+        with pytest.raises(grpc.RpcError) as bad:
+            stub.ListInstances(operator_pb2.ListInstancesRequest(group="no/such"), timeout=10)
+        assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+        # nstance-admin shows the same, by instance id.
+        result = CliRunner().invoke(
+            admin_app,
+            [
+                "instance", "list", "--group", "idle", "-o", "json", "--shard", SHARD,
+                "--servers", f"{SHARD}={server.addrs['operator_addr']}",
+                "--identity-dir", str(server.identity),
+            ],
+        )  # fmt: skip
+        assert result.exit_code == 0, result.stderr
+        rows = json.loads(result.stdout)
+        assert {r["instance_id"] for r in rows} == {i.instance_id for i in listed}
+        assert [r["on_demand"] for r in rows if r["instance_id"] == iid] == [True]
+
+        # The live view shows them by ID too, from the same listing (no --instances-dir needed).
+        frame = CliRunner().invoke(
+            admin_app,
+            [
+                "watch", "--once", "--shard", SHARD, "--servers", f"{SHARD}={server.addrs['operator_addr']}",
+                "--identity-dir", str(server.identity),
+            ],
+        )  # fmt: skip
+        assert frame.exit_code == 0, frame.stderr
+        lines = frame.stdout.splitlines()
+        assert any(iid in line and "idle (on-demand)" in line for line in lines), frame.stdout
+        assert sum(any(i.instance_id in line for line in lines) for i in managed) == 2, frame.stdout
+    finally:
+        stub.DeleteInstance(operator_pb2.DeleteInstanceRequest(instance_id=iid), timeout=10)
+        scale(stub, "idle", 0)
+        wait_size(stub, "idle", 0)

@@ -184,7 +184,7 @@ async def test_the_runtime_registers_leads_and_follows_its_configmap(
         health_addr=f"127.0.0.1:{health}",
         webhook_addr=f"127.0.0.1:{free_port()}",
         webhook_self_signed=True,
-        webhook_managed="nstance-test-webhook",
+        webhook_managed="test.operator.nstance.dev",
         webhook_host="127.0.0.1",
         # Not a test of Lease timing: a deadline a starved machine does not reach (at load 28 a 2 s one
         # passed on its own and the replica went standby in the middle of the test).
@@ -241,7 +241,7 @@ async def test_the_runtime_registers_leads_and_follows_its_configmap(
         # kopf runs the handlers with the context in memo, and serves the webhook it registered itself.
         probe = {"metadata": {"name": "probe", "labels": {"probe": "yes"}}, "data": {"x": "1"}}
         await eventually(
-            lambda: server.store.find(webhook_type(server), None, "nstance-test-webhook") is not None,
+            lambda: server.store.find(webhook_type(server), None, "test.operator.nstance.dev") is not None,
             what="kopf to register its ValidatingWebhookConfiguration",
         )
         await kube.create(CONFIGMAPS, probe, "default")

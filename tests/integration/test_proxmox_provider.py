@@ -40,8 +40,9 @@ from nstance.providers.base import (
 from nstance.providers.proxmox import cidata, notes
 from nstance.providers.proxmox.args import parse_clone_args
 from nstance.providers.proxmox.client import Endpoint, PveClient
+from nstance.providers.proxmox.options import proxmox_provider_from_options
 from nstance.providers.proxmox.placement import NodeLoad, rank_nodes, topsis
-from nstance.providers.proxmox.provider import ProxmoxProvider, proxmox_provider_from_options
+from nstance.providers.proxmox.provider import ProxmoxProvider
 from nstance.providers.proxmox.status import map_status
 from nstance.providers.proxmox.vmid import VmidAllocator, VmidStateError
 from nstance.testing.requests import sample_create_request

@@ -26,12 +26,12 @@ from google.protobuf.empty_pb2 import Empty
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nstance.agent import fsutil
 from nstance.agent.channels import agent_channel
 from nstance.agent.files import Delivery, FileReceiver
 from nstance.agent.keys import KeyStore
 from nstance.agent.state import AgentState
 from nstance.agent.streams import receive_files_once, receive_key_requests_once
+from nstance.core import atomicfile
 from nstance.core.ids import new_instance_id
 from nstance.pki.ca import create_ca
 from nstance.pki.keys import generate_private_key, public_key_to_pem
@@ -162,7 +162,7 @@ names = st.one_of(st.lists(st.sampled_from(NAME_PIECES), max_size=12).map("".joi
 @given(st.lists(names, min_size=1, max_size=4))
 def test_no_file_name_writes_outside_the_receive_directory(names: list[str]) -> None:
     # Durability is not the question here: skip fsync, which makes each example slow.
-    with tempfile.TemporaryDirectory() as tmp, mock.patch.object(fsutil.os, "fsync", return_value=None):
+    with tempfile.TemporaryDirectory() as tmp, mock.patch.object(atomicfile.os, "fsync", return_value=None):
         root = Path(tmp)
         recv = root / "a" / "b" / "recv"
         recv.mkdir(parents=True)

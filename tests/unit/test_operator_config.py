@@ -246,9 +246,12 @@ def test_the_webhook_needs_a_certificate_unless_disabled_or_self_signed(tmp_path
     assert settings.webhook.cert_file == tmp_path / "tls.crt"
     with pytest.raises(SettingsError, match="must be given together"):
         build_settings(environ={}, webhook_cert=tmp_path / "tls.crt")
-    signed = build_settings(environ={}, webhook_self_signed=True, webhook_managed="nstance-operator")
+    signed = build_settings(environ={}, webhook_self_signed=True, webhook_managed="operator.nstance.dev")
     assert signed.webhook.self_signed
-    assert signed.webhook.managed == "nstance-operator"
+    assert signed.webhook.managed == "operator.nstance.dev"
+    # kopf names each webhook "<id>.<value>"; kube-apiserver refuses webhook names of fewer than 3 parts.
+    with pytest.raises(SettingsError, match="at least three dot-separated parts"):
+        build_settings(environ={}, webhook_self_signed=True, webhook_managed="nstance-operator")
     assert not build_settings(environ={"NSTANCE_WEBHOOK_ENABLED": "false"}).webhook.enabled
 
 

@@ -214,3 +214,12 @@ async def test_instrumented_provider_counts_errors_by_class_and_reraises() -> No
 
     await provider.close()
     assert inner.closed
+
+
+def test_certificate_expiry_is_published_per_certificate() -> None:
+    metrics = Metrics()
+    metrics.set_certificate_expiry("server-mtls", datetime(2027, 1, 1, tzinfo=UTC))
+    metrics.set_certificate_expiry("ca", datetime(2036, 1, 1, tzinfo=UTC))
+    text = metrics.render().decode()
+    assert 'nstance_certificate_expiry_timestamp_seconds{certificate="server-mtls"} 1.7987616e+09' in text
+    assert 'nstance_certificate_expiry_timestamp_seconds{certificate="ca"} 2.0827584e+09' in text

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from nstance.operator.conditions import set_condition
 from nstance.operator.context import OperatorContext
 from nstance.operator.kube import KubeError, Object, Resource
+from nstance.operator.kubecache import CachedKube
 from nstance.operator.steps import Done, Requeue, Step, StepState, run_steps
 
 log = logging.getLogger("nstance.operator.controllers")
@@ -75,16 +76,19 @@ def controller_uid(obj: Mapping[str, Any]) -> str | None:
 
 
 async def list_everywhere(
-    ctx: OperatorContext, resource: Resource, namespace: str, *, labels: str = ""
+    ctx: OperatorContext, resource: Resource, namespace: str, *, labels: str = "", live: bool = False
 ) -> list[Object]:
     """Objects of ``resource`` (matching ``labels``) in every namespace, or only in ``namespace`` when
-    the operator may not list cluster-wide (a namespaced installation manages its own namespace only)."""
+    the operator may not list cluster-wide (a namespaced installation manages its own namespace only).
+    ``live`` reads the API server even when the context's client answers from its cache."""
+    kube = ctx.kube
+    lister = kube.live_list if live and isinstance(kube, CachedKube) else kube.list
     try:
-        return await ctx.kube.list(resource, labels=labels)
+        return await lister(resource, labels=labels)
     except KubeError as exc:
         if exc.status != 403:
             raise
-        return await ctx.kube.list(resource, namespace or None, labels=labels)
+        return await lister(resource, namespace or None, labels=labels)
 
 
 def merge_diff(

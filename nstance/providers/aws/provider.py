@@ -35,6 +35,7 @@ from nstance.config.resources import ImageConfig, LoadBalancerConfig
 from nstance.core.backoff import Backoff
 from nstance.core.clock import Clock
 from nstance.core.errors import InvalidArgument
+from nstance.providers import options as opt
 from nstance.providers.aws.args import (
     TAG_CLIENT_TOKEN,
     TAG_CLUSTER,
@@ -540,17 +541,6 @@ def region_from_zone(zone: str) -> str:
     return match.group(1) if match else ""
 
 
-def _positive(
-    options: Mapping[str, Any], key: str, default: float, prefix: str, *, integer: bool = False
-) -> float:
-    value = options.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise InvalidArgument(f"{prefix}.{key}: must be a positive number (got {value!r})")
-    if integer and not isinstance(value, int):
-        raise InvalidArgument(f"{prefix}.{key}: must be a whole number (got {value!r})")
-    return float(value)
-
-
 def aws_provider_from_options(
     options: Mapping[str, Any], *, clock: Clock, base_dir: Path, zone: str = "", sleep: Sleep = asyncio.sleep
 ) -> AwsProvider:
@@ -563,28 +553,17 @@ def aws_provider_from_options(
     """
     import boto3  # only when an aws shard is configured
 
-    prefix = "shard.infra.options"
-    unknown = sorted(set(options) - set(OPTION_KEYS))
-    if unknown:
-        raise InvalidArgument(
-            f"{prefix}.{unknown[0]}: unknown option for the aws provider; allowed: {', '.join(OPTION_KEYS)}"
-        )
-    for key in ("region", "endpoint_url", "profile"):
-        value = options.get(key, "")
-        if not isinstance(value, str):
-            raise InvalidArgument(f"{prefix}.{key}: must be a string (got {value!r})")
-    region = str(options.get("region", "")) or region_from_zone(zone)
+    opt.check_known(options, OPTION_KEYS, "aws")
+    region = opt.text(options, "region") or region_from_zone(zone)
     if not region:
         raise InvalidArgument(
-            f'{prefix}.region: cannot tell the AWS region from zone "{zone}"; '
+            f'{opt.PREFIX}.region: cannot tell the AWS region from zone "{zone}"; '
             'set it (for example "us-east-1")'
         )
-    endpoint = str(options.get("endpoint_url", "")) or None
-    profile = str(options.get("profile", "")) or None
-    max_attempts = int(_positive(options, "max_attempts", 5, prefix, integer=True))
-    page_size = int(_positive(options, "page_size", 500, prefix, integer=True))
-    if not 5 <= page_size <= 1000:
-        raise InvalidArgument(f"{prefix}.page_size: must be between 5 and 1000 (got {page_size})")
+    endpoint = opt.text(options, "endpoint_url") or None
+    profile = opt.text(options, "profile") or None
+    max_attempts = opt.whole(options, "max_attempts", 5, 1)
+    page_size = opt.whole(options, "page_size", 500, 5, 1000)
     session = boto3.session.Session(profile_name=profile, region_name=region)
     config = client_config()
     return AwsProvider(
@@ -595,5 +574,5 @@ def aws_provider_from_options(
         sleep=sleep,
         max_attempts=max_attempts,
         page_size=page_size,
-        consistency_window=_positive(options, "consistency_window", 300.0, prefix),
+        consistency_window=opt.seconds(options, "consistency_window", 300.0),
     )

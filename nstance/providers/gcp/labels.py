@@ -10,7 +10,8 @@ second create of the same name can tell a retry from a conflicting request).
 
 Pure functions; no I/O and no SDK imports. Values Nstance derives are made valid (lowercased,
 other characters replaced, long values shortened with a hash suffix); labels the user writes in
-``args.Labels`` are checked, not rewritten, and a bad one is refused naming its config path.
+``args.Labels`` are checked, not rewritten, and a bad one is refused naming its config path. A user
+``nstance-*`` label is accepted only when it repeats what Nstance writes for that key.
 """
 
 from __future__ import annotations
@@ -100,8 +101,11 @@ def merge_labels(
 ) -> dict[str, str]:
     """Custom tags (made valid), then ``args.Labels`` (checked), then Nstance's labels.
 
-    A user label may not use the ``nstance-`` prefix; more than 64 labels in all is refused.
+    A user label may use the ``nstance-`` prefix only to repeat the value Nstance writes for that key
+    (upstream's v1 Terraform module sets ``nstance-managed`` and ``nstance-group`` this way); any other
+    ``nstance-`` label is refused. More than 64 labels in all is refused.
     """
+    own = nstance_labels(request)
     out: dict[str, str] = {}
     for key, value in request.tags.items():
         out[label_key(key)] = label_value(str(value))
@@ -111,8 +115,11 @@ def merge_labels(
             raise ProviderInvalidRequest(f"{path}: a label value must be a string (got {raw!r})")
         value = raw
         if key.startswith(PREFIX):
+            if own.get(key) == value:
+                continue  # the same label Nstance writes
+            wanted = f" (Nstance writes {own[key]!r} here)" if key in own else ""
             raise ProviderInvalidRequest(
-                f"{path}: labels starting with {PREFIX!r} belong to Nstance; choose another key"
+                f"{path}: labels starting with {PREFIX!r} belong to Nstance{wanted}; choose another key"
             )
         if not _KEY.match(key):
             raise ProviderInvalidRequest(
@@ -125,10 +132,10 @@ def merge_labels(
                 f"characters); got {value!r}"
             )
         out[key] = value
-    out.update(nstance_labels(request))
+    out.update(own)
     if len(out) > MAX_LABELS:
         raise ProviderInvalidRequest(
             f"{args_path}.Labels: a GCE instance takes at most {MAX_LABELS} labels and Nstance needs "
-            f"{len(nstance_labels(request))}; this request has {len(out)} - remove some custom tags or labels"
+            f"{len(own)}; this request has {len(out)} - remove some custom tags or labels"
         )
     return out

@@ -32,8 +32,7 @@ from __future__ import annotations
 import functools
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from google.api_core import exceptions as gexc
 from google.cloud import compute_v1
@@ -42,24 +41,15 @@ from nstance.config.resources import LoadBalancerConfig
 from nstance.providers.base import InstanceNotFound, ProviderInvalidRequest, ProviderUnavailable
 from nstance.providers.features import LbTarget, TargetState, combine_states
 from nstance.providers.gcp.calls import GceCalls
-from nstance.providers.gcp.resources import scoped_path
+from nstance.providers.gcp.resources import ZonalRef, zonal_ref
+
+T = TypeVar("T")
 
 #: Endpoints per attach/detach request (GCE accepts at most 500 in one call).
 DEFAULT_BATCH_SIZE = 500
 
 
-@dataclass(frozen=True, slots=True)
-class NegRef:
-    """One zonal network endpoint group of a ``load_balancers`` entry, and where it was configured."""
-
-    project: str
-    zone: str
-    name: str
-    where: str  # config path, for error messages
-
-    @property
-    def path(self) -> str:
-        return f"projects/{self.project}/zones/{self.zone}/networkEndpointGroups/{self.name}"
+NegRef = ZonalRef  # one zonal network endpoint group of a ``load_balancers`` entry
 
 
 def neg_refs(name: str, lb: LoadBalancerConfig, *, project: str, zone: str) -> list[NegRef]:
@@ -69,26 +59,18 @@ def neg_refs(name: str, lb: LoadBalancerConfig, *, project: str, zone: str) -> l
             f'load_balancers.{name}.provider: is "{lb.provider}"; the gcp provider registers VMs only with '
             'entries of provider "google" (network_endpoint_groups)'
         )
-    out: list[NegRef] = []
-    for index, ref in enumerate(lb.network_endpoint_groups):
-        where = f"load_balancers.{name}.network_endpoint_groups[{index}]"
-        path = scoped_path(
-            ref, project=project, scope="zones", location=zone, collection="networkEndpointGroups"
+    return [
+        zonal_ref(
+            ref,
+            where=f"load_balancers.{name}.network_endpoint_groups[{index}]",
+            project=project,
+            zone=zone,
+            collection="networkEndpointGroups",
+            noun="network endpoint group",
+            holder="a zonal NEG holds only VMs of its own zone",
         )
-        if not path:
-            raise ProviderInvalidRequest(
-                f"{where}: {ref!r} is not a zonal network endpoint group; use its name (in zone {zone}), "
-                "zones/ZONE/networkEndpointGroups/NAME, "
-                "projects/PROJECT/zones/ZONE/networkEndpointGroups/NAME or its URL"
-            )
-        parts = path.split("/")
-        if parts[3] != zone:
-            raise ProviderInvalidRequest(
-                f"{where}: network endpoint group {path} is in zone {parts[3]}, but this shard's VMs are in "
-                f"zone {zone}; a zonal NEG holds only VMs of its own zone, so list the NEG of zone {zone}"
-            )
-        out.append(NegRef(project=parts[1], zone=parts[3], name=parts[5], where=where))
-    return out
+        for index, ref in enumerate(lb.network_endpoint_groups)
+    ]
 
 
 def vm_name(target: LbTarget) -> str:
@@ -109,9 +91,46 @@ def _listed_vm(endpoint: compute_v1.NetworkEndpoint) -> str:
     return str(endpoint.instance).rsplit("/", 1)[-1]
 
 
-def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+def chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
+    """``items`` in consecutive slices of at most ``size``."""
     for start in range(0, len(items), size):
         yield items[start : start + size]
+
+
+class PendingRemovals:
+    """Removals (NEG detaches, instance group removals) whose zone operation had not finished yet.
+
+    Keyed by (resource path, VM name). ``running`` polls the operation once per call and forgets it
+    when it is done or GCE no longer keeps it (operations are kept for a limited time only).
+    """
+
+    def __init__(self, api: GceCalls) -> None:
+        self._api = api
+        self._pending: dict[tuple[str, str], tuple[str, str, str]] = {}  # -> (operation, project, zone)
+
+    def started(self, path: str, vm: str, operation: str, project: str, zone: str) -> None:
+        self._pending[(path, vm)] = (operation, project, zone)
+
+    def forget(self, path: str, vm: str) -> None:
+        self._pending.pop((path, vm), None)
+
+    async def running(self, path: str, vm: str, what: str, finished: dict[str, bool]) -> bool:
+        """Whether a removal of ``vm`` from ``path`` started here has not finished (``finished`` caches)."""
+        pending = self._pending.get((path, vm))
+        if pending is None:
+            return False
+        op_name, project, zone = pending
+        if op_name not in finished:
+            try:
+                op = await self._api.poll(op_name, what, project=project, zone=zone)
+            except InstanceNotFound:
+                finished[op_name] = True
+            else:
+                finished[op_name] = self._api.is_done(op)
+        if finished[op_name]:
+            self.forget(path, vm)
+            return False
+        return True
 
 
 class NegTargets:
@@ -129,8 +148,7 @@ class NegTargets:
         self._api = api
         self._page_size = page_size
         self._batch_size = max(1, min(batch_size, DEFAULT_BATCH_SIZE))
-        # (NEG path, VM name) -> (detach operation name, project, zone), for detaches still running.
-        self._detaching: dict[tuple[str, str], tuple[str, str, str]] = {}
+        self._detaching = PendingRemovals(api)
 
     def _negs(self, name: str, lb: LoadBalancerConfig) -> list[NegRef]:
         return neg_refs(name, lb, project=self._api.project, zone=self._api.zone)
@@ -150,7 +168,7 @@ class NegTargets:
                 )
             present = {_listed_vm(e.network_endpoint) for e in listed}
             missing = [t for vm, t in unique.items() if vm not in present]
-            for chunk in _chunks(missing, self._batch_size):
+            for chunk in chunks(missing, self._batch_size):
                 endpoints = [self._endpoint(t) for t in chunk]
                 op = await self._change(neg, "attach", endpoints)
                 if op is None:
@@ -164,7 +182,7 @@ class NegTargets:
                         "after the operation timeout; register again later"
                     )
                 for target in chunk:
-                    self._detaching.pop((neg.path, vm_name(target)), None)
+                    self._detaching.forget(neg.path, vm_name(target))
 
     async def deregister(self, name: str, lb: LoadBalancerConfig, targets: Sequence[LbTarget]) -> None:
         """Detach the targets' endpoints from every NEG of ``name``; not attached is not an error."""
@@ -179,7 +197,7 @@ class NegTargets:
             endpoints = [
                 self._as_sent(e.network_endpoint) for e in listed if _listed_vm(e.network_endpoint) in wanted
             ]
-            for chunk in _chunks(endpoints, self._batch_size):
+            for chunk in chunks(endpoints, self._batch_size):
                 names = {str(e.instance) for e in chunk}
                 try:
                     op = await self._change(neg, "detach", chunk)
@@ -190,7 +208,7 @@ class NegTargets:
                     raise
                 if op is not None and not self._api.is_done(op):
                     for vm in names:
-                        self._detaching[(neg.path, vm)] = (op.name, neg.project, neg.zone)
+                        self._detaching.started(neg.path, vm, op.name, neg.project, neg.zone)
 
     async def states(
         self, name: str, lb: LoadBalancerConfig, targets: Sequence[LbTarget]
@@ -203,7 +221,11 @@ class NegTargets:
         finished: dict[str, bool] = {}
         for neg in negs:
             # Detaches first: one that finishes now is then already reflected in the listing.
-            running = {vm_name(t) for t in targets if await self._detach_running(neg, vm_name(t), finished)}
+            running = {
+                vm_name(t)
+                for t in targets
+                if await self._detaching.running(neg.path, vm_name(t), f"{neg.where}: detach", finished)
+            }
             listed = await self._list(neg, health=True)
             healths: dict[str, list[str]] = {}
             for item in listed or []:
@@ -329,21 +351,3 @@ class NegTargets:
             retry=None,
             timeout=self._api.request_timeout,
         )
-
-    async def _detach_running(self, neg: NegRef, vm: str, finished: dict[str, bool]) -> bool:
-        """Whether a detach of ``vm`` from ``neg`` started by this provider has not finished yet."""
-        pending = self._detaching.get((neg.path, vm))
-        if pending is None:
-            return False
-        op_name, project, zone = pending
-        if op_name not in finished:
-            try:
-                op = await self._api.poll(op_name, f"{neg.where}: detach", project=project, zone=zone)
-            except InstanceNotFound:
-                finished[op_name] = True  # operations are kept for a limited time only
-            else:
-                finished[op_name] = self._api.is_done(op)
-        if finished[op_name]:
-            self._detaching.pop((neg.path, vm), None)
-            return False
-        return True

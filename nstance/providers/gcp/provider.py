@@ -5,7 +5,8 @@ id and its ``nstance-*`` labels carry the rest of the metadata (see ``labels``);
 GCE's numeric instance id, so a VM recreated under the same name is told apart.
 
 Besides the ``Provider`` protocol it has the optional capabilities of ``nstance.providers.features``
-that GCE offers: ``LoadBalancing`` through zonal network endpoint groups (``loadbalancers``),
+that GCE offers: ``LoadBalancing`` through zonal network endpoint groups (``loadbalancers``) or,
+for upstream's v1 ``instance_group_name`` entries, an unmanaged instance group (``instancegroups``),
 ``LeaderNetworking`` with an alias IP range (``network``), ``OwnInstance`` from the metadata server
 (``nstance.providers.metadata``) and ``InstanceTypeCheck`` (the machine type's architecture). It has
 no ``ImageLookup``: GCE image families already resolve to the newest image at create time.
@@ -39,7 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import math
 import os
 import uuid
 from collections.abc import Mapping, Sequence
@@ -55,11 +55,12 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1
 
 from nstance.config.resources import LoadBalancerConfig
+from nstance.config.shard import GOOGLE_PROJECT_KEYS, google_project
 from nstance.core.backoff import Backoff
 from nstance.core.clock import Clock
-from nstance.core.durations import parse_duration
 from nstance.core.errors import InvalidArgument
 from nstance.providers import metadata
+from nstance.providers import options as opt
 from nstance.providers.base import (
     CreateRequest,
     InstanceNotFound,
@@ -71,12 +72,14 @@ from nstance.providers.base import (
 from nstance.providers.features import LbTarget, TargetState
 from nstance.providers.gcp import labels as lbl
 from nstance.providers.gcp.calls import GceCalls, Sleep
+from nstance.providers.gcp.instancegroups import InstanceGroupTargets
 from nstance.providers.gcp.loadbalancers import DEFAULT_BATCH_SIZE, NegTargets
 from nstance.providers.gcp.network import AliasLeaderNetwork
 from nstance.providers.gcp.resources import build_instance, check_arch, short_subnet, subnetwork_path
 from nstance.providers.gcp.status import map_status
 
 OPTION_KEYS: tuple[str, ...] = (
+    "project_id",
     "project",
     "endpoint",
     "credentials_file",
@@ -113,7 +116,7 @@ class GcpProvider:
         not_found_retries: int = 5,
         backoff: Backoff | None = None,
         sleep: Sleep = asyncio.sleep,
-        neg_batch_size: int = DEFAULT_BATCH_SIZE,
+        lb_batch_size: int = DEFAULT_BATCH_SIZE,  # VMs per NEG attach/detach or group add/remove call
     ) -> None:
         if not project or not zone:
             raise InvalidArgument("gcp: a project and a zone are required")
@@ -138,6 +141,7 @@ class GcpProvider:
             self._machine_type_client = compute_v1.MachineTypesClient(**kwargs)
             self._subnetworks = compute_v1.SubnetworksClient(**kwargs)
             self._neg_client = compute_v1.NetworkEndpointGroupsClient(**kwargs)
+            self._group_client = compute_v1.InstanceGroupsClient(**kwargs)
         except gauth_exceptions.DefaultCredentialsError as exc:
             raise InvalidArgument(
                 "shard.infra.options.credentials_file: no Google credentials found "
@@ -155,7 +159,10 @@ class GcpProvider:
             request_timeout=request_timeout,
             operation_timeout=operation_timeout,
         )
-        self._negs = NegTargets(self._neg_client, self._api, page_size=page_size, batch_size=neg_batch_size)
+        self._negs = NegTargets(self._neg_client, self._api, page_size=page_size, batch_size=lb_batch_size)
+        self._groups = InstanceGroupTargets(
+            self._group_client, self._api, page_size=page_size, batch_size=lb_batch_size
+        )
         self._leader = AliasLeaderNetwork(
             self._instances,
             self._api,
@@ -312,21 +319,25 @@ class GcpProvider:
 
     # ---- capabilities (nstance.providers.features) -------------------------------------------
 
+    def _lb_members(self, lb: LoadBalancerConfig) -> NegTargets | InstanceGroupTargets:
+        """The instance group of an ``instance_group_name`` entry, else the entry's NEGs."""
+        return self._groups if lb.instance_group_name is not None else self._negs
+
     async def register_targets(self, name: str, lb: LoadBalancerConfig, targets: Sequence[LbTarget]) -> None:
-        """Attach the VMs to every network endpoint group of ``load_balancers.<name>``."""
-        await self._negs.register(name, lb, targets)
+        """Add the VMs to every NEG (or the instance group) of ``load_balancers.<name>``."""
+        await self._lb_members(lb).register(name, lb, targets)
 
     async def deregister_targets(
         self, name: str, lb: LoadBalancerConfig, targets: Sequence[LbTarget]
     ) -> None:
-        """Detach the VMs from every NEG of ``name`` (waits for the detach, not for draining)."""
-        await self._negs.deregister(name, lb, targets)
+        """Take the VMs out of every NEG (or the instance group) of ``name``; waits for the operation."""
+        await self._lb_members(lb).deregister(name, lb, targets)
 
     async def target_states(
         self, name: str, lb: LoadBalancerConfig, targets: Sequence[LbTarget]
     ) -> dict[str, TargetState]:
-        """Each VM's state across the NEGs of ``name``, keyed by instance id."""
-        return await self._negs.states(name, lb, targets)
+        """Each VM's state across the NEGs (or in the instance group) of ``name``, keyed by instance id."""
+        return await self._lb_members(lb).states(name, lb, targets)
 
     async def assign_leader_network(self, provider_id: str, ip: str, interface_id: str) -> None:
         """Give VM ``provider_id`` (GCE id or name) the alias range ``ip/32`` on ``interface_id`` (nic0)."""
@@ -359,6 +370,7 @@ class GcpProvider:
             self._machine_type_client,
             self._subnetworks,
             self._neg_client,
+            self._group_client,
         )
         for client in clients:
             await asyncio.to_thread(client.transport.close)
@@ -533,30 +545,29 @@ def gcp_provider_from_options(
     options: Mapping[str, Any], *, clock: Clock, base_dir: Path, zone: str = ""
 ) -> GcpProvider:
     """Build a GcpProvider from ``shard.infra.options``; refuse unknown keys and bad values by path."""
-    prefix = "shard.infra.options"
-    unknown = sorted(set(options) - set(OPTION_KEYS))
-    if unknown:
-        raise InvalidArgument(
-            f"{prefix}.{unknown[0]}: unknown option for the gcp provider; allowed: {', '.join(OPTION_KEYS)}"
-        )
+    prefix = opt.PREFIX
+    opt.check_known(options, OPTION_KEYS, "gcp")
     if not zone:
         raise InvalidArgument("shard.infra.zone: required for the gcp provider (for example us-central1-a)")
-    project = options.get("project") or os.environ.get("GOOGLE_CLOUD_PROJECT", "")
-    if not isinstance(project, str) or not project:
+    named = {key: opt.text(options, key) for key in GOOGLE_PROJECT_KEYS if key in options}
+    if len(set(named.values())) > 1:
         raise InvalidArgument(
-            f"{prefix}.project: the GCP project id is required (or set GOOGLE_CLOUD_PROJECT)"
+            f"{prefix}.project: {named['project']!r} differs from project_id {named['project_id']!r}; "
+            "set one of them"
+        )
+    project = google_project(options) or os.environ.get("GOOGLE_CLOUD_PROJECT", "")
+    if not project:
+        raise InvalidArgument(
+            f"{prefix}.project_id: the GCP project id is required (or set GOOGLE_CLOUD_PROJECT); "
+            "project_id is upstream's name, project also works"
         )
     endpoint = options.get("endpoint", "")
     if not isinstance(endpoint, str) or (endpoint and not endpoint.startswith(("http://", "https://"))):
         raise InvalidArgument(f"{prefix}.endpoint: must be an http:// or https:// URL (got {endpoint!r})")
     credentials: gauth_credentials.Credentials | None = None
-    credentials_file = options.get("credentials_file")
-    if credentials_file is not None:
-        if not isinstance(credentials_file, str) or not credentials_file:
-            raise InvalidArgument(f"{prefix}.credentials_file: must be a path (got {credentials_file!r})")
-        path = Path(credentials_file)
-        path = path if path.is_absolute() else base_dir / path
-        credentials = _load_credentials(path, f"{prefix}.credentials_file")
+    credentials_path = opt.path(options, "credentials_file", base_dir)
+    if credentials_path is not None:
+        credentials = _load_credentials(credentials_path, f"{prefix}.credentials_file")
     elif endpoint.startswith("http://"):
         # Plain HTTP is only ever a local emulator or fake; never send real tokens to it.
         credentials = AnonymousCredentials()  # type: ignore[no-untyped-call]
@@ -566,10 +577,10 @@ def gcp_provider_from_options(
         clock=clock,
         endpoint=endpoint,
         credentials=credentials,
-        page_size=_int_option(options, "page_size", prefix, default=500, low=1, high=500),
-        max_attempts=_int_option(options, "max_attempts", prefix, default=5, low=1, high=20),
-        operation_timeout=_seconds_option(options, "operation_timeout", prefix, default=300.0),
-        request_timeout=_seconds_option(options, "request_timeout", prefix, default=30.0),
+        page_size=opt.whole(options, "page_size", 500, 1, 500),
+        max_attempts=opt.whole(options, "max_attempts", 5, 1, 20),
+        operation_timeout=opt.seconds(options, "operation_timeout", 300.0),
+        request_timeout=opt.seconds(options, "request_timeout", 30.0),
     )
 
 
@@ -583,30 +594,3 @@ def _load_credentials(path: Path, option: str) -> gauth_credentials.Credentials:
     except (OSError, ValueError) as exc:
         raise InvalidArgument(f"{option}: cannot load service-account key {path}: {exc}") from exc
     return loaded
-
-
-def _int_option(
-    options: Mapping[str, Any], key: str, prefix: str, *, default: int, low: int, high: int
-) -> int:
-    value = options.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise InvalidArgument(f"{prefix}.{key}: must be a whole number from {low} to {high} (got {value!r})")
-    return value
-
-
-def _seconds_option(options: Mapping[str, Any], key: str, prefix: str, *, default: float) -> float:
-    value = options.get(key)
-    if value is None:
-        return default
-    if isinstance(value, str):
-        try:
-            seconds = parse_duration(value).total_seconds()
-        except InvalidArgument as exc:
-            raise InvalidArgument(f"{prefix}.{key}: {exc}") from exc
-    elif isinstance(value, int | float) and not isinstance(value, bool):
-        seconds = float(value)
-    else:
-        raise InvalidArgument(f'{prefix}.{key}: must be a duration like "5m" or seconds (got {value!r})')
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise InvalidArgument(f"{prefix}.{key}: must be positive (got {value!r})")
-    return seconds

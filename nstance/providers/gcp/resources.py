@@ -11,7 +11,8 @@ Template ``args`` (merged defaults -> template -> group) use the upstream names 
 with the config path (``templates.<template>.args.<Key>``).
 
 Also here: resource references (a bare name, ``regions/R/subnetworks/N`` or ``zones/Z/...``, a
-``projects/...`` path or a full URL) to the path GCE wants (``scoped_path``, ``subnetwork_path``), and
+``projects/...`` path or a full URL) to the path GCE wants (``scoped_path``, ``subnetwork_path``,
+``zonal_ref`` for the NEGs and instance groups of load balancers), and
 the architecture of a machine type (its ``architecture`` field when the API reports one, else the
 family: ``t2a``, ``c4a``, ``n4a`` and ``a4x`` are Arm) checked against a template's ``arch``.
 Pure functions on SDK message types; no API calls.
@@ -22,6 +23,7 @@ from __future__ import annotations
 import base64
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from google.cloud import compute_v1
@@ -102,6 +104,44 @@ def scoped_path(ref: str, *, project: str, scope: str, location: str, collection
     else:
         return ""
     return path if _NAME.match(path.rsplit("/", 1)[-1]) else ""
+
+
+@dataclass(frozen=True, slots=True)
+class ZonalRef:
+    """A zonal resource a ``load_balancers`` entry names (a NEG, an instance group), and where."""
+
+    project: str
+    zone: str
+    collection: str  # "networkEndpointGroups", "instanceGroups"
+    name: str
+    where: str  # config path, for error messages
+
+    @property
+    def path(self) -> str:
+        return f"projects/{self.project}/zones/{self.zone}/{self.collection}/{self.name}"
+
+
+def zonal_ref(
+    ref: str, *, where: str, project: str, zone: str, collection: str, noun: str, holder: str
+) -> ZonalRef:
+    """The ``collection`` resource ``ref`` names, which must be in ``zone`` (its members are VMs of it).
+
+    ``noun`` names the kind in errors ("network endpoint group"); ``holder`` says why the zone must
+    match ("a zonal NEG holds only VMs of its own zone").
+    """
+    path = scoped_path(ref, project=project, scope="zones", location=zone, collection=collection)
+    if not path:
+        raise ProviderInvalidRequest(
+            f"{where}: {ref!r} is not a zonal {noun}; use its name (in zone {zone}), "
+            f"zones/ZONE/{collection}/NAME, projects/PROJECT/zones/ZONE/{collection}/NAME or its URL"
+        )
+    parts = path.split("/")
+    if parts[3] != zone:
+        raise ProviderInvalidRequest(
+            f"{where}: {noun} {path} is in zone {parts[3]}, but this shard's VMs are in zone {zone}; "
+            f"{holder}, so name the {noun} of zone {zone}"
+        )
+    return ZonalRef(project=parts[1], zone=parts[3], collection=collection, name=parts[5], where=where)
 
 
 def subnetwork_path(subnet_id: str, *, project: str, region: str) -> str:

@@ -25,17 +25,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import os
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 from typing import Any, TypeVar
 
 from nstance.core.backoff import Backoff
 from nstance.core.clock import Clock
-from nstance.core.durations import parse_duration
-from nstance.core.errors import InvalidArgument
 from nstance.providers.base import (
     CreateRequest,
     InstanceNotFound,
@@ -46,10 +42,10 @@ from nstance.providers.base import (
 )
 from nstance.providers.proxmox import cidata, notes
 from nstance.providers.proxmox.args import CloneArgs, parse_clone_args
-from nstance.providers.proxmox.client import Endpoint, PveClient, PveError, quote_segment
+from nstance.providers.proxmox.client import PveClient, PveError, quote_segment
 from nstance.providers.proxmox.placement import node_loads, rank_nodes
 from nstance.providers.proxmox.status import map_status
-from nstance.providers.proxmox.vmid import DEFAULT_FLOOR, VmidAllocator, VmidExhausted, VmidStateError
+from nstance.providers.proxmox.vmid import VmidAllocator, VmidExhausted, VmidStateError
 
 log = logging.getLogger(__name__)
 
@@ -57,22 +53,6 @@ T = TypeVar("T")
 Sleep = Callable[[float], Awaitable[None]]
 
 MIB = 1024 * 1024
-DEFAULT_API_URL = "https://localhost:8006/api2/json"
-OPTION_KEYS: tuple[str, ...] = (
-    "api_url",
-    "token_id",
-    "insecure_tls",
-    "ca_file",
-    "cloud_init_iso_storage",
-    "cloud_init_drive",
-    "vmid_state_file",
-    "vmid_floor",
-    "nodes",
-    "clone_timeout",
-    "task_timeout",
-    "request_timeout",
-    "max_attempts",
-)
 _VMID_RETRIES = 5
 _CONFIG_READS = 8  # concurrent config reads when a listing has VMs whose notes are not cached yet
 _RESERVATION_SECONDS = 120.0
@@ -822,136 +802,3 @@ def _parse_provider_id(provider_id: str) -> int | None:
     if not text.isdigit():
         raise ProviderInvalidRequest(f"proxmox: provider id {provider_id!r} is not a VMID")
     return int(text)
-
-
-# ---- construction from config ------------------------------------------------------------------
-
-
-def proxmox_provider_from_options(
-    options: Mapping[str, Any],
-    *,
-    clock: Clock,
-    base_dir: Path,
-    zone: str = "",
-    env: Mapping[str, str] | None = None,
-    sleep: Sleep = asyncio.sleep,
-) -> ProxmoxProvider:
-    """Build a ProxmoxProvider from ``shard.infra.options`` and the PROXMOX_* environment.
-
-    The API token secret is read only from ``PROXMOX_TOKEN_SECRET`` (never from config); the URL and
-    token id come from the options or ``PROXMOX_API_URL`` / ``PROXMOX_TOKEN_ID``.
-    """
-    prefix = "shard.infra.options"
-    environ = os.environ if env is None else env
-    unknown = sorted(set(options) - set(OPTION_KEYS))
-    if unknown:
-        raise InvalidArgument(
-            f"{prefix}.{unknown[0]}: unknown option for the proxmox provider; "
-            f"allowed: {', '.join(OPTION_KEYS)}"
-        )
-    api_url = _text(options, "api_url", prefix) or environ.get("PROXMOX_API_URL") or DEFAULT_API_URL
-    token_id = _text(options, "token_id", prefix) or environ.get("PROXMOX_TOKEN_ID", "")
-    token_secret = environ.get("PROXMOX_TOKEN_SECRET", "")
-    if not token_id or not token_secret:
-        raise InvalidArgument(
-            f"{prefix}.token_id: the proxmox provider needs an API token: set token_id (or PROXMOX_TOKEN_ID) "
-            "to user@realm!name and PROXMOX_TOKEN_SECRET to its secret"
-        )
-    insecure = options.get("insecure_tls", False)
-    if not isinstance(insecure, bool):
-        raise InvalidArgument(f"{prefix}.insecure_tls: must be true or false (got {insecure!r})")
-    ca_file = _text(options, "ca_file", prefix)
-    verify: bool | str = True
-    if insecure and ca_file:
-        raise InvalidArgument(f"{prefix}.ca_file: give ca_file or insecure_tls, not both")
-    if ca_file:
-        path = Path(ca_file) if Path(ca_file).is_absolute() else base_dir / ca_file
-        if not path.is_file():
-            raise InvalidArgument(f"{prefix}.ca_file: {path} is not a readable file")
-        verify = str(path)
-    elif insecure:
-        verify = False
-    nodes_opt = options.get("nodes")
-    nodes: tuple[str, ...] | None = None
-    if nodes_opt is not None:
-        if (
-            not isinstance(nodes_opt, list)
-            or not nodes_opt
-            or not all(isinstance(n, str) and n for n in nodes_opt)
-        ):
-            raise InvalidArgument(
-                f"{prefix}.nodes: must be a non-empty list of node names (got {nodes_opt!r})"
-            )
-        nodes = tuple(nodes_opt)
-    floor = options.get("vmid_floor", DEFAULT_FLOOR)
-    if isinstance(floor, bool) or not isinstance(floor, int) or not 100 <= floor <= 999_999_999:
-        raise InvalidArgument(
-            f"{prefix}.vmid_floor: must be a whole number from 100 to 999999999 (got {floor!r})"
-        )
-    attempts = options.get("max_attempts", 5)
-    if isinstance(attempts, bool) or not isinstance(attempts, int) or not 1 <= attempts <= 20:
-        raise InvalidArgument(
-            f"{prefix}.max_attempts: must be a whole number from 1 to 20 (got {attempts!r})"
-        )
-    state = _text(options, "vmid_state_file", prefix) or "proxmox-vmid.json"
-    state_path = Path(state) if Path(state).is_absolute() else base_dir / state
-    drive = _text(options, "cloud_init_drive", prefix) or "ide2"
-    if drive not in ("ide0", "ide1", "ide2", "ide3", "sata0", "sata1", "sata2", "sata3", "sata4", "sata5"):
-        raise InvalidArgument(
-            f"{prefix}.cloud_init_drive: must be an IDE or SATA slot such as ide2 (got {drive!r})"
-        )
-    try:
-        client = PveClient(
-            Endpoint(
-                api_url=api_url,
-                token_id=token_id,
-                token_secret=token_secret,
-                verify=verify,
-                timeout=_seconds(options, "request_timeout", prefix, 30.0),
-            )
-        )
-        allocator = VmidAllocator(state_path, floor=floor)
-    except ValueError as exc:
-        raise InvalidArgument(f"{prefix}: {exc}") from exc
-    except VmidStateError as exc:
-        raise InvalidArgument(f"{prefix}.vmid_state_file: {exc}") from exc
-    return ProxmoxProvider(
-        client,
-        clock=clock,
-        allocator=allocator,
-        zone=zone,
-        iso_storage=_text(options, "cloud_init_iso_storage", prefix) or "local",
-        cloud_init_drive=drive,
-        nodes=nodes,
-        clone_timeout=_seconds(options, "clone_timeout", prefix, 600.0),
-        task_timeout=_seconds(options, "task_timeout", prefix, 120.0),
-        max_attempts=attempts,
-        sleep=sleep,
-    )
-
-
-def _text(options: Mapping[str, Any], key: str, prefix: str) -> str:
-    value = options.get(key)
-    if value is None:
-        return ""
-    if not isinstance(value, str) or not value:
-        raise InvalidArgument(f"{prefix}.{key}: must be a non-empty string (got {value!r})")
-    return value
-
-
-def _seconds(options: Mapping[str, Any], key: str, prefix: str, default: float) -> float:
-    value = options.get(key)
-    if value is None:
-        return default
-    if isinstance(value, str):
-        try:
-            seconds = parse_duration(value).total_seconds()
-        except InvalidArgument as exc:
-            raise InvalidArgument(f"{prefix}.{key}: {exc}") from exc
-    elif isinstance(value, int | float) and not isinstance(value, bool):
-        seconds = float(value)
-    else:
-        raise InvalidArgument(f'{prefix}.{key}: must be a duration such as "90s" or a number of seconds')
-    if seconds <= 0:
-        raise InvalidArgument(f"{prefix}.{key}: must be more than zero (got {value!r})")
-    return seconds

@@ -12,12 +12,11 @@ Thread-safe: the provider calls it from worker threads.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import secrets
 import threading
 from pathlib import Path
+
+from nstance.core.atomicfile import write_atomic
 
 DEFAULT_FLOOR = 10_000
 MAX_VMID = 999_999_999  # PVE's upper bound for a VMID
@@ -80,16 +79,7 @@ class VmidAllocator:
         if self._path is None:
             return
         path = self._path
-        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-            with open(fd, "w", encoding="utf-8", closefd=True) as f:
-                json.dump({"last_vmid": vmid}, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+            write_atomic(path, json.dumps({"last_vmid": vmid}).encode(), mode=0o600, dir_mode=None)
         except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
             raise VmidStateError(f"cannot write the VMID state file {path}: {exc}") from exc

@@ -1,7 +1,8 @@
 """OperatorService handlers (mTLS, role ``operator``; the tenant is the certificate's O).
 
 Every handler is a translation: protobuf in, ``ShardAPI`` call, protobuf out. Reads (ListGroups,
-GetInstanceStatus, GetConfigStatus) and the watch streams are answered by standbys too; every call
+ListInstances - added here, upstream lists no instances - GetInstanceStatus, GetConfigStatus) and the
+watch streams are answered by standbys too; every call
 that changes something is refused on a standby with FAILED_PRECONDITION naming the leader's address,
 so a client can retry there. Watch streams subscribe before taking their snapshot, so no event
 between the snapshot and the live stream is lost, and any number of watchers may follow one tenant.
@@ -59,6 +60,14 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         if not request.instance_id:
             raise InvalidArgument("instance_id is required")
         return convert.instance_status(await self._shard.instance_status(_tenant(), request.instance_id))
+
+    async def ListInstances(
+        self, request: operator_pb2.ListInstancesRequest, context: grpc.aio.ServicerContext
+    ) -> operator_pb2.ListInstancesResponse:
+        if request.group:
+            _check_key(request.group, "group")
+        views = await self._shard.list_instances(_tenant(), request.group)
+        return operator_pb2.ListInstancesResponse(instances=[convert.instance_summary(v) for v in views])
 
     async def GetConfigStatus(
         self, request: Empty, context: grpc.aio.ServicerContext

@@ -24,6 +24,7 @@ from aiohttp import web
 from nstance.testing.kubeapi import discovery, errors, openapi, tables
 from nstance.testing.kubeapi.admission import Admission, AdmissionRequest
 from nstance.testing.kubeapi.manifests import load_manifests
+from nstance.testing.kubeapi.metrics import RequestCounter, RequestKey, client_of, verb_of
 from nstance.testing.kubeapi.resources import Registry, ResourceType
 from nstance.testing.kubeapi.schema import unknown_fields
 from nstance.testing.kubeapi.selectors import (
@@ -93,6 +94,8 @@ class KubeAPIServer:
         self.store.eviction_blocker = self._eviction_blocker
         self.admission = Admission()
         self.requests: list[tuple[str, str]] = []  # (method, path_qs) of every request, for debugging tests
+        self.request_counts = RequestCounter()
+        """Resource requests by verb, resource and client; served at ``/metrics``."""
         self._crd_paths = [Path(p) for p in crds]
         self._runner: web.AppRunner | None = None
         self._port = 0
@@ -319,6 +322,8 @@ class KubeAPIServer:
             raise _not_found_path()
         if parts == ["version"]:
             return _json_response(discovery.version())
+        if parts == ["metrics"] and request.method == "GET":
+            return web.Response(text=self.request_counts.render(), content_type="text/plain")
         if parts in (["healthz"], ["readyz"], ["livez"]):
             return web.Response(text="ok")
         if parts == ["api"]:
@@ -395,6 +400,16 @@ class KubeAPIServer:
         query = request.query
         rtype = target.rtype
         dry_run = bool(query.get("dryRun"))
+        watch = watch_path or _truthy(query.get("watch"))
+        self.request_counts.record(
+            RequestKey(
+                verb_of(method, named=target.name is not None, watch=watch),
+                rtype.group,
+                rtype.plural,
+                target.sub or "",
+                client_of(request.headers.get("User-Agent", "")),
+            )
+        )
         if method == "GET":
             if target.name is None:
                 labels = parse_label_selector(query.get("labelSelector"))

@@ -60,6 +60,7 @@ NAMESPACES: Key = ("", "namespaces")
 PODS: Key = ("", "pods")
 CRDS: Key = ("apiextensions.k8s.io", "customresourcedefinitions")
 PDBS: Key = ("policy", "poddisruptionbudgets")
+WEBHOOK_CONFIGS: Key = ("admissionregistration.k8s.io", "validatingwebhookconfigurations")
 FOREGROUND = "foregroundDeletion"
 ORPHAN = "orphan"
 CRD_CLEANUP = "customresourcecleanup.apiextensions.k8s.io"
@@ -460,6 +461,8 @@ class Store:
             problems.extend(validate_crd(obj))
         if rtype.key == PDBS:
             problems.extend(_validate_pdb(obj))
+        if rtype.key == WEBHOOK_CONFIGS:
+            problems.extend(_validate_webhook_names(obj))
         if problems:
             raise errors.invalid_object(rtype.group, rtype.kind, str(meta.get("name", "")), problems)
         return obj
@@ -1024,6 +1027,38 @@ def _desired_healthy(spec: JSON, total: int) -> int:
     if spec.get("maxUnavailable") is not None:
         return max(0, total - _scaled(spec["maxUnavailable"], total, round_up=True))
     return 0
+
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
+def _validate_webhook_names(obj: JSON) -> list[errors.FieldError]:
+    """Each webhook's name is a DNS subdomain of at least three labels, as kube-apiserver requires."""
+    problems = []
+    webhooks = obj.get("webhooks") or []
+    for index, hook in enumerate(webhooks if isinstance(webhooks, list) else []):
+        name = hook.get("name") if isinstance(hook, dict) else None
+        path = f"webhooks[{index}].name"
+        if not name:
+            problems.append(errors.required(path))
+            continue
+        labels = str(name).split(".")
+        if len(labels) < 3:
+            problems.append(
+                errors.invalid(
+                    path, name, "should be a domain with at least three segments separated by dots"
+                )
+            )
+        elif len(str(name)) > 253 or not all(_DNS_LABEL.fullmatch(label) for label in labels):
+            problems.append(
+                errors.invalid(
+                    path,
+                    name,
+                    "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' "
+                    "or '.', and must start and end with an alphanumeric character",
+                )
+            )
+    return problems
 
 
 def _validate_pdb(obj: JSON) -> list[errors.FieldError]:

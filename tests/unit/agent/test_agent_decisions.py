@@ -3,19 +3,16 @@ names are acceptable, whether a stored certificate can be reused, and what /heal
 
 from __future__ import annotations
 
-import asyncio
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import grpc
 import pytest
 
-from nstance.agent.healthz import serve_healthz, split_host_port
 from nstance.agent.identity import certificate_problem, ensure_identity_key
 from nstance.agent.keys import KeyStore, validate_key_name
 from nstance.agent.register import Outcome, classify_registration_error
 from nstance.agent.renewal import renewal_due, warning_due
-from nstance.agent.state import AgentState
 from nstance.core.clock import ManualClock
 from nstance.core.errors import InvalidArgument
 from nstance.pki.ca import create_ca
@@ -113,35 +110,3 @@ def test_key_store_creates_reuses_and_lists_keys(tmp_path: Path) -> None:
     assert [k.name for k in listed] == ["etcd.peer", "kubelet.server"]
     pub = load_public_key_pem(listed[1].public_key_pem, ("ecdsa-p256",))
     assert pub == load_private_key_pem(first).public_key()
-
-
-async def test_healthz_answers_from_state() -> None:
-    assert split_host_port(":8080") == ("0.0.0.0", 8080)
-    assert split_host_port("[::1]:9") == ("::1", 9)
-    state = AgentState()
-    state.problem = "registration UNAVAILABLE: down"
-    server = await serve_healthz("127.0.0.1:0", state)
-    port = server.sockets[0].getsockname()[1]
-
-    async def get(path: str) -> tuple[str, str]:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-        data = await reader.read()
-        writer.close()
-        head, _, body = data.decode().partition("\r\n\r\n")
-        return head.splitlines()[0], body
-
-    try:
-        status, body = await get("/healthz")
-        assert status == "HTTP/1.1 503 Service Unavailable"
-        assert body == "not registered: registration UNAVAILABLE: down\n"
-        state.registered = True
-        status, body = await get("/healthz")
-        assert status.endswith("503 Service Unavailable")
-        assert body.startswith("health stream down")
-        state.health_stream_up = True
-        assert await get("/healthz") == ("HTTP/1.1 200 OK", "ok\n")
-        assert (await get("/other"))[0].endswith("404 Not Found")
-    finally:
-        server.close()
-        await server.wait_closed()

@@ -276,14 +276,25 @@ def test_secrets_provider_and_key_provider_choices() -> None:
     )
 
 
-def test_google_secret_manager_is_refused_by_validation_under_either_name() -> None:
+def test_google_secret_manager_needs_a_project_under_either_name() -> None:
     doc = base_config()
     for name in ("gcp-secret-manager", "google-secret-manager"):
         doc["cluster"]["secrets"] = {"provider": name, "project_id": "p"}
-        assert only(doc) == (
-            'cluster.secrets.provider: "google-secret-manager" is not supported by this server yet '
-            "(it could not start with it)"
+        assert load(doc).cluster.secrets.provider == "google-secret-manager"
+        doc["cluster"]["secrets"] = {"provider": name}
+        assert only(doc).startswith(
+            'cluster.secrets.project_id: is required when provider is "google-secret-manager"'
         )
+
+
+def test_a_google_key_source_needs_a_project() -> None:
+    doc = base_config()
+    doc["cluster"]["secrets"]["encryption_key"] = {"provider": "google-secret-manager", "source": "k"}
+    assert only(doc) == (
+        'cluster.secrets.encryption_key.project_id: is required when provider is "google-secret-manager"'
+    )
+    doc["cluster"]["secrets"]["encryption_key"]["project_id"] = "p"
+    assert problems(doc) == []
 
 
 @pytest.mark.parametrize(
@@ -293,11 +304,18 @@ def test_without_a_secrets_block_the_provider_default_applies(provider: str, exp
     doc = base_config()
     doc["shard"]["infra"]["provider"] = provider
     del doc["cluster"]["secrets"]
-    if provider == "aws":
-        assert load(doc).cluster.secrets.provider == expected
-    else:
-        assert only(doc).startswith(f'cluster.secrets.provider: "{expected}" is not supported')
+    if provider == "google":
+        doc["shard"]["infra"]["options"] = {"project": "fleet-project"}
+    secrets = load(doc).cluster.secrets
+    assert secrets.provider == expected
+    if provider == "google":
+        assert secrets.project_id == "fleet-project"  # taken from the provider's own project
+        doc["shard"]["infra"]["options"] = {"project_id": "upstream-key"}  # upstream's name of the option
+        assert load(doc).cluster.secrets.project_id == "upstream-key"
+        doc["shard"]["infra"]["options"] = {}
+        assert only(doc).startswith("cluster.secrets.project_id: is required")
     doc["shard"]["infra"]["provider"] = "proxmox"
+    doc["shard"]["infra"]["options"] = {}
     doc["defaults"] = {"args": {"StoragePool": "local-lvm", "TemplateName": "debian"}}
     assert only(doc) == "cluster.secrets: is required"
 
@@ -516,7 +534,8 @@ def test_load_balancer_ports_and_shapes() -> None:
         "load_balancers.a.target_groups[0].target_port: must be a port number between 1 and 65535",
         'load_balancers.b.listeners: is for provider "tunnel", not "aws"',
         'load_balancers.b.target_groups: must have at least one entry for provider "aws"',
-        'load_balancers.c.network_endpoint_groups: must have at least one entry for provider "google"',
+        'load_balancers.c.network_endpoint_groups: must have at least one entry for provider "google" '
+        "(or set instance_group_name)",
         'load_balancers.d.provider: "tunnel" load balancers are not supported by this server yet',
     ]
 

@@ -23,6 +23,8 @@ FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "upstream"
         ("config-proxmox.jsonc", "proxmox"),
         ("tf-aws-shard.json", "aws"),
         ("tf-aws-shard-object-storage.json", "aws"),
+        ("tf-gcp-shard.json", "google"),
+        ("tf-gcp-shard-object-storage.json", "google"),
     ],
 )
 def test_upstream_configs_load(name: str, provider: str) -> None:
@@ -47,6 +49,26 @@ def test_terraform_module_config_keeps_its_v1_shapes() -> None:
     storage = load_config_file(FIXTURES / "tf-aws-shard-object-storage.json").cluster.secrets
     assert storage.encryption_key is not None
     assert storage.encryption_key.provider == "aws-secrets-manager"
+
+
+def test_terraform_gcp_module_config_keeps_its_v1_shapes() -> None:
+    config = load_config_file(FIXTURES / "tf-gcp-shard.json")
+    assert config.shard.infra.options == {"project_id": "acme-prod"}  # the provider reads project_id
+    lb = config.load_balancers["ingress"]
+    assert (lb.provider, lb.instance_group_name, lb.backend_service_name) == ("google", "ingress-usc1a", None)
+    secrets = config.cluster.secrets  # {"provider": "gcp-secret-manager", "options": {"project_id": ...}}
+    assert (secrets.provider, secrets.prefix, secrets.project_id) == (
+        "google-secret-manager",
+        "nstance-prod-",
+        "acme-prod",
+    )
+    key = load_config_file(FIXTURES / "tf-gcp-shard-object-storage.json").cluster.secrets.encryption_key
+    assert key is not None
+    assert (key.provider, key.source, key.project_id) == (
+        "google-secret-manager",
+        "nstance-prod-encryption-key",
+        "acme-prod",
+    )
 
 
 def test_terraform_agent_userdata_renders_without_its_optional_ssh_var() -> None:
@@ -89,19 +111,58 @@ def test_v1_load_balancer_shapes() -> None:
 
     doc = base_config()
     doc["shard"]["infra"]["provider"] = "gcp"
+    # Upstream v1's own shape: both names, which v1 requires together.
+    v1 = {"provider": "gcp", "backend_service_name": "web-backend", "instance_group_name": "web-ig"}
+    doc["load_balancers"] = {"web": v1}
+    assert _problems_of(doc) == []
     doc["load_balancers"] = {"web": {"provider": "gcp", "instance_group_name": "web-ig"}}
-    assert _problems_of(doc) == [
-        "load_balancers.web.instance_group_name: upstream's v1 unmanaged instance groups are not supported; "
-        'list the zone\'s network endpoint groups in "network_endpoint_groups" instead'
-    ]
+    assert _problems_of(doc) == []  # the backend service is documentation here; not required
     doc["load_balancers"] = {"web": {"provider": "gcp", "network_endpoint_groups": ["neg-a"]}}
     assert _problems_of(doc) == []
+    # Go v1 reads only the instance group of such an entry and v2 only its NEGs: refused, not guessed.
+    doc["load_balancers"] = {"web": {**v1, "network_endpoint_groups": ["neg-a"]}}
+    assert _problems_of(doc) == [
+        "load_balancers.web.instance_group_name: cannot be combined with network_endpoint_groups "
+        "(upstream's v1 reads only the instance group and v2 only the NEGs); make them two "
+        "load_balancers entries"
+    ]
+    doc["load_balancers"] = {"web": {"provider": "gcp", "backend_service_name": "web-backend"}}
+    assert _problems_of(doc) == [
+        'load_balancers.web.network_endpoint_groups: must have at least one entry for provider "google" '
+        "(or set instance_group_name)"
+    ]
     doc["shard"]["infra"]["provider"] = "aws"
+    doc["load_balancers"] = {"web": {"provider": "aws", "instance_group_name": "web-ig"}}
+    assert sorted(_problems_of(doc)) == [
+        'load_balancers.web.instance_group_name: is for provider "google", not "aws"',
+        'load_balancers.web.target_groups: must have at least one entry for provider "aws"',
+    ]
     doc["load_balancers"] = {"web": {"provider": "aws", "target_group_arns": ["arn:aws:tg/a"]}}
     assert _problems_of(doc) == []
     doc["load_balancers"] = {"web": {"provider": "aws"}}
     assert _problems_of(doc) == [
         'load_balancers.web.target_groups: must have at least one entry for provider "aws"'
+    ]
+
+
+def test_v1_secret_options_carry_only_the_google_project() -> None:
+    from config_samples import base_config
+
+    doc = base_config()
+    key = {"provider": "gcp-secret-manager", "source": "k", "project_id": "a", "options": {"project_id": "b"}}
+    doc["cluster"]["secrets"] = {"provider": "object-storage", "encryption_key": key}
+    assert _problems_of(doc) == [
+        "cluster.secrets.encryption_key.options.project_id: differs from project_id; set one of them"
+    ]
+    key["options"] = {"project_id": "a", "region": "x"}
+    assert _problems_of(doc) == [
+        "cluster.secrets.encryption_key.options.region: unknown field (upstream v1's options carry only "
+        "project_id)"
+    ]
+    doc["cluster"]["secrets"] = {"provider": "gcp-secret-manager", "options": "acme"}
+    assert _problems_of(doc) == [
+        'cluster.secrets.options: must be an object such as {"project_id": "my-project"} '
+        "(upstream v1's shape)"
     ]
 
 

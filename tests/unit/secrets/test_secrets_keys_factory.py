@@ -106,10 +106,8 @@ def test_file_of_the_wrong_size(tmp_path: Path) -> None:
         keys.load_encryption_key("file", str(path))
 
 
-def test_google_key_provider_is_not_supported_yet() -> None:
-    with pytest.raises(
-        InvalidArgument, match="'google-secret-manager' is not supported yet; use one of: env, file"
-    ):
+def test_google_key_provider_needs_a_project() -> None:
+    with pytest.raises(InvalidArgument, match="'google-secret-manager' needs a project_id"):
         keys.load_encryption_key("google-secret-manager", "x", {})
 
 
@@ -162,7 +160,7 @@ def test_generated_keys_are_32_characters_used_byte_for_byte_as_upstream_does() 
 def test_load_several_keys_keeps_the_order(tmp_path: Path) -> None:
     path = tmp_path / "old.key"
     path.write_bytes(b"\x07" * 32)
-    loaded = keys.load_encryption_keys([("env", ENV), ("file", str(path))], {ENV: KEY.hex()})
+    loaded = keys.load_encryption_keys([("env", ENV, ""), ("file", str(path), "")], {ENV: KEY.hex()})
     assert loaded == [KEY, b"\x07" * 32]
 
 
@@ -210,10 +208,8 @@ def test_factory_parameter_store_with_upstreams_default_prefix(mocked_aws: None)
     assert open_secret_store("aws-secrets-manager", aws_region="us-east-1").prefix == "nstance/"  # type: ignore[attr-defined]
 
 
-def test_factory_refuses_providers_not_supported_yet() -> None:
-    with pytest.raises(
-        InvalidArgument, match="secrets provider 'google-secret-manager' is not supported yet"
-    ):
+def test_factory_needs_a_project_for_google_secret_manager() -> None:
+    with pytest.raises(InvalidArgument, match="google-secret-manager secrets provider needs a project_id"):
         open_secret_store("google-secret-manager")
 
 
@@ -221,6 +217,6 @@ def test_factory_refuses_unknown_providers() -> None:
     with pytest.raises(
         InvalidArgument,
         match="unknown secrets provider 'vault'; use one of: object-storage, aws-parameter-store, "
-        "aws-secrets-manager, memory",
+        "aws-secrets-manager, google-secret-manager, memory",
     ):
         open_secret_store("vault")

@@ -48,6 +48,13 @@ class CheckDuplicateGroup:
         owner = group_owner(pools, state.group)
         if owner is None or meta(owner).get("uid") == state.uid:
             return
+        # Refusing rests on a fresh list, not on the read cache (which may still hold a deleted pool).
+        pools = await list_everywhere(
+            state.ctx, state.resource, state.namespace, labels=f"{GROUP_LABEL}={state.group}", live=True
+        )
+        owner = group_owner(pools, state.group)
+        if owner is None or meta(owner).get("uid") == state.uid:
+            return
         where = f"{meta(owner).get('namespace')}/{meta(owner).get('name')}"
         message = (
             f"group {state.group!r} is already managed by NstanceMachinePool {where}; "

@@ -3,7 +3,8 @@
 Each shard group is named ``{group}--{shard}``, labelled with the group and shard, and controlled by
 the pool (owner reference, so Kubernetes garbage-collects it with the pool). Its spec is a copy of the
 pool's group, template, instanceType, subnetPool and vars plus the shard's share of the replicas. A
-shard group is created when missing and patched only when its spec or labels differ. A shard group of
+shard group is created when missing and patched only when its spec or labels differ; the shards'
+writes are made concurrently. A shard group of
 that name that has no controller is adopted; one controlled by another object is left alone and the
 pool waits (it is usually the previous pool's, still being deleted).
 
@@ -12,6 +13,7 @@ Must not: delete shard groups (``delete_orphan_shard_groups`` does) or call shar
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -54,7 +56,8 @@ class EnsureShardGroups:
         by_name = {str(meta(sg).get("name")): sg for sg in listed}
         state.owned = [sg for sg in listed if controller_uid(sg) == state.uid]
         blocked: list[str] = []
-        for shard, size in state.sizes.items():
+
+        async def ensure(shard: str, size: int) -> None:
             name = shard_group_name(state.group, shard)
             desired = shard_group_spec(state.obj, shard, size)
             current = by_name.get(name)
@@ -62,15 +65,23 @@ class EnsureShardGroups:
                 current = await kube.get(NSTANCE_SHARD_GROUPS, name, state.namespace)
             if current is None:
                 state.shard_groups[shard] = await self._create(state, name, shard, desired)
-                continue
+                return
             owner = controller_uid(current)
             if is_deleting(current) or owner not in (None, state.uid):
                 blocked.append(name)
-                continue
+                return
             state.shard_groups[shard] = await self._update(
                 state, current, shard, desired, adopt=owner is None
             )
+
+        # The shards' writes are independent: made together, a pool change waits for one round trip.
+        await asyncio.gather(*(ensure(shard, size) for shard, size in state.sizes.items()))
+        state.shard_groups = {
+            shard: state.shard_groups[shard] for shard in state.sizes if shard in state.shard_groups
+        }
         if blocked:
+            order = [shard_group_name(state.group, shard) for shard in state.sizes]
+            blocked.sort(key=order.index)
             message = (
                 f"NstanceShardGroup {', '.join(blocked)} belongs to another object (or is being deleted); "
                 "waiting for it to go away"

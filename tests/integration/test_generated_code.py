@@ -286,6 +286,19 @@ MESSAGES: dict[str, dict[str, list[tuple[str, int, str]]]] = {
             ("delete_at", 8, TS),
         ],
         "DrainAckRequest": [("instance_id", 1, "string")],
+        # Our addition (not in the Go API): ListInstances.
+        "ListInstancesRequest": [("group", 1, "string")],
+        "ListInstancesResponse": [("instances", 1, "repeated nstance.v1.InstanceSummary")],
+        "InstanceSummary": [
+            ("instance_id", 1, "string"),
+            ("group", 2, "string"),
+            ("on_demand", 3, "bool"),
+            ("status", 4, "string"),
+            ("provider_instance_id", 5, "string"),
+            ("created_at", 6, TS),
+            ("last_seen", 7, TS),
+            ("draining", 8, "bool"),
+        ],
         "ErrorEvent": [
             ("group", 1, "string"),
             ("instance_id", 2, "string"),
@@ -331,6 +344,8 @@ SERVICES: dict[str, dict[str, list[tuple[str, str, str, bool, bool]]]] = {
             ("DeleteInstance", "DeleteInstanceRequest", "DeleteInstanceResponse", False, False),
             ("GetInstanceStatus", "GetInstanceStatusRequest", "InstanceStatusResponse", False, False),
             ("AcknowledgeDrained", "DrainAckRequest", EMPTY, False, False),
+            # Our addition (not in the Go API): instances by ID, on-demand ones included.
+            ("ListInstances", "ListInstancesRequest", "ListInstancesResponse", False, False),
             ("WatchGroups", EMPTY, "GroupEvent", False, True),
             ("WatchInstances", EMPTY, "InstanceEvent", False, True),
             ("WatchErrors", EMPTY, "ErrorEvent", False, True),

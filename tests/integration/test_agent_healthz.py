@@ -1,0 +1,40 @@
+"""The agent's /healthz endpoint on a real socket: 503 with the reason until registered and streaming."""
+
+from __future__ import annotations
+
+import asyncio
+
+from nstance.agent.healthz import serve_healthz, split_host_port
+from nstance.agent.state import AgentState
+
+
+async def test_healthz_answers_from_state() -> None:
+    assert split_host_port(":8080") == ("0.0.0.0", 8080)
+    assert split_host_port("[::1]:9") == ("::1", 9)
+    state = AgentState()
+    state.problem = "registration UNAVAILABLE: down"
+    server = await serve_healthz("127.0.0.1:0", state)
+    port = server.sockets[0].getsockname()[1]
+
+    async def get(path: str) -> tuple[str, str]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        data = await reader.read()
+        writer.close()
+        head, _, body = data.decode().partition("\r\n\r\n")
+        return head.splitlines()[0], body
+
+    try:
+        status, body = await get("/healthz")
+        assert status == "HTTP/1.1 503 Service Unavailable"
+        assert body == "not registered: registration UNAVAILABLE: down\n"
+        state.registered = True
+        status, body = await get("/healthz")
+        assert status.endswith("503 Service Unavailable")
+        assert body.startswith("health stream down")
+        state.health_stream_up = True
+        assert await get("/healthz") == ("HTTP/1.1 200 OK", "ok\n")
+        assert (await get("/other"))[0].endswith("404 Not Found")
+    finally:
+        server.close()
+        await server.wait_closed()

@@ -1,0 +1,90 @@
+"""bench/run_all.py running benchmark scripts as child processes: figures recorded, failures and
+timeouts reported, the other benchmarks still run. (The report's pure parts are tested in
+tests/unit/test_bench_report.py.)"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import textwrap
+from pathlib import Path
+from types import ModuleType
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _load_run_all() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_run_all", REPO / "bench" / "run_all.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+run_all = _load_run_all()
+
+
+def test_runner_records_figures_failures_and_continues(tmp_path: Path) -> None:
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    (bench / "_helper.py").write_text("raise SystemExit('helpers are not benchmarks')\n")
+    (bench / "a_good.py").write_text(
+        textwrap.dedent('''\
+            """Benchmark: prints one figure.
+
+            More detail that is not the first paragraph.
+            """
+            import json, sys
+            print("progress", file=sys.stderr)
+            print("not a figure")
+            print(json.dumps({"name": "good", "value": 2.0, "unit": "s", "target": 3.0, "met": True}))
+        ''')
+    )
+    (bench / "b_bad.py").write_text(
+        "import json, sys\n"
+        'print(json.dumps({"name": "partial", "value": 1}), flush=True)\n'
+        'print("boom: something broke", file=sys.stderr)\n'
+        "sys.exit(3)\n"
+    )
+    (bench / "c_other.py").write_text('print(\'{"name": "other", "value": 5}\')\n')
+    results, report = tmp_path / "results.json", tmp_path / "performance.md"
+    argv = ["--bench-dir", str(bench), "--results", str(results), "--report", str(report)]
+
+    assert run_all.main([*argv, "--only", "a_good", "b_bad.py"]) == 1
+    data = json.loads(results.read_text(encoding="utf-8"))
+    by_script = {e["script"]: e for e in data["benchmarks"]}
+    assert set(by_script) == {"a_good.py", "b_bad.py"}
+    good, bad = by_script["a_good.py"], by_script["b_bad.py"]
+    assert good["status"] == "ok"
+    assert good["description"] == "Prints one figure."
+    assert "stderr_tail" not in good
+    assert bad["status"] == "failed"
+    assert bad["returncode"] == 3
+    assert bad["stderr_tail"] == ["boom: something broke"]
+    assert [(f["name"], f["script"]) for f in data["results"]] == [
+        ("good", "a_good.py"),
+        ("partial", "b_bad.py"),
+    ]
+    assert all(f["script_wall_s"] >= 0 for f in data["results"])
+    assert data["machine"]["cpu_count"] >= 1
+    assert "grpcio" in data["machine"]["libraries"]
+    assert "**failed** (exit status 3)" in report.read_text(encoding="utf-8")
+
+    # Re-running one benchmark keeps the others' entries and figures.
+    assert run_all.main([*argv, "--only", "c_other"]) == 0
+    data = json.loads(results.read_text(encoding="utf-8"))
+    assert [e["script"] for e in data["benchmarks"]] == ["a_good.py", "b_bad.py", "c_other.py"]
+    assert [f["name"] for f in data["results"]] == ["good", "partial", "other"]
+
+
+def test_runner_kills_a_benchmark_past_its_timeout(tmp_path: Path) -> None:
+    script = tmp_path / "slow.py"
+    script.write_text("import time\ntime.sleep(60)\n")
+    entry, figures = run_all.run_benchmark(script, timeout=0.5, cwd=tmp_path)
+    assert entry["status"] == "failed"
+    assert entry["timed_out"] is True
+    assert entry["wall_s"] < 30
+    assert figures == []
