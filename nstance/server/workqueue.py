@@ -46,6 +46,11 @@ class WorkQueue(Generic[K]):
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def scheduled(self) -> dict[K, float]:
+        """Keys with a pending ``add_after`` mark, and when it is due (event-loop time)."""
+        return {key: due for key, (due, _) in self._timers.items()}
+
     def add(self, key: K) -> None:
         """Mark ``key`` dirty now."""
         if self._closed:
