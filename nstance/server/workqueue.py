@@ -65,6 +65,11 @@ class WorkQueue(Generic[K]):
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def scheduled(self) -> dict[K, float]:
+        """Keys with a pending ``add_after`` mark, and when it is due (event-loop time)."""
+        return {key: due for key, (due, _) in self._timers.items()}
+
     def add(self, key: K, *, background: bool = False) -> None:
         """Mark ``key`` dirty now; ``background`` keys wait until no other key does."""
         if self._closed:

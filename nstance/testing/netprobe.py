@@ -3,9 +3,10 @@
 ``exchange`` writes bytes to a port the way a broken or hostile client does (all at once, or in
 dribbles with pauses, slowloris style), then reads until the server closes the connection and
 returns what it sent back; a server that does not close within ``within`` seconds fails the
-probe with ``ProbeTimeout``. ``client_hello`` is a genuine TLS ClientHello record (made with the
-``ssl`` module, never sent anywhere by it) to send before garbage; ``tls_exchange`` completes a real
-TLS handshake (optionally with a client certificate) and then writes bytes inside the tunnel.
+probe with ``ProbeTimeout``, and ``on_write`` tells a test how far a dribbling client has got.
+``client_hello`` is a genuine TLS ClientHello record (made with the ``ssl`` module, never sent
+anywhere by it) to send before garbage; ``tls_exchange`` completes a real TLS handshake (optionally
+with a client certificate) and then writes bytes inside the tunnel.
 
 Used by the security suite; nothing in the product imports this module.
 """
@@ -16,7 +17,7 @@ import asyncio
 import contextlib
 import ssl
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 
@@ -49,8 +50,11 @@ async def exchange(
     pause: float = 0.0,
     half_close: bool = False,
     within: float = 10.0,
+    on_write: Callable[[int], None] | None = None,
 ) -> bytes:
     """Send ``chunks`` to ``addr`` (``pause`` seconds apart), read until the server closes, return it.
+
+    ``on_write(n)`` is called once the ``n``-th chunk has been handed to the socket.
 
     With ``half_close`` the write side is shut after the last chunk (a client that says it is done);
     without it the server must decide on its own to close. Writes the server refuses by closing are
@@ -66,6 +70,8 @@ async def exchange(
                     await asyncio.sleep(pause)
                 writer.write(chunk)
                 await writer.drain()
+                if on_write is not None:
+                    on_write(index + 1)
             if half_close and writer.can_write_eof():
                 writer.write_eof()
         return await _drain_until_closed(reader, within, f"{addr} after {len(parts)} write(s)")

@@ -26,7 +26,15 @@ from typing import Any
 import yaml
 
 from nstance.pki.nonce import operator_nonce_claims, sign_nonce
-from nstance.testing.procs import free_port, http_probe, log_tail, spawn_logged, stop_process, wait_for_ok
+from nstance.testing.procs import (
+    free_port,
+    http_probe,
+    log_tail,
+    log_text,
+    spawn_logged,
+    stop_process,
+    wait_for_ok,
+)
 from nstance.testing.shardproc import LocalCluster
 
 CONFIG_CONFIGMAP = "nstance-operator-config"
@@ -150,6 +158,10 @@ class OperatorProcess:
 
     def log(self, tail: int = 12000) -> str:
         return log_tail(self.log_path, tail)
+
+    def log_text(self) -> str:
+        """The whole log so far (what a test counts lines in: they scroll out of ``log``)."""
+        return log_text(self.log_path)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
         """Send ``sig`` and wait for the exit status."""

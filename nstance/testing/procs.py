@@ -92,11 +92,16 @@ def wait_for_ok(
     raise TimeoutError(f"{what} not {state} after {timeout}s (last: {last}); log:\n{log()}")
 
 
-def log_tail(log_path: Path | None, chars: int) -> str:
-    """The last ``chars`` characters of the log ("" when there is none yet)."""
+def log_text(log_path: Path | None) -> str:
+    """The whole log ("" when there is none yet)."""
     if log_path is None or not log_path.exists():
         return ""
-    return log_path.read_text(errors="replace")[-chars:]
+    return log_path.read_text(errors="replace")
+
+
+def log_tail(log_path: Path | None, chars: int) -> str:
+    """The last ``chars`` characters of the log ("" when there is none yet)."""
+    return log_text(log_path)[-chars:]
 
 
 def processes_mentioning(text: str) -> list[int]:

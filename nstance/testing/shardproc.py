@@ -32,7 +32,7 @@ from nstance.rpc import agent_pb2_grpc, operator_pb2_grpc
 from nstance.secrets.cluster_identity import ClusterIdentity, ensure_cluster_identity
 from nstance.secrets.objectstorage import ObjectStorageSecretStore
 from nstance.testing.procs import free_port as free_port  # re-exported for tests
-from nstance.testing.procs import http_probe, log_tail, spawn_logged, stop_process, wait_for_ok
+from nstance.testing.procs import http_probe, log_tail, log_text, spawn_logged, stop_process, wait_for_ok
 
 ENCRYPTION_KEY = bytes(range(32))
 ENCRYPTION_KEY_B64 = base64.b64encode(ENCRYPTION_KEY).decode("ascii")
@@ -243,8 +243,9 @@ class ServerProcess:
         """GET ``path`` on the health endpoint: (status, body); (0, error) if unreachable."""
         return http_probe(self.health_addr, path)
 
-    def wait_healthy(self, timeout: float = 20.0) -> str:
-        """Wait until /health answers 200; return its body."""
+    def wait_healthy(self, timeout: float = 60.0) -> str:
+        """Wait until /health answers 200; return its body. The bound only catches a hang: on a busy
+        2-core machine a server's start (imports, cache migration) has taken over 20 s."""
         return wait_for_ok(
             lambda: self.http("/health"),
             self.proc,
@@ -259,7 +260,12 @@ class ServerProcess:
         return self.http("/leader/health")[0] == 200
 
     def log(self) -> str:
+        """The log's last 8000 characters, for failure messages; ``log_text`` is all of it."""
         return log_tail(self.log_path, 8000)
+
+    def log_text(self) -> str:
+        """The whole log so far (what a test asserts on: a line may have scrolled out of ``log``)."""
+        return log_text(self.log_path)
 
     def log_entries(self) -> list[dict[str, Any]]:
         """The JSON log lines written so far."""
@@ -300,11 +306,14 @@ def start_leader(
         log_path=root / "server.log",
         env=dict(env or {}),
     ).start()
-    process.wait_healthy()
-    deadline = time.monotonic() + timeout
-    while not process.is_leader():
-        if time.monotonic() > deadline:
-            process.stop()
-            raise TimeoutError(f"the server of shard {shard} did not lead within {timeout:g}s")
-        time.sleep(0.05)
+    try:
+        process.wait_healthy()
+        deadline = time.monotonic() + timeout
+        while not process.is_leader():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the server of shard {shard} did not lead within {timeout:g}s")
+            time.sleep(0.05)
+    except BaseException:
+        process.stop()  # a server that never became healthy or leader must not outlive the test
+        raise
     return process

@@ -663,7 +663,7 @@ def test_no_pool_is_created_until_every_shard_has_answered(
             # Absence is proven by events, not by a pause: the operator has decided to wait for zone-b
             # and has since failed to reach it again twice (each failure is followed by a write pass).
             async def decided_repeatedly() -> bool:
-                text = operator.log()
+                text = operator.log_text()
                 return (
                     "waiting for ListGroups of shard(s) zone-b" in text
                     and text.count("shard zone-b: WatchGroups lost") >= 2

@@ -205,12 +205,30 @@ async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
         await server.stop(grace=None)
 
 
-def start_agent(config: AgentConfig) -> tuple[Agent, asyncio.Task[None]]:
+IDLE_CHECK = 0.03
+"""How often an agent refused for good looks for a new nonce here (no backoff delay is this short)."""
+
+
+class Pauses:
+    """The agent's sleep: a real pause, counting those of ``IDLE_CHECK`` (its looks for a new nonce)."""
+
+    def __init__(self) -> None:
+        self.idle_checks = 0
+
+    async def __call__(self, delay: float) -> None:
+        if delay == IDLE_CHECK:
+            self.idle_checks += 1
+        await asyncio.sleep(delay)
+
+
+def start_agent(config: AgentConfig, pauses: Pauses | None = None) -> tuple[Agent, asyncio.Task[None]]:
     agent = Agent(
         config,
+        sleep=pauses or Pauses(),
         stream_backoff=Backoff(base=0.05, cap=0.2),
         register_backoff=Backoff(base=0.05, cap=0.2),
         renew_backoff=Backoff(base=0.05, cap=0.2),
+        idle_check=IDLE_CHECK,
     )
     return agent, asyncio.create_task(agent.run())
 
@@ -266,7 +284,9 @@ async def test_agent_registers_reports_applies_files_makes_keys_and_renews(harne
         await until(lambda: api.open_streams == {"files": 1, "keys": 1}, "streams of the renewed session")
         await api.files.put(agent_pb2.FileTransfer(filename="app/config.json", content=b'{"a": 1}'))
         await api.files.put(agent_pb2.FileTransfer(filename="../escape.env", content=b"A=1\n"))
-        await asyncio.sleep(0.3)
+        # Deliveries are handled in order: once the second is refused, the first has been staged.
+        await until(lambda: "../escape.env" in agent.receiver.statuses(), "the '../' name refused")
+        assert agent.receiver.staged == ["app/config.json"]
         assert not (config.recv_dir / "app" / "config.json").exists(), "written before the commit"
         await api.files.put(agent_pb2.FileTransfer(config_hash="h2"))
         await until(lambda: config.config_hash_path.exists(), "config.hash")
@@ -346,10 +366,12 @@ async def test_agent_keeps_its_certificate_when_the_server_cannot_renew(
 
 async def test_agent_stays_up_idle_after_a_permanent_refusal(harness: Harness) -> None:
     harness.registration.refuse = (grpc.StatusCode.UNAUTHENTICATED, "nonce already used")
-    agent, task = start_agent(harness.config)
+    pauses = Pauses()
+    agent, task = start_agent(harness.config, pauses)
     try:
         await until(lambda: len(harness.registration.requests) == 1, "the registration attempt")
-        await asyncio.sleep(1.0)
+        # Three looks at the unchanged nonce (counted, not timed) and no second attempt.
+        await until(lambda: pauses.idle_checks >= 3, "three looks for a new nonce")
         assert len(harness.registration.requests) == 1, "retried a permanent refusal"
         assert not task.done()
         ok, reason = agent.state.healthz()
@@ -357,6 +379,10 @@ async def test_agent_stays_up_idle_after_a_permanent_refusal(harness: Harness) -
         assert "UNAUTHENTICATED" in reason
         assert "nonce already used" in reason
         assert not harness.config.cert_path.exists()
+        # Those looks are real: a new nonce is tried at the next one.
+        harness.config.nonce_path.write_text("another.nonce.jwt\n")
+        await until(lambda: len(harness.registration.requests) == 2, "an attempt with the new nonce")
+        assert harness.registration.requests[1].registration_nonce_jwt == "another.nonce.jwt"
     finally:
         await stop(task)
 

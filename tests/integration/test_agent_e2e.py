@@ -1,7 +1,9 @@
 """Real agents on a real server: the local provider starts an nstance-agent process per instance.
 
-Each test runs its own server (local provider, short health interval) and watches what a user of
-``nstance-admin`` would see: instance states, records, the agents' received files, and WatchInstances.
+Each test runs its own server (local provider, agents reporting every 300 ms) and watches what a user
+of ``nstance-admin`` would see: instance states, records, the agents' received files, and
+WatchInstances. The missed-report window is 30 s (10 s interval) except where a test is about it: a
+shorter one replaces agents that a busy machine merely did not schedule for a few seconds.
 """
 
 from __future__ import annotations
@@ -29,13 +31,14 @@ FILES = {"app.env": {"kind": "env", "template": {"GREETING": "{{ .Vars.greeting 
 
 
 class Shard:
-    def __init__(self, root: Path, *, size: int, drain: str = "1s") -> None:
+    def __init__(self, root: Path, *, size: int, drain: str = "1s", health_interval: str = "10s") -> None:
         self.root = root
         self.cluster = LocalCluster(root / "bucket")
         self.cluster.init()
         self.addrs = server_addrs()
         self.drain = drain
         self.size = size
+        self.health_interval = health_interval
         self.cluster.write_config(SHARD, self.config())
         self.operator = self.cluster.operator_identity(root / "operator")
         self.process = start_leader(self.cluster, root, shard=SHARD, env={"NSTANCE_REPORT_INTERVAL": "300ms"})
@@ -52,7 +55,7 @@ class Shard:
             election={"frequent_interval": "200ms", "infrequent_interval": "1s", "leader_timeout": "6s"},
             provider_options={"instances_dir": str(self.root / "instances"), "stop_instances_on_close": True},
             groups={"web": {"template": "app", "size": self.size, "instance_type": instance_type}},
-            shard_extra={"health_check_interval": "1s", "default_drain_timeout": self.drain},
+            shard_extra={"health_check_interval": self.health_interval, "default_drain_timeout": self.drain},
             template_extra={"files": FILES, "vars": {"greeting": greeting}},
         )
 
@@ -82,6 +85,10 @@ class Shard:
         status, text = self.process.http("/metrics")
         assert status == 200, text
         return _reconciles(text)
+
+    def logged(self, text: str) -> bool:
+        """Whether any message of the server's whole log contains ``text``."""
+        return any(text in str(entry.get("msg", "")) for entry in self.process.log_entries())
 
     def agent_pid(self, instance_id: str) -> int:
         info = json.loads((self.root / "instances" / instance_id / "instance.json").read_text())
@@ -169,29 +176,50 @@ def test_a_var_change_pushes_files_and_converges_without_replacing_the_vm(shard:
     )
     # The change was reconciled (twice: the reconcile it triggered and a later one), and nothing was
     # replaced: the absence is checked after the decisions, not after a pause.
-    wait_for(lambda: shard.reconciles() >= reconciles + 2, 20, "two reconciles after the change")
+    wait_for(lambda: shard.reconciles() >= reconciles + 2, 60, "two reconciles after the change")
     assert [r["instance_id"] for r in shard.live()] == [iid]
 
 
-def test_a_stopped_agent_is_replaced_with_drain_and_a_killed_one_without(shard: Shard) -> None:
-    (first,) = wait_for(lambda: len(shard.healthy()) == 1 and shard.healthy(), 30, "a healthy instance")
-    pid = shard.agent_pid(first)
-    os.kill(pid, signal.SIGSTOP)  # the VM runs, its agent says nothing: replaced after 3 missed intervals
+def test_a_stopped_agent_is_replaced_with_drain(tmp_path: Path) -> None:
+    # The one test here that needs the silence rule: a 1 s interval (3 s window). The others keep 10 s,
+    # so an agent that a starved machine does not schedule for 3 s is not replaced in their middle.
+    shard = Shard(tmp_path, size=1, health_interval="1s")
     try:
-        second = wait_for(
-            lambda: [i for i in shard.healthy() if i != first], 40, "a replacement for the silent instance"
-        )[0]
-        wait_for(
-            lambda: first not in [r["instance_id"] for r in shard.live()], 30, "the silent instance to go"
-        )
+        (first,) = wait_for(lambda: len(shard.healthy()) == 1 and shard.healthy(), 30, "a healthy instance")
+        pid = shard.agent_pid(first)
+        os.kill(pid, signal.SIGSTOP)  # the VM runs, its agent says nothing: replaced after 3 missed intervals
+        try:
+            wait_for(
+                lambda: [i for i in shard.healthy() if i != first],
+                40,
+                "a replacement for the silent instance",
+            )
+            wait_for(
+                lambda: first not in [r["instance_id"] for r in shard.live()], 30, "the silent instance to go"
+            )
+        finally:
+            with_suppressed_kill(pid, signal.SIGCONT)
+        assert shard.logged(f"instance {first} draining (health-reports-missed)")
     finally:
-        with_suppressed_kill(pid, signal.SIGCONT)
-    log = shard.process.log()
-    assert f"instance {first} draining (health-reports-missed)" in log
+        shard.process.stop()
 
-    os.kill(shard.agent_pid(second), signal.SIGKILL)  # the VM is gone: replaced without drain
-    wait_for(lambda: [i for i in shard.healthy() if i not in (first, second)], 40, "a replacement")
-    assert f"instance {second} draining" not in shard.process.log()
+
+def test_a_killed_agent_is_replaced_without_drain(tmp_path: Path) -> None:
+    # The VM is gone: the provider says so (the stream-loss follow-up, or GC's re-listing every second)
+    # and it is replaced without drain. The missed-report window is set beyond the test's length so
+    # that it cannot come first: a 1 s interval ends it 3 s after the last report, about when the first
+    # follow-up is due, and a busy machine could let it win (with the default 60 s interval the
+    # provider is asked long before).
+    shard = Shard(tmp_path, size=1, health_interval="1h")
+    try:
+        (first,) = wait_for(lambda: len(shard.healthy()) == 1 and shard.healthy(), 30, "a healthy instance")
+        os.kill(shard.agent_pid(first), signal.SIGKILL)
+        wait_for(lambda: [i for i in shard.healthy() if i != first], 40, "a replacement")
+        wait_for(lambda: shard.logged(f"instance {first} of default/web deleted"), 30, "the dead VM deleted")
+        assert shard.logged(f"instance {first} of default/web deleted (unhealthy)")
+        assert not shard.logged(f"instance {first} draining")  # a delete is final: no drain can follow
+    finally:
+        shard.process.stop()
 
 
 def with_suppressed_kill(pid: int, sig: int) -> None:

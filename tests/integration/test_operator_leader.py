@@ -8,7 +8,9 @@ told to — even when the stop arrives just as a Lease write completes — and a
 for a standby.
 
 Every wait is bounded and fails with what it waited for (a replica that does not stop fails with the
-place it is stuck at) instead of running into the suite's timeout.
+place it is stuck at) instead of running into the suite's timeout. Nothing is proven by a pause or a
+stopwatch: "never took over" and "took over at once" are counted in Lease reads, "stopped first" is the
+order of recorded starts and stops.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import math
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
@@ -38,11 +41,16 @@ from nstance.testing.shardproc import (
     shard_config,
     start_leader,
 )
+from nstance.testing.waiting import eventually
 
 LEASE = "nstance-operator-leader-election"
 DURATION, RENEW, DEADLINE = 2.0, 0.3, 1.2
 STOP_WITHIN = 15.0
 """A cancelled replica normally ends in well under a second; this much means it hangs."""
+POLLS_PAST_EXPIRY = math.ceil(DURATION / RENEW) + 2
+"""A standby's Lease reads start at least RENEW apart and it takes over a Lease left unchanged for
+DURATION; so this many reads span more than DURATION, and a standby that made them without taking over
+saw the Lease renewed all along (counted reads, not a pause, prove the absence)."""
 
 
 @dataclass
@@ -205,9 +213,13 @@ async def test_exactly_one_replica_acts_and_a_released_lease_is_taken_over_at_on
         await activity.wait(lambda: len(activity.active()) == 1, "one replica to lead")
         leader = next(iter(activity.active()))
         other = "b" if leader == "a" else "a"
-        # Several renewal periods later the other replica still waits.
-        await asyncio.sleep(3 * RENEW)
+        # The standby keeps reading the renewed Lease and never takes it over.
+        standby = await gate({"a": a, "b": b}[other])
+        await eventually(
+            lambda: standby.reads >= POLLS_PAST_EXPIRY, what=f"{POLLS_PAST_EXPIRY} Lease reads by {other}"
+        )
         assert activity.active() == {leader}
+        assert activity.max_concurrent() == 1
         lease = await kube.get(LEASES, LEASE, "default")
         assert lease is not None
         spec = lease["spec"]
@@ -219,12 +231,15 @@ async def test_exactly_one_replica_acts_and_a_released_lease_is_taken_over_at_on
         assert ready[other][0]
         assert ready[other][1].startswith(f"standby: following Lease default/{LEASE} (held by {leader})")
 
-        stopped_at = time.monotonic()
         await stop(tasks.pop(leader))  # graceful: the Lease is released
+        released_at = standby.reads
         await activity.wait(
-            lambda: activity.active() == {other}, f"{other} to take the released Lease over", within=DURATION
+            lambda: activity.active() == {other},
+            f"{other} to take the released Lease over",
+            within=DURATION + 3,
         )
-        assert activity.when(other, "start") - stopped_at < DURATION
+        # At once: at its next read (counted, so a slow machine cannot fail it), not after the duration.
+        assert standby.reads - released_at <= 1
         assert activity.max_concurrent() == 1
         lease = await kube.get(LEASES, LEASE, "default")
         assert lease is not None
@@ -246,7 +261,10 @@ async def test_a_crashed_leader_is_replaced_within_the_lease_duration(
     try:
         await activity.wait(lambda: activity.active() == {"a"}, "a to lead")
         task_b = start(b, "b")
-        await asyncio.sleep(2 * RENEW)  # b is following the Lease
+        watcher = await gate(b)
+        await eventually(
+            lambda: b.elector is not None and b.elector.holder == "a", what="b to follow a's Lease"
+        )
 
         # A crash: no release, no more renewals.
         assert a.elector is not None
@@ -256,6 +274,7 @@ async def test_a_crashed_leader_is_replaced_within_the_lease_duration(
 
         a.elector.release = no_release  # type: ignore[method-assign]
         crashed_at = time.monotonic()
+        reads_at_crash = watcher.reads
         await stop(task_a)
         assert "a" not in activity.active()
         await activity.wait(
@@ -263,7 +282,9 @@ async def test_a_crashed_leader_is_replaced_within_the_lease_duration(
         )
         took = activity.when("b", "start") - crashed_at
         assert took >= DURATION - 2 * RENEW  # b waited for the Lease to expire...
-        assert took < DURATION + 3 * RENEW  # ...and not much longer
+        # ...and took it over at one of its first reads after that (counted, so a slow machine, which
+        # stretches the time between reads, cannot fail it).
+        assert watcher.reads - reads_at_crash <= POLLS_PAST_EXPIRY
     finally:
         await stop(task_a, *([task_b] if task_b is not None else []))
 
@@ -296,19 +317,20 @@ async def test_a_leader_that_cannot_renew_stops_acting_before_anyone_else_starts
     try:
         await activity.wait(lambda: activity.active() == {"a"}, "a to lead")
         task_b = start(b, "b")
-        await asyncio.sleep(2 * RENEW)
+        await eventually(
+            lambda: b.elector is not None and b.elector.holder == "a", what="b to follow a's Lease"
+        )
         assert a.elector is not None
         a.elector.kube = Unreachable(a.kube)  # type: ignore[assignment]
-        cut_at = time.monotonic()
         await activity.wait(
-            lambda: "a" not in activity.active(), "a to stop acting without its Lease", within=DEADLINE + 1
+            lambda: "a" not in activity.active(), "a to stop acting without its Lease", within=DURATION + 3
         )
-        assert activity.when("a", "stop") - cut_at <= DEADLINE + 0.2
         assert not a.readiness()[0] or a.readiness()[1].startswith("standby")
         await activity.wait(
             lambda: activity.active() == {"b"}, "b to take over the unrenewed Lease", within=DURATION + 3
         )
-        # Fencing: a stopped acting before b began.
+        # Fencing: a stopped acting before b began (b waits until the Lease went unrenewed for
+        # DURATION on its own clock; a stops RENEW_DEADLINE after its last renewal began).
         assert activity.when("a", "stop") < activity.when("b", "start")
         assert activity.max_concurrent() == 1
         assert task_a.done() is False  # the replica stays up, as a standby
@@ -317,10 +339,13 @@ async def test_a_leader_that_cannot_renew_stops_acting_before_anyone_else_starts
 
 
 class Gated:
-    """The elector's Kube with a hook on its Lease writes, to time a cancel or a release exactly."""
+    """The elector's Kube with a hook on its Lease writes, to time a cancel or a release exactly, and
+    a count of the Lease calls it began (a standby's reads are its polls)."""
 
     def __init__(self, real: Kube) -> None:
         self.real = real
+        self.reads = 0
+        self.writes = 0
         self.hold_before: asyncio.Event | None = None
         """While set, the next write waits for this event before it reaches the API server."""
         self.hold_after: asyncio.Event | None = None
@@ -328,12 +353,15 @@ class Gated:
         self.held = asyncio.Event()
 
     async def get(self, *args: Any, **kwargs: Any) -> Any:
+        self.reads += 1
         return await self.real.get(*args, **kwargs)
 
     async def create(self, *args: Any, **kwargs: Any) -> Any:
+        self.writes += 1
         return await self.real.create(*args, **kwargs)
 
     async def replace(self, *args: Any, **kwargs: Any) -> Any:
+        self.writes += 1
         before, self.hold_before = self.hold_before, None
         if before is not None:
             self.held.set()
@@ -344,6 +372,15 @@ class Gated:
             self.held.set()
             await after.wait()
         return result
+
+
+async def gate(runtime: OperatorRuntime) -> Gated:
+    """Put a (counting) Gated between a replica's elector and the API server, once it has one."""
+    await eventually(lambda: runtime.elector is not None, what="the replica's elector")
+    assert runtime.elector is not None
+    gated = Gated(runtime.elector.kube)
+    runtime.elector.kube = gated  # type: ignore[assignment]
+    return gated
 
 
 def elector(kube: Gated, name: str) -> LeaseElector:
@@ -382,13 +419,16 @@ async def test_a_replica_stopped_just_as_its_lease_write_completes_stops_and_ren
         answer.set()
         await asyncio.sleep(0)
         await stop(task)
-        lease = await kube.get(LEASES, LEASE, "default")
-        assert lease is not None
-        renewed = lease["metadata"]["resourceVersion"]
-        await asyncio.sleep(3 * RENEW)
-        lease = await kube.get(LEASES, LEASE, "default")
-        assert lease is not None
-        assert lease["metadata"]["resourceVersion"] == renewed, "a stopped elector kept renewing its Lease"
+        writes = gated.writes
+        # A standby takes the Lease over only once it went unrenewed for DURATION: that it does, and
+        # that a wrote nothing meanwhile, proves a renews no more.
+        b = elector(Gated(kube), "b")
+        standby = asyncio.create_task(b.run(), name="elector b")
+        try:
+            await until(_leading(b), "b to take the unrenewed Lease over")
+            assert gated.writes == writes, "a stopped elector kept renewing its Lease"
+        finally:
+            await stop(standby)
     finally:
         await stop(task)
 
@@ -411,13 +451,23 @@ async def test_a_release_during_a_renewal_leaves_the_lease_free_for_a_standby(
         done, _ = await asyncio.wait([releasing], timeout=STOP_WITHIN)
         assert done, f"release() did not finish within {STOP_WITHIN:g}s"
         assert not a.is_leader()
-        # The Lease stays free: neither the renewal in flight nor a later poll takes it back.
-        await asyncio.sleep(3 * RENEW)
+        assert task.done(), "release() left the election loop running"
+        # The Lease stays free: neither the renewal in flight nor a later poll takes it back. A standby
+        # finds it free at its first read and takes it at once; a writes nothing more.
+        writes = gated.writes
         lease = await kube.get(LEASES, LEASE, "default")
         assert lease is not None
         assert lease["spec"]["holderIdentity"] == "", "the released Lease was taken back"
-        assert not a.is_leader()
-        assert task.done(), "release() left the election loop running"
+        watcher = Gated(kube)
+        b = elector(watcher, "b")
+        standby = asyncio.create_task(b.run(), name="elector b")
+        try:
+            await until(_leading(b), "b to take the released Lease")
+            assert watcher.reads == 1, "the released Lease was not free at b's first read"
+            assert gated.writes == writes, "a wrote the Lease after its release"
+            assert not a.is_leader()
+        finally:
+            await stop(standby)
     finally:
         await stop(task)
 

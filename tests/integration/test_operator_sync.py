@@ -363,13 +363,18 @@ async def test_a_lost_shard_marks_its_shard_groups_unreachable_until_it_is_back(
             )
             assert lost["reason"] == "StreamLost"
             assert "zone-b" in lost["message"]
-            (event,) = await events(env.kube, "ShardUnreachable", "web--zone-b")
+            # The Event is posted beside the write pass that sets the condition, maybe a little later.
+            (event,) = await eventually(
+                lambda: events(env.kube, "ShardUnreachable", "web--zone-b"), "a ShardUnreachable Event"
+            )
             assert event["type"] == "Warning"
             assert sync.missing_shards() == ["zone-b"]
         finally:
             await asyncio.to_thread(shards.start, "zone-b")
         await eventually(lambda: reachable("True"), "ShardReachable=True after the shard is back")
-        assert await events(env.kube, "ShardReconnected", "web--zone-b")
+        await eventually(
+            lambda: events(env.kube, "ShardReconnected", "web--zone-b"), "a ShardReconnected Event"
+        )
 
         # Removing a shard from the config stops following it, without a restart.
         env.shard_set.update(shards.endpoints("zone-a"))

@@ -139,6 +139,14 @@ def converged(env: Env, stub: operator_pb2_grpc.OperatorServiceStub, size: int) 
     return check
 
 
+def became_leader(server: ServerProcess) -> int:
+    """How often ``server`` became the shard's leader (its ``nstance_leader_changes_total``)."""
+    status, text = server.http("/metrics")
+    assert status == 200, text
+    prefix = 'nstance_leader_changes_total{scope="shard"} '
+    return sum(int(float(line[len(prefix) :])) for line in text.splitlines() if line.startswith(prefix))
+
+
 def reconcile_times(server: ServerProcess) -> list[datetime]:
     return [
         datetime.fromisoformat(entry["time"])
@@ -154,12 +162,13 @@ def test_two_servers_one_leader_and_failover_within_timeout(env: Env) -> None:
     a.wait_healthy()
     b.wait_healthy()
     wait_for(lambda: a.is_leader() or b.is_leader(), what="a leader")
-    for _ in range(20):  # exactly one leader, sampled over a few frequent intervals
-        assert [a.is_leader(), b.is_leader()].count(True) == 1
-        time.sleep(FREQUENT / 4)
     leader, follower = (a, b) if a.is_leader() else (b, a)
     leader_host, follower_host = ("127.0.0.2", "127.0.0.3") if leader is a else ("127.0.0.3", "127.0.0.2")
     wait_for(converged(env, env.stub(leader_host), 3), what="3 instances")
+    # One leader all along: each server counts the times it became leader (history, not samples). The
+    # standby never did; the leader may have lost and won its own lock again on a starved machine.
+    assert became_leader(follower) == 0
+    assert became_leader(leader) >= 1
 
     leader.kill()
     killed_at = time.monotonic()
@@ -286,7 +295,7 @@ def test_a_restart_with_a_corrupt_cache_file_rebuilds_it_and_touches_no_vm(env: 
     wait_for(converged(env, env.stub(), 2), what="2 instances after restart")
     assert sorted(vm["provider_id"] for vm in env.live_vms()) == before  # nothing deleted or recreated
     assert len(env.vms()) == 2
-    log = restarted.log()
+    log = restarted.log_text()
     assert "is corrupt" in log
     assert "Traceback" not in log
     assert [p.name for p in cache.parent.iterdir() if ".corrupt-" in p.name]

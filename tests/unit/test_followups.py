@@ -10,6 +10,7 @@ from nstance.core.errors import Unavailable
 from nstance.objectstore.memory import MemoryObjectStore
 from nstance.server.followups import RecordFollowUps
 from nstance.server.records import InstanceRecord, delete_record, read_record, update_record, write_record
+from nstance.testing.waiting import eventually
 
 KNOWN_ID = "knc06bgm7733st2576nx5jht4ecjw"
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -49,9 +50,20 @@ async def test_follow_ups_wait_while_creates_run_and_are_written_when_the_burst_
     store = MemoryObjectStore()
     etag = write_record(store, pending(), create_only=True)
     busy = True
-    queue = RecordFollowUps(store, busy=lambda: busy, fence=allowed, max_defer=60)
+    looks = 0
+
+    def burst() -> bool:
+        nonlocal looks
+        looks += 1
+        return busy
+
+    queue = RecordFollowUps(store, busy=burst, fence=allowed, max_defer=60)
     queue.add(finished(), etag)
-    await asyncio.sleep(0.05)
+    # Once the queue has looked at the burst it waits (looking again only when woken): counted looks,
+    # not a pause, show that it held the write back.
+    await eventually(lambda: looks >= 1, within=5, what="the queue to look at the burst")
+    queue.wake()  # woken while creates still run: it looks again and keeps waiting
+    await eventually(lambda: looks >= 2, within=5, what="the queue to look again")
     assert stored(store).provider_instance_id == ""
     assert queue.pending == 1
     busy = False

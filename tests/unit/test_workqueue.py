@@ -1,14 +1,23 @@
-"""The level-triggered work queue: coalescing, one worker per key, nothing dropped."""
+"""The level-triggered work queue: coalescing, one worker per key, nothing dropped.
+
+No test pauses for the queue: each waits until the queue is idle (nothing queued, nothing in progress),
+from which no further run can come without a new mark.
+"""
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
 from nstance.core.backoff import Backoff
 from nstance.server.workqueue import WorkQueue
 from nstance.testing.waiting import eventually
+
+
+def idle(queue: WorkQueue[Any]) -> bool:
+    return len(queue) == 0 and queue.in_progress == 0
 
 
 async def test_marks_during_processing_coalesce_into_one_more_run() -> None:
@@ -27,7 +36,7 @@ async def test_marks_during_processing_coalesce_into_one_more_run() -> None:
     queue.add("g")
     task = asyncio.create_task(queue.run(handler, workers=4))
     await gate.wait()
-    await asyncio.sleep(0.1)
+    await eventually(lambda: len(runs) == 2 and idle(queue), within=10, what="the second run to finish")
     await queue.close()
     await task
     assert runs == ["g", "g"]
@@ -52,7 +61,7 @@ async def test_a_key_is_never_processed_by_two_workers_at_once() -> None:
     for i in range(200):
         queue.add(i % 5)
         await asyncio.sleep(0)
-    await asyncio.sleep(0.2)
+    await eventually(lambda: idle(queue), within=10, what="the queue to be idle")
     await queue.close()
     await task
     assert overlaps == 0
@@ -89,9 +98,14 @@ async def test_add_after_keeps_the_earliest_schedule_and_handler_errors_do_not_s
 
     task = asyncio.create_task(queue.run(handler, workers=1))
     queue.add("boom")
+    now = asyncio.get_running_loop().time()
     queue.add_after("later", 10.0)
     queue.add_after("later", 0.05)  # earlier wins
-    await asyncio.sleep(0.3)
+    queue.add_after("later", 5.0)  # and stays
+    assert list(queue.scheduled) == ["later"]
+    assert queue.scheduled["later"] < now + 5.0
+    await eventually(lambda: seen == ["boom", "later"] and idle(queue), within=10, what="the scheduled run")
+    assert queue.scheduled == {}, "a later schedule is still pending"
     await queue.close()
     await task
     assert seen == ["boom", "later"]
