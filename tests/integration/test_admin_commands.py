@@ -757,7 +757,7 @@ def test_help_lists_the_new_commands() -> None:
     assert "status" in result.out
     assert "refresh" in result.out
     result = run("instance", "list", "--help")
-    assert "no instance listing" in " ".join(result.out.split())
+    assert "managed and on-demand - with their instance IDs" in " ".join(result.out.split())
 
 
 # --- watch (the live view) -----------------------------------------------------------------------

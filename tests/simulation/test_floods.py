@@ -14,7 +14,6 @@ import pytest
 
 from nstance.config import editing
 from nstance.db import repo
-from nstance.pki.nonce import NonceClaims
 from nstance.server.registration import Registrar
 from nstance.simulation import floods, world
 from nstance.simulation.run import run_seed
@@ -52,24 +51,26 @@ def test_without_size_limits_a_flood_is_caught_growing_groups(monkeypatch: pytes
     problems = run_seed(0, fault_kinds=FLOODS).problems
     assert any(p.startswith("t=") and "UpsertGroup" in p and "was accepted" in p for p in problems), problems
     assert any("groups.jsonc holds size" in p for p in problems), problems
-    assert any("the cloud was asked for more than" in p for p in problems), problems
+    # (The leader then refuses to load the over-limit document it wrote, a second guard, so no VM beyond
+    # the limit is asked for here: the written size is the broken promise this mutation shows.)
 
 
 def test_a_replayed_registration_that_succeeds_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """The guard removed: the claim no longer requires an unregistered row, so a nonce read from a
     registered VM's user data registers a second key for it."""
-    original = Registrar._claim
+    original = Registrar._claim_many
 
-    def forgetful(self: Registrar, nonce_jwt: str, claims: NonceClaims, *args: Any) -> repo.AgentClaim:
-        claim = original(self, nonce_jwt, claims, *args)
-        if claim.claimed:
-            return claim
-        with self.ctx.db.read_session() as session:
-            row = repo.get_instance_by_nonce(session, nonce_jwt)
-        if row is None or row.id != claims.sub or row.deleted_at is not None:
-            return claim
-        return repo.AgentClaim(claimed=True, group_key=row.group_key)
+    def forgetful(self: Registrar, requests: list[Any]) -> list[repo.AgentClaim]:
+        out = []
+        for request, claim in zip(requests, original(self, requests), strict=True):
+            if not claim.claimed:
+                with self.ctx.db.read_session() as session:
+                    row = repo.get_instance_by_nonce(session, request.nonce_jwt)
+                if row is not None and row.id == request.claims.sub and row.deleted_at is None:
+                    claim = repo.AgentClaim(claimed=True, group_key=row.group_key)
+            out.append(claim)
+        return out
 
-    monkeypatch.setattr(Registrar, "_claim", forgetful)
+    monkeypatch.setattr(Registrar, "_claim_many", forgetful)
     problems = [p for seed in SEEDS for p in run_seed(seed, fault_kinds=FLOODS).problems]
     assert any("a replay of the nonce of registered instance" in p for p in problems), problems
