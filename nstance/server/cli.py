@@ -35,7 +35,7 @@ StorageOpt = Annotated[
         "--storage-provider",
         "--storage",
         envvar="NSTANCE_STORAGE",
-        help="Object storage: file, s3 or gcs (the same flag and variable as nstance-admin's).",
+        help="Object storage: s3 (default), gcs or file (flag, variable and default as nstance-admin's).",
     ),
 ]
 BucketOpt = Annotated[
@@ -106,7 +106,7 @@ ValidateOpt = Annotated[
 def main_command(
     server_id: IdOpt = None,
     shard: ShardOpt = None,
-    storage: StorageOpt = "file",
+    storage: StorageOpt = "s3",
     bucket: BucketOpt = None,
     prefix: PrefixOpt = None,
     cachedir: CacheOpt = Path("./cache"),
