@@ -37,9 +37,9 @@ from nstance.config import (
     validate_config_file,
 )
 from nstance.config.errors import join_path
-from nstance.core.configplan import GroupChange, GroupHashes, GroupKey, InstanceFacts, plan_config_change
+from nstance.core.configplan import GroupChange, GroupHashes, InstanceFacts, plan_config_change
 from nstance.core.errors import FailedPrecondition, InvalidArgument, NotFound, NstanceError
-from nstance.core.ids import identifier_problem
+from nstance.core.ids import GroupKey, identifier_problem
 from nstance.objectstore.base import ObjectNotFound, ObjectStore
 
 from .options import StorageBucketOpt, StorageProviderOpt

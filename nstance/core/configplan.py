@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-GroupKey = tuple[str, str]
+from nstance.core.ids import GroupKey
+
 """``(tenant, group)``."""
 
 INACTIVE_STATUSES = frozenset({"failed", "deleting", "deleted", "pending_deletion", "terminated"})

@@ -202,3 +202,7 @@ def new_puid(kind: str) -> Puid:
 def new_instance_id(kind: str) -> InstanceId:
     """Return a new instance ID string for the given template kind."""
     return InstanceId(str(new_puid(kind)))
+
+
+#: A group's key everywhere it is tracked: (tenant, group).
+GroupKey = tuple[str, str]

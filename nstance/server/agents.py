@@ -42,6 +42,7 @@ from typing import Any
 
 from nstance.config import MergedGroupConfig, infra_hash, runtime_hash
 from nstance.core.errors import NotFound, NstanceError
+from nstance.core.ids import GroupKey
 from nstance.db import repo
 from nstance.db.rows import InstanceRow
 from nstance.providers.base import UNHEALTHY_STATUSES, InstanceNotFound, InstanceStatus
@@ -54,7 +55,6 @@ from nstance.server.loadbalancers import LoadBalancerSync
 
 log = logging.getLogger(__name__)
 
-GroupKey = tuple[str, str]
 #: Delays (seconds) between provider checks after an agent's health stream ended.
 FOLLOW_UP_DELAYS = (3.0, 6.0, 12.0, 24.0, 30.0, 30.0, 30.0, 30.0)
 #: Seconds between batched health writes: an agent's reports in between collapse into one row update.

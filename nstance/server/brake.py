@@ -24,9 +24,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from nstance.config.shard import DeletionBrakeConfig
+from nstance.core.ids import GroupKey
 from nstance.core.plan import Member, is_silent
-
-GroupKey = tuple[str, str]
 
 ORPHANS = "orphan-deletions"
 REPLACEMENTS = "health-replacements"

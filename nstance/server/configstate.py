@@ -29,11 +29,8 @@ what to do about a change.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
-import tempfile
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -46,8 +43,10 @@ from nstance.config.limits import groups_limit_problems
 from nstance.config.loader import dump_groups_text, load_config_text, load_groups_text
 from nstance.config.merge import MergedGroupConfig, all_group_keys, merged_group
 from nstance.config.schema import DynamicGroups, ServerConfig
+from nstance.core.atomicfile import write_atomic
 from nstance.core.clock import Clock
 from nstance.core.errors import FailedPrecondition, InvalidArgument, NotFound, NstanceError, Unavailable
+from nstance.core.ids import GroupKey
 from nstance.objectstore.base import ObjectInfo, ObjectNotFound, ObjectStore
 
 log = logging.getLogger(__name__)
@@ -58,7 +57,6 @@ CACHE_FILE = "shard-config.json"
 _CACHE_VERSION = 1
 
 Source = Literal["storage", "cache"]
-GroupKey = tuple[str, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,27 +151,6 @@ class _Documents:
     config_last_modified: datetime | None
     groups: bytes
     groups_etag: str
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` so that a crash leaves the old or the new file, never a mix."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def _text(data: bytes, source: str) -> str:
@@ -598,7 +575,7 @@ class ConfigState:
         }
         data = json.dumps(document, indent=2, ensure_ascii=False).encode("utf-8") + b"\n"
         try:
-            _atomic_write(self._cache_path, data)
+            write_atomic(self._cache_path, data, dir_mode=None)
         except OSError as exc:
             log.warning("could not write the config cache %s: %s", self._cache_path, exc)
 

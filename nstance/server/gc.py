@@ -16,6 +16,7 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 
+from nstance.core.ids import GroupKey
 from nstance.db import repo
 from nstance.db.models import RECORD_PENDING
 from nstance.server import records
@@ -27,7 +28,6 @@ from nstance.server.restore import restore_missing_records
 
 log = logging.getLogger(__name__)
 
-GroupKey = tuple[str, str]
 REASON_REGISTRATION_TIMEOUT = "registration-timeout"
 REASON_STALE_PRE_INSERT = "stale-pre-insert"
 

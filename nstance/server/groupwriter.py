@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 
 from nstance.config.groupstext import GroupsText
 from nstance.config.schema import DynamicGroups
+from nstance.core.ids import GroupKey
 from nstance.objectstore.base import ObjectStore
 from nstance.server.configstate import ConfigChange, ConfigState
 from nstance.server.context import fault_point
 from nstance.server.dynamic_groups import edit_dynamic_groups
 
 Edit = Callable[[DynamicGroups], DynamicGroups]
-GroupKey = tuple[str, str]
 
 
 @dataclass

@@ -20,6 +20,7 @@ from datetime import datetime, timedelta
 
 from nstance.config import MergedGroupConfig, infra_hash
 from nstance.core.backoff import Backoff
+from nstance.core.ids import GroupKey
 from nstance.core.plan import (
     REASON_DRIFT,
     REASON_ELIGIBLE_EXPIRY,
@@ -42,7 +43,6 @@ from nstance.server.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 
-GroupKey = tuple[str, str]
 
 #: Drains that are planned rotations (not repairs): they wait until the replacement create succeeded.
 ROTATION_REASONS = frozenset({REASON_DRIFT, REASON_ELIGIBLE_EXPIRY, REASON_FORCED_EXPIRY})

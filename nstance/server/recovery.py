@@ -32,6 +32,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from nstance.core.errors import InvalidArgument
+from nstance.core.ids import GroupKey
 from nstance.db import repo
 from nstance.db.models import RECORD_FAILED, RECORD_PENDING, RECORD_PROVISIONED
 from nstance.db.rows import InstanceRow
@@ -44,7 +45,6 @@ from nstance.server.leadertime import since_term
 
 log = logging.getLogger(__name__)
 
-GroupKey = tuple[str, str]
 _PROVIDER_STATUSES = frozenset(s.value for s in InstanceStatus)
 
 

@@ -34,6 +34,7 @@ from nstance.config.limits import check_vars
 from nstance.config.workloads import DynamicGroupConfig
 from nstance.core.backoff import Backoff
 from nstance.core.errors import FailedPrecondition, InvalidArgument, NotFound, NstanceError, Unavailable
+from nstance.core.ids import GroupKey
 from nstance.db import repo
 from nstance.db.quarantine import is_corruption
 from nstance.db.rows import InstanceRow
@@ -66,7 +67,6 @@ from nstance.server.recovery import rebuild_cache, sync_provider
 
 log = logging.getLogger(__name__)
 
-GroupKey = tuple[str, str]
 #: Seconds between refreshes of the per-group instance gauges.
 METRICS_INTERVAL = 5.0
 #: Seconds between the leader's checks of the config documents' ETags (two HEAD requests each).
