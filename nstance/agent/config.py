@@ -46,7 +46,6 @@ class AgentConfig:
     identity_mode: int = 0o600
     keys_mode: int = 0o640
     recv_mode: int = 0o640
-    instance_kind: str = ""
     hostname: str = ""
     ipv4: str = ""
     ipv6: str = ""
@@ -184,7 +183,6 @@ def load_config(
         identity_mode=_mode(env, "IDENTITY_MODE", 0o600),
         keys_mode=_mode(env, "KEYS_MODE", 0o640),
         recv_mode=_mode(env, "RECV_MODE", 0o640),
-        instance_kind=_get(env, "INSTANCE_KIND"),
         hostname=_get(env, "INSTANCE_HOSTNAME"),
         ipv4=_get(env, "INSTANCE_IPV4"),
         ipv6=_get(env, "INSTANCE_IPV6"),

@@ -29,7 +29,7 @@ On-demand instances are never passed to ``plan_group``: they are not counted and
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 #: Reasons recorded on drains and deletes (also sent to the operator on instance events).
@@ -82,7 +82,6 @@ class GroupPlan:
     delete: tuple[Action, ...] = ()
     drain: tuple[Action, ...] = ()
     serving: int = 0
-    notes: tuple[str, ...] = field(default=())
 
     @property
     def empty(self) -> bool:

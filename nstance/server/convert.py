@@ -25,11 +25,6 @@ def timestamp(value: datetime | None) -> Timestamp | None:
     return ts
 
 
-def from_timestamp(ts: Timestamp) -> datetime:
-    """An aware UTC datetime from a protobuf Timestamp."""
-    return ts.ToDatetime(tzinfo=UTC)
-
-
 def group_status(view: GroupView) -> operator_pb2.GroupStatus:
     """GroupStatus for one group."""
     return operator_pb2.GroupStatus(

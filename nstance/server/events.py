@@ -96,11 +96,6 @@ class EventHub(Generic[E]):
             else:
                 sub.queue.put_nowait(event)
 
-    @property
-    def subscriber_count(self) -> int:
-        """Number of connected watchers."""
-        return len(self._subscribers)
-
     @contextlib.asynccontextmanager
     async def subscribe(self, tenant: str | None) -> AsyncIterator[AsyncIterator[E]]:
         """Subscribe for the duration of the ``async with``; iterate the yielded iterator for events.

@@ -34,7 +34,7 @@ import contextvars
 import inspect
 import logging
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import MappingProxyType
 from typing import Any, Final
 
@@ -114,16 +114,6 @@ def current_peer() -> PeerIdentity:
     if peer is None:
         raise Unauthenticated("this call carries no verified client certificate")
     return peer
-
-
-@contextlib.contextmanager
-def peer_context(identity: PeerIdentity) -> Iterator[None]:
-    """Make ``identity`` the ``current_peer()`` inside the block (for calling handlers without gRPC)."""
-    token = _PEER.set(identity)
-    try:
-        yield
-    finally:
-        _PEER.reset(token)
 
 
 def _bounded_details(details: str) -> str:
