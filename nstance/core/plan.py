@@ -31,20 +31,27 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from enum import StrEnum
 
-#: Reasons recorded on drains and deletes (also sent to the operator on instance events).
-REASON_UNHEALTHY = "unhealthy"
-REASON_CREATE_FAILED = "create-failed"
-REASON_SCALE_DOWN = "scale-down"
-REASON_GROUP_DELETED = "group-deleted"
-REASON_DRIFT = "config-drift"
-REASON_FORCED_EXPIRY = "forced-expiry"
-REASON_ELIGIBLE_EXPIRY = "eligible-expiry"
-REASON_DRAIN_COMPLETE = "drain-complete"
-REASON_DRAIN_TIMEOUT = "drain-timeout"
-REASON_SILENT = "health-reports-missed"
-REASON_SPOT = "spot-termination"
-REASON_ONDEMAND_EXPIRY = "ondemand-expiry"
+
+class Reason(StrEnum):
+    """Why an instance is drained or deleted: recorded on the instance, counted in metrics and sent to
+    the operator on instance events (the values are what records, logs and metrics carry)."""
+
+    UNHEALTHY = "unhealthy"
+    CREATE_FAILED = "create-failed"
+    SCALE_DOWN = "scale-down"
+    GROUP_DELETED = "group-deleted"
+    DRIFT = "config-drift"
+    FORCED_EXPIRY = "forced-expiry"
+    ELIGIBLE_EXPIRY = "eligible-expiry"
+    DRAIN_COMPLETE = "drain-complete"
+    DRAIN_TIMEOUT = "drain-timeout"
+    SILENT = "health-reports-missed"
+    SPOT = "spot-termination"
+    ONDEMAND_EXPIRY = "ondemand-expiry"
+    REGISTRATION_TIMEOUT = "registration-timeout"
+    STALE_PRE_INSERT = "stale-pre-insert"
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,20 +131,20 @@ def plan_group(spec: PlanInput, members: Sequence[Member], now: datetime) -> Gro
     doomed: list[tuple[Member, str]] = []
     for member in members:
         if member.failed:
-            deletes.append(Action(member.instance_id, REASON_CREATE_FAILED))
+            deletes.append(Action(member.instance_id, Reason.CREATE_FAILED))
         elif member.unhealthy:
-            deletes.append(Action(member.instance_id, REASON_UNHEALTHY))
+            deletes.append(Action(member.instance_id, Reason.UNHEALTHY))
         elif member.draining:
             if member.drain_acked:
-                deletes.append(Action(member.instance_id, REASON_DRAIN_COMPLETE))
+                deletes.append(Action(member.instance_id, Reason.DRAIN_COMPLETE))
             elif member.delete_at is not None and member.delete_at <= now:
-                deletes.append(Action(member.instance_id, REASON_DRAIN_TIMEOUT))
+                deletes.append(Action(member.instance_id, Reason.DRAIN_TIMEOUT))
             else:
                 draining.append(member)
         elif member.spot_notice:
-            doomed.append((member, REASON_SPOT))
+            doomed.append((member, Reason.SPOT))
         elif is_silent(member, spec.silence_limit, now):
-            doomed.append((member, REASON_SILENT))
+            doomed.append((member, Reason.SILENT))
         else:
             serving.append(member)
 
@@ -152,13 +159,13 @@ def plan_group(spec: PlanInput, members: Sequence[Member], now: datetime) -> Gro
         retire([member], reason)
 
     if spec.desired is None:
-        retire(sorted(serving, key=_victim_order), REASON_GROUP_DELETED)
+        retire(sorted(serving, key=_victim_order), Reason.GROUP_DELETED)
         return GroupPlan(delete=tuple(deletes), drain=tuple(drains), serving=0)
 
     desired = spec.desired
     if len(serving) > desired:
         victims = sorted(serving, key=_victim_order)[: len(serving) - desired]
-        retire(victims, REASON_SCALE_DOWN)
+        retire(victims, Reason.SCALE_DOWN)
         keep = len(serving) - len(victims)
         return GroupPlan(delete=tuple(deletes), drain=tuple(drains), serving=keep)
 
@@ -185,17 +192,17 @@ def _rotation(
     if spec.forced_age is not None:
         for member in oldest_first:
             if now - member.created_at >= spec.forced_age:
-                return member, REASON_FORCED_EXPIRY
+                return member, Reason.FORCED_EXPIRY
     if draining:
         return None
     if spec.infra_hash is not None:
         for member in oldest_first:
             if member.infra_hash is not None and member.infra_hash != spec.infra_hash:
-                return member, REASON_DRIFT
+                return member, Reason.DRIFT
     if spec.eligible_age is not None:
         for member in oldest_first:
             if now - member.created_at >= spec.eligible_age:
-                return member, REASON_ELIGIBLE_EXPIRY
+                return member, Reason.ELIGIBLE_EXPIRY
     return None
 
 
@@ -228,19 +235,19 @@ def plan_on_demand(
     drains: list[Action] = []
     for member in members:
         if member.failed:
-            deletes.append(Action(member.instance_id, REASON_CREATE_FAILED))
+            deletes.append(Action(member.instance_id, Reason.CREATE_FAILED))
         elif member.unhealthy:
-            deletes.append(Action(member.instance_id, REASON_UNHEALTHY))
+            deletes.append(Action(member.instance_id, Reason.UNHEALTHY))
         elif member.draining:
             if member.drain_acked:
-                deletes.append(Action(member.instance_id, REASON_DRAIN_COMPLETE))
+                deletes.append(Action(member.instance_id, Reason.DRAIN_COMPLETE))
             elif member.delete_at is not None and member.delete_at <= now:
-                deletes.append(Action(member.instance_id, REASON_DRAIN_TIMEOUT))
+                deletes.append(Action(member.instance_id, Reason.DRAIN_TIMEOUT))
         elif ondemand_age is not None and now - member.created_at >= ondemand_age:
             if drain_timeout > timedelta(0) and member.registered:
-                drains.append(Action(member.instance_id, REASON_ONDEMAND_EXPIRY))
+                drains.append(Action(member.instance_id, Reason.ONDEMAND_EXPIRY))
             else:
-                deletes.append(Action(member.instance_id, REASON_ONDEMAND_EXPIRY))
+                deletes.append(Action(member.instance_id, Reason.ONDEMAND_EXPIRY))
     return GroupPlan(delete=tuple(deletes), drain=tuple(drains))
 
 

@@ -17,6 +17,7 @@ import logging
 from dataclasses import dataclass, field
 
 from nstance.core.ids import GroupKey
+from nstance.core.plan import Reason
 from nstance.db import repo
 from nstance.db.models import RECORD_PENDING
 from nstance.server import records
@@ -27,9 +28,6 @@ from nstance.server.recovery import recheck_unreadable, sync_provider
 from nstance.server.restore import restore_missing_records
 
 log = logging.getLogger(__name__)
-
-REASON_REGISTRATION_TIMEOUT = "registration-timeout"
-REASON_STALE_PRE_INSERT = "stale-pre-insert"
 
 
 @dataclass
@@ -58,7 +56,7 @@ async def gc_cycle(ctx: ShardContext, ops: InstanceOps) -> GcReport:
             continue
         age = since_term(ctx.clock, row.created_at)  # monotonic within this leadership
         if row.provider_id is None and row.record_state == RECORD_PENDING and age > stale_after:
-            await ops.retire_unlaunched(row, REASON_STALE_PRE_INSERT)
+            await ops.retire_unlaunched(row, Reason.STALE_PRE_INSERT)
             report.stale.append(row.id)
             report.groups.add((row.tenant, row.group_key))
         elif (
@@ -71,7 +69,7 @@ async def gc_cycle(ctx: ShardContext, ops: InstanceOps) -> GcReport:
             log.warning(
                 "instance %s never registered within %s: deleting it", row.id, gc_cfg.registration_timeout
             )
-            await ops.delete_or_hold(row, REASON_REGISTRATION_TIMEOUT)
+            await ops.delete_or_hold(row, Reason.REGISTRATION_TIMEOUT)
             report.dangling.append(row.id)
             report.groups.add((row.tenant, row.group_key))
 

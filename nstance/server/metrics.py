@@ -54,11 +54,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 import nstance
 from nstance.config.resources import ImageConfig, LoadBalancerConfig
 from nstance.core.plan import (
-    REASON_DRAIN_COMPLETE,
-    REASON_DRAIN_TIMEOUT,
-    REASON_GROUP_DELETED,
-    REASON_ONDEMAND_EXPIRY,
-    REASON_SCALE_DOWN,
+    Reason,
 )
 from nstance.providers.base import CreateRequest, Provider, ProviderInstance
 from nstance.providers.features import LbTarget, TargetState
@@ -70,11 +66,11 @@ LEADER_SCOPES: Final = ("shard", "cluster")
 #: Retirement reasons that are not replacements (the instance is not coming back in another form).
 NOT_REPLACEMENTS: Final = frozenset(
     {
-        REASON_SCALE_DOWN,
-        REASON_GROUP_DELETED,
-        REASON_DRAIN_COMPLETE,
-        REASON_DRAIN_TIMEOUT,
-        REASON_ONDEMAND_EXPIRY,
+        Reason.SCALE_DOWN,
+        Reason.GROUP_DELETED,
+        Reason.DRAIN_COMPLETE,
+        Reason.DRAIN_TIMEOUT,
+        Reason.ONDEMAND_EXPIRY,
     }
 )
 LOOP_LAG_INTERVAL: Final = 0.5

@@ -22,13 +22,11 @@ from nstance.config import MergedGroupConfig, infra_hash
 from nstance.core.backoff import Backoff
 from nstance.core.ids import GroupKey
 from nstance.core.plan import (
-    REASON_DRIFT,
-    REASON_ELIGIBLE_EXPIRY,
-    REASON_FORCED_EXPIRY,
     Action,
     GroupPlan,
     Member,
     PlanInput,
+    Reason,
     next_on_demand_wakeup,
     next_wakeup,
     plan_group,
@@ -45,7 +43,7 @@ log = logging.getLogger(__name__)
 
 
 #: Drains that are planned rotations (not repairs): they wait until the replacement create succeeded.
-ROTATION_REASONS = frozenset({REASON_DRIFT, REASON_ELIGIBLE_EXPIRY, REASON_FORCED_EXPIRY})
+ROTATION_REASONS = frozenset({Reason.DRIFT, Reason.ELIGIBLE_EXPIRY, Reason.FORCED_EXPIRY})
 #: Groups whose rows are read from SQLite at the same time (worker threads compete with the event loop
 #: for the GIL: sixteen concurrent reads of 1,000 rows each stalled the loop for 150 ms).
 READ_CONCURRENCY = 2

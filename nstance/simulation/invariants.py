@@ -23,13 +23,12 @@ from collections import Counter
 from pathlib import Path
 
 from nstance.core.errors import NstanceError
+from nstance.core.plan import Reason
 from nstance.objectstore.scoped import ScopedObjectStore
 from nstance.providers.base import InstanceStatus
 from nstance.server import records
 from nstance.server.configstate import ConfigState
 from nstance.simulation.world import SHARD, TENANT, AgentState, World
-
-REASON_SILENT = "health-reports-missed"
 
 
 def desired_sizes(world: World, cache: Path) -> dict[str, int]:
@@ -86,7 +85,7 @@ def check_end_state(world: World, cache: Path) -> list[str]:
             )
     problems.extend(_lost_updates(world, desired))
     for at, iid, status, reason in world.events:
-        if reason != REASON_SILENT:
+        if reason != Reason.SILENT:
             continue
         agent = world.agents.get(iid)
         vm_gone = agent is not None and agent.vm_gone_at is not None and agent.vm_gone_at <= at

@@ -5,21 +5,10 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from nstance.core.plan import (
-    REASON_CREATE_FAILED,
-    REASON_DRAIN_COMPLETE,
-    REASON_DRAIN_TIMEOUT,
-    REASON_DRIFT,
-    REASON_ELIGIBLE_EXPIRY,
-    REASON_FORCED_EXPIRY,
-    REASON_GROUP_DELETED,
-    REASON_ONDEMAND_EXPIRY,
-    REASON_SCALE_DOWN,
-    REASON_SILENT,
-    REASON_SPOT,
-    REASON_UNHEALTHY,
     Action,
     Member,
     PlanInput,
+    Reason,
     next_on_demand_wakeup,
     next_wakeup,
     plan_group,
@@ -53,7 +42,7 @@ def test_scale_down_prefers_never_registered_then_oldest() -> None:
     ]
     plan = plan_group(PlanInput(desired=2), members, NOW)
     assert [a.instance_id for a in plan.delete] == ["unregistered", "old-registered"]
-    assert all(a.reason == REASON_SCALE_DOWN for a in plan.delete)
+    assert all(a.reason == Reason.SCALE_DOWN for a in plan.delete)
     assert plan.create == 0
 
 
@@ -64,7 +53,7 @@ def test_unhealthy_and_failed_are_deleted_and_replaced() -> None:
         member("broken", 1, failed=True),
     ]
     plan = plan_group(PlanInput(desired=3), members, NOW)
-    assert set(plan.delete) == {Action("sick", REASON_UNHEALTHY), Action("broken", REASON_CREATE_FAILED)}
+    assert set(plan.delete) == {Action("sick", Reason.UNHEALTHY), Action("broken", Reason.CREATE_FAILED)}
     assert plan.create == 2
 
 
@@ -75,7 +64,7 @@ def test_unhealthy_goes_before_any_healthy_victim_on_scale_down() -> None:
         member("b", 40, registered=True),
     ]
     plan = plan_group(PlanInput(desired=2), members, NOW)
-    assert plan.delete == (Action("sick", REASON_UNHEALTHY),)
+    assert plan.delete == (Action("sick", Reason.UNHEALTHY),)
     assert plan.create == 0
 
 
@@ -103,21 +92,21 @@ def test_drain_ends_on_ack_or_deadline() -> None:
         member("late", 60, registered=True, draining=True, delete_at=NOW - timedelta(seconds=1)),
     ]
     plan = plan_group(PlanInput(desired=0), members, NOW)
-    assert set(plan.delete) == {Action("acked", REASON_DRAIN_COMPLETE), Action("late", REASON_DRAIN_TIMEOUT)}
+    assert set(plan.delete) == {Action("acked", Reason.DRAIN_COMPLETE), Action("late", Reason.DRAIN_TIMEOUT)}
 
 
 def test_scale_down_drains_registered_victims_when_drain_timeout_set() -> None:
     members = [member("reg", 50, registered=True), member("unreg", 5)]
     plan = plan_group(PlanInput(desired=0, drain_timeout=timedelta(minutes=5)), members, NOW)
-    assert plan.drain == (Action("reg", REASON_SCALE_DOWN),)
-    assert plan.delete == (Action("unreg", REASON_SCALE_DOWN),)
+    assert plan.drain == (Action("reg", Reason.SCALE_DOWN),)
+    assert plan.delete == (Action("unreg", Reason.SCALE_DOWN),)
 
 
 def test_group_deleted_removes_everyone() -> None:
     members = [member("a", 5, registered=True), member("b", 4)]
     plan = plan_group(PlanInput(desired=None), members, NOW)
     assert {a.instance_id for a in plan.delete} == {"a", "b"}
-    assert all(a.reason == REASON_GROUP_DELETED for a in plan.delete)
+    assert all(a.reason == Reason.GROUP_DELETED for a in plan.delete)
     assert plan.create == 0
 
 
@@ -125,7 +114,7 @@ def test_drift_rotates_one_at_a_time_and_not_while_draining() -> None:
     spec = PlanInput(desired=3, infra_hash="new", drain_timeout=timedelta(minutes=5))
     members = [member(n, 30 - i, registered=True, infra_hash="old") for i, n in enumerate("abc")]
     plan = plan_group(spec, members, NOW)
-    assert plan.drain == (Action("a", REASON_DRIFT),)
+    assert plan.drain == (Action("a", Reason.DRIFT),)
     assert plan.create == 1  # the replacement
     draining = [
         *members[1:],
@@ -140,14 +129,14 @@ def test_drift_rotates_one_at_a_time_and_not_while_draining() -> None:
 def test_forced_expiry_even_while_draining_eligible_only_when_calm() -> None:
     spec = PlanInput(desired=2, eligible_age=timedelta(hours=1), forced_age=timedelta(hours=5))
     calm = [member("old", 90, registered=True), member("young", 10, registered=True)]
-    assert plan_group(spec, calm, NOW).delete[0] == Action("old", REASON_ELIGIBLE_EXPIRY)
+    assert plan_group(spec, calm, NOW).delete[0] == Action("old", Reason.ELIGIBLE_EXPIRY)
     busy = [
         member("ancient", 6 * 60, registered=True),
         member("old", 90, registered=True),
         member("leaving", 1, registered=True, draining=True, delete_at=NOW + timedelta(minutes=1)),
     ]
     plan = plan_group(spec, busy, NOW)
-    assert plan.delete == (Action("ancient", REASON_FORCED_EXPIRY),)
+    assert plan.delete == (Action("ancient", Reason.FORCED_EXPIRY),)
 
 
 def test_next_wakeup_is_the_earliest_deadline() -> None:
@@ -170,7 +159,7 @@ def test_a_silent_registered_member_is_replaced_and_drained() -> None:
     spec = PlanInput(desired=2, drain_timeout=timedelta(minutes=5), silence_limit=limit)
     plan = plan_group(spec, [quiet, fine], NOW)
     assert plan.create == 1
-    assert [(a.instance_id, a.reason) for a in plan.drain] == [("quiet", REASON_SILENT)]
+    assert [(a.instance_id, a.reason) for a in plan.drain] == [("quiet", Reason.SILENT)]
     assert plan.delete == ()
 
 
@@ -192,7 +181,7 @@ def test_a_spot_notice_replaces_and_drains_without_waiting_for_silence() -> None
     m = member("spot", 5, registered=True, last_seen=NOW, spot_notice=True)
     plan = plan_group(spec, [m], NOW)
     assert plan.create == 1
-    assert [(a.instance_id, a.reason) for a in plan.drain] == [("spot", REASON_SPOT)]
+    assert [(a.instance_id, a.reason) for a in plan.drain] == [("spot", Reason.SPOT)]
 
 
 def test_without_a_drain_timeout_a_silent_member_is_deleted_after_its_replacement_is_asked_for() -> None:
@@ -200,7 +189,7 @@ def test_without_a_drain_timeout_a_silent_member_is_deleted_after_its_replacemen
     m = member("quiet", 30, registered=True, last_seen=NOW - timedelta(hours=1))
     plan = plan_group(spec, [m], NOW)
     assert plan.create == 1
-    assert [a.reason for a in plan.delete] == [REASON_SILENT]
+    assert [a.reason for a in plan.delete] == [Reason.SILENT]
 
 
 def test_a_replacement_under_way_blocks_drift_rotation() -> None:
@@ -220,7 +209,7 @@ def test_on_demand_members_expire_by_draining_without_replacement() -> None:
         [old, young], ondemand_age=timedelta(hours=1), drain_timeout=timedelta(minutes=5), now=NOW
     )
     assert plan.create == 0
-    assert [(a.instance_id, a.reason) for a in plan.drain] == [("old", REASON_ONDEMAND_EXPIRY)]
+    assert [(a.instance_id, a.reason) for a in plan.drain] == [("old", Reason.ONDEMAND_EXPIRY)]
     assert next_on_demand_wakeup([young], ondemand_age=timedelta(hours=1), now=NOW) == NOW + timedelta(
         minutes=50
     )
@@ -229,4 +218,4 @@ def test_on_demand_members_expire_by_draining_without_replacement() -> None:
 def test_an_acknowledged_on_demand_drain_becomes_a_delete() -> None:
     m = member("od", 120, registered=True, draining=True, drain_acked=True)
     plan = plan_on_demand([m], ondemand_age=timedelta(hours=1), drain_timeout=timedelta(minutes=5), now=NOW)
-    assert [a.reason for a in plan.delete] == [REASON_DRAIN_COMPLETE]
+    assert [a.reason for a in plan.delete] == [Reason.DRAIN_COMPLETE]
