@@ -392,7 +392,9 @@ async def test_rebuilding_thousands_of_records_does_not_stall_the_event_loop(h: 
     with h.db.read_session() as session:
         assert len(repo.live_instance_ids(session)) == 6000
     assert probe.samples > 0
-    assert probe.max_lag < 0.25 * took
+    # The blocking rebuild held the loop for 0.98 of its duration; half leaves room for a loaded
+    # machine's scheduling pauses, which stretch a single stall but not a whole run of them.
+    assert probe.max_lag < 0.5 * took
 
 
 @contextlib.asynccontextmanager
@@ -436,8 +438,8 @@ async def test_a_burst_of_group_edits_in_a_large_shard_does_not_stall_the_event_
         assert h.store.get("groups.jsonc")[0].count(b'"size": 1') == 400
         assert probe.samples > 0
         # 0.08 to 0.12 of the burst measured on an idle machine; the writer or the answers' queries
-        # on the loop gave 0.59 and 0.68. The wider bound leaves room for a loaded machine's pauses.
-        assert probe.max_lag < 0.4 * took
+        # on the loop gave 0.59 and 0.68. The bound sits between, with room for a loaded machine's pauses.
+        assert probe.max_lag < 0.45 * took
     finally:
         h.db.close()
 
@@ -476,4 +478,6 @@ async def test_thousands_of_agents_reconnecting_at_once_do_not_stall_the_event_l
     assert len(rows) == 3000
     assert all(row.health_at is not None for row in rows)
     assert probe.samples > 0
-    assert probe.max_lag < 0.25 * took
+    # Measured 0.21 of the run (loaded machine) with the bulk reads; the per-agent reads on the loop
+    # held it for 0.7 (19.9 s of 28.2 s). The bound sits between, with room for scheduling pauses.
+    assert probe.max_lag < 0.45 * took
