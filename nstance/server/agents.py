@@ -229,14 +229,16 @@ class AgentHub:
     async def _open(self, instance_id: str) -> AgentSession:
         session = self.sessions.get(instance_id)
         if session is None:
-            row = await self._rows.get(instance_id)
-            session = self.sessions.get(instance_id)  # another stream of this agent may have won
-            if session is None:
-                if row is None or row.deleted_at is not None:
-                    shard = self._ctx.identity.shard
-                    raise NotFound(f"instance {instance_id} is not an active instance of shard {shard}")
-                session = AgentSession(instance_id, row.tenant, row.group_key)
-                self.sessions[instance_id] = session
+            # One indexed plain-SQL read on the loop (tens of microseconds), so a stream owns its
+            # session before anything can interleave. A batched read in a thread here let a stream
+            # wait across a takeover or a pause, and the simulation then saw live agents go silent.
+            with self._ctx.db.read_connection() as db:
+                row = repo.get_instance(db, instance_id)
+            if row is None or row.deleted_at is not None:
+                shard = self._ctx.identity.shard
+                raise NotFound(f"instance {instance_id} is not an active instance of shard {shard}")
+            session = AgentSession(instance_id, row.tenant, row.group_key)
+            self.sessions[instance_id] = session
         session.streams += 1
         return session
 
