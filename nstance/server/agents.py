@@ -15,10 +15,10 @@ lives while any of its streams is open. Per health report the hub:
 * notes the instance for registration with its group's load balancers (``loadbalancers``), so a VM
   joins them once its agent is up.
 
-No SQLite access runs on the event loop: the rows of agents opening streams are read in bulk in a
-worker thread (``BatchReader``: a burst of reconnects after a takeover is a few queries, not one
-per agent in the same loop turn), pushes and key checks read in a thread, writes go to the shard's
-database-writer thread.
+SQLite work stays off the event loop except one indexed plain-SQL read per stream that opens (its
+instance row, tens of microseconds, so the stream owns its session before anything interleaves);
+the follow-ups' rows are read in bulk in a worker thread (``BatchReader``), pushes and key checks
+read in a thread, and writes go to the shard's database-writer thread.
 
 When the health stream ends, the hub checks the VM with the provider at growing intervals (3 s, 6 s,
 12 s, 24 s, then every 30 s, with jitter) until the agent is back: a VM that is stopped or gone is
