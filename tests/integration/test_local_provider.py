@@ -197,7 +197,7 @@ async def test_a_reused_pid_is_neither_reported_running_nor_signalled(
     made = await provider.create_instance(request)
     await provider.delete_instance(request.instance_id, made.provider_id)
     # Pretend the instance never stopped and its pid now belongs to an unrelated process.
-    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])  # noqa: ASYNC220
+    stranger = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"])  # noqa: ASYNC220
     try:
         path = provider.instance_dir(request.instance_id) / "instance.json"
         info = json.loads(path.read_text())
