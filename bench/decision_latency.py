@@ -22,7 +22,8 @@ and one event loop: that keeps one clock and no cross-thread hand-off in the fig
 is measured the same way, so both include the client's share of the loop. After each sample the
 benchmark waits until the create has finished (record and cache updated), so samples do not overlap.
 A lag probe (``server/looplag.py``, every 25 ms) reports the largest event-loop stall during the
-samples.
+samples (wall time) and the most CPU the loop thread spent in one turn (what a loaded machine does
+not inflate).
 
 Baseline, measured in the same run and interleaved with the samples: a bare grpc.aio unary round trip
 over the same kind of mTLS channel (server certificate from the same CA, client certificate
@@ -296,6 +297,7 @@ async def measure(
         "upsert_rpc_p99_s": round(nearest_rank(rpcs, 99), 6),
         "decision_max_s": round(max(decisions), 6),
         "loop_lag_max_s": round(probe.max_lag, 4),
+        "loop_busy_max_s": round(probe.max_busy, 4),  # loop-thread CPU in its longest turn
         "baseline_samples": len(rtts),
         "groups": groups + 1,
         "groups_per_tenant_limit": MAX_GROUPS_PER_TENANT,

@@ -2,18 +2,22 @@
 
 Driven in-process without gRPC so that time can jump: registration timeouts, consistency grace and
 record retention are crossed by advancing a ManualClock instead of sleeping. The loop-lag guards
-(recovery, a burst of group edits, a burst of agents reporting) run here too: a ``LagProbe`` on the
-test's loop must never see a stall longer than a quarter of the work's own duration.
+(recovery, a burst of group edits, a burst of agents reporting) run here too, with the interpreter
+settings the server runs with: a ``LagProbe`` on the test's loop bounds the longest stall relative to
+the work's own duration, the best of up to three runs (a loaded machine's scheduling pause, which CI
+once saw stretch one stall to 1.8 s of a 3.8 s run, lands in one run; a stall of ours is in each).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import random
+import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -35,6 +39,7 @@ from nstance.providers.base import InstanceStatus
 from nstance.providers.sim import SimProvider
 from nstance.server import records, recovery
 from nstance.server.agents import HealthReport
+from nstance.server.app import tune_gc
 from nstance.server.configstate import ConfigState
 from nstance.server.context import ShardContext
 from nstance.server.gc import gc_cycle
@@ -370,31 +375,41 @@ async def test_rebuild_in_batches_restores_deletes_and_drops(
     assert stray not in by_id  # no record: the row is forgotten, not marked deleted
 
 
-async def test_rebuilding_thousands_of_records_does_not_stall_the_event_loop(h: Harness) -> None:
-    # One row at a time on the loop took about a millisecond per record: 6,000 records held the loop
-    # for about 90 % of the rebuild. Batches in worker threads leave it free. The bound is relative to
-    # the rebuild's own duration, so a loaded machine (which stretches both) does not make it flaky.
-    now = h.clock.now()
-    for _ in range(6000):
-        records.write_record(h.store, _record(str(new_instance_id("app")), "running", now))
-    probe = LagProbe(interval=0.01)
-    task = asyncio.create_task(probe.run())
+@pytest.fixture
+def server_runtime() -> Iterator[None]:
+    """The interpreter settings the server runs with (``tune_gc``), restored afterwards.
+
+    Without them a test would measure what the daemon never does: a full collection walking every
+    object the test session has accumulated, and worker threads keeping the GIL for 5 ms turns.
+    """
+    thresholds, switch = gc.get_threshold(), sys.getswitchinterval()
+    tune_gc()
     try:
-        started = time.monotonic()
-        await rebuild_cache(h.ctx, h.shard.ops)
-        took = time.monotonic() - started
-        done = probe.samples
-        await eventually(lambda: probe.samples > done, within=10, what="a probe sample after the rebuild")
+        yield
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-    with h.db.read_session() as session:
-        assert len(repo.live_instance_ids(session)) == 6000
-    assert probe.samples > 0
-    # The blocking rebuild held the loop for 0.98 of its duration; half leaves room for a loaded
-    # machine's scheduling pauses, which stretch a single stall but not a whole run of them.
-    assert probe.max_lag < 0.5 * took
+        gc.unfreeze()
+        gc.set_threshold(*thresholds)
+        sys.setswitchinterval(switch)
+
+
+async def least_stall(trial: Callable[[int], Awaitable[None]], *, bound: float, trials: int = 3) -> float:
+    """Run ``trial(n)`` under a lag probe until its longest stall is under ``bound`` of its duration.
+
+    Returns the smallest ratio seen. The code's own stalls are in every trial; a loaded machine's
+    scheduling pause only adds to a trial, so the best of a few is the estimate (as ``timeit`` takes
+    the minimum). A stall that is ours shows in all of them.
+    """
+    best = float("inf")
+    for n in range(trials):
+        async with probing() as probe:
+            started = time.monotonic()
+            await trial(n)
+            took = time.monotonic() - started
+        assert probe.samples > 0
+        best = min(best, probe.max_lag / took)
+        if best < bound:
+            break
+    return best
 
 
 @contextlib.asynccontextmanager
@@ -412,6 +427,26 @@ async def probing(interval: float = 0.01) -> AsyncIterator[LagProbe]:
             await task
 
 
+@pytest.mark.usefixtures("server_runtime")
+async def test_rebuilding_thousands_of_records_does_not_stall_the_event_loop(h: Harness) -> None:
+    # One row at a time on the loop took about a millisecond per record: 6,000 records held the loop
+    # for about 90 % of the rebuild. Batches in worker threads leave it free. The bound is relative to
+    # the rebuild's own duration, so a loaded machine (which stretches both) does not make it flaky.
+    now = h.clock.now()
+    for _ in range(6000):
+        records.write_record(h.store, _record(str(new_instance_id("app")), "running", now))
+
+    async def rebuild(_: int) -> None:
+        await rebuild_cache(h.ctx, h.shard.ops)
+
+    # Run on the loop, the rebuild held it for 0.98 of its duration.
+    ratio = await least_stall(rebuild, bound=0.5)
+    with h.db.read_session() as session:
+        assert len(repo.live_instance_ids(session)) == 6000
+    assert ratio < 0.5
+
+
+@pytest.mark.usefixtures("server_runtime")
 async def test_a_burst_of_group_edits_in_a_large_shard_does_not_stall_the_event_loop(tmp_path: Path) -> None:
     # 5,000 groups in one tenant, 400 concurrent UpsertGroups: they fold into a few groups.jsonc
     # writes whose edits, serialisation, object-store write and snapshot update run in a worker
@@ -421,29 +456,28 @@ async def test_a_burst_of_group_edits_in_a_large_shard_does_not_stall_the_event_
     h = Harness(
         tmp_path, size=0, limits={"max_groups_per_tenant": 10_000}, dynamic_groups={"default": groups}
     )
+    edited = range(0, 4000, 10)
+
+    async def burst(n: int) -> None:
+        await asyncio.gather(
+            *(h.shard.upsert_group("default", f"g{i:05d}", GroupUpdate(size=n + 1)) for i in edited)
+        )
+
     try:
-        async with probing() as probe:
-            started = time.monotonic()
-            await asyncio.gather(
-                *(
-                    h.shard.upsert_group("default", f"g{i:05d}", GroupUpdate(size=1))
-                    for i in range(0, 4000, 10)
-                )
-            )
-            took = time.monotonic() - started
+        # 0.08 to 0.12 of the burst measured on an idle machine; the writer or the answers' queries
+        # on the loop gave 0.59 and 0.68.
+        ratio = await least_stall(burst, bound=0.45)
         snapshot = h.state.snapshot()
         assert snapshot is not None
-        sizes = [snapshot.dynamic["default"][f"g{i:05d}"].size for i in range(0, 4000, 10)]
-        assert sizes == [1] * 400
-        assert h.store.get("groups.jsonc")[0].count(b'"size": 1') == 400
-        assert probe.samples > 0
-        # 0.08 to 0.12 of the burst measured on an idle machine; the writer or the answers' queries
-        # on the loop gave 0.59 and 0.68. The bound sits between, with room for a loaded machine's pauses.
-        assert probe.max_lag < 0.45 * took
+        sizes = {snapshot.dynamic["default"][f"g{i:05d}"].size for i in edited}
+        assert len(sizes) == 1  # every edit of the last burst landed
+        assert h.store.get("groups.jsonc")[0].count(f'"size": {sizes.pop()}'.encode()) == len(edited)
+        assert ratio < 0.45
     finally:
         h.db.close()
 
 
+@pytest.mark.usefixtures("server_runtime")
 async def test_thousands_of_agents_reconnecting_at_once_do_not_stall_the_event_loop(h: Harness) -> None:
     # 3,000 agents open their health streams in the same loop turn (a new leader, a network blip)
     # and report ten times each. Their instance rows were read one by one on the loop: that turn
@@ -467,17 +501,16 @@ async def test_thousands_of_agents_reconnecting_at_once_do_not_stall_the_event_l
 
         await h.shard.agents.health(iid, reports())
 
-    async with probing() as probe:
-        started = time.monotonic()
+    async def reconnect(_: int) -> None:
         await asyncio.gather(*(agent(iid) for iid in ids))
         await h.shard.agents.flushed()
-        took = time.monotonic() - started
+
+    # Measured 0.21 of the run (loaded machine) with the bulk reads; the per-agent reads on the loop
+    # held it for 0.7 (19.9 s of 28.2 s).
+    ratio = await least_stall(reconnect, bound=0.45)
     await h.shard.agents.close()
     with h.db.read_session() as session:
         rows = repo.get_instances(session, ids)
     assert len(rows) == 3000
     assert all(row.health_at is not None for row in rows)
-    assert probe.samples > 0
-    # Measured 0.21 of the run (loaded machine) with the bulk reads; the per-agent reads on the loop
-    # held it for 0.7 (19.9 s of 28.2 s). The bound sits between, with room for scheduling pauses.
-    assert probe.max_lag < 0.45 * took
+    assert ratio < 0.45
