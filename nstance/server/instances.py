@@ -9,6 +9,7 @@ records explain (adopted on restart, see ``recovery``). A delete first confirms 
 still sends the VM traffic (``loadbalancers``; while one drains it, the instance is held as draining
 and the delete raises ``DeregistrationPending`` for a later retry), then marks the record ``deleting``
 before the provider call and ``deleted`` after, so an interrupted delete is finished by the next leader.
+A provider call that fails leaves the row draining and due, so this leader retries that same delete.
 
 A burst of creates can be called off: ``create_many`` takes ``wanted``, asked before each batch of
 intents and again right before each provider call; once it answers False (the group was scaled down
@@ -618,7 +619,11 @@ class InstanceOps:
         await self._set_record_status(row, "deleting")
         if row.provider_id:
             ctx.fence()
-            await ctx.provider.delete_instance(row.id, row.provider_id)
+            try:
+                await ctx.provider.delete_instance(row.id, row.provider_id)
+            except BaseException:
+                self._keep_deleting(row, reason)
+                raise
             fault_point("after-provider-delete")
             self.lbs.forget(row.id)
         with ctx.db.write_connection() as session:
@@ -628,6 +633,18 @@ class InstanceOps:
         log.info("instance %s of %s/%s deleted (%s)", row.id, row.tenant, row.group_key, reason)
         self._publish(row, "deleted", reason)
         ctx.metrics.record_retirement(reason)
+
+    def _keep_deleting(self, row: InstanceRow, reason: str) -> None:
+        """A delete whose provider call failed stays committed: held as draining, due now.
+
+        Its record already says ``deleting``, which a next leader finishes. This leader must as well:
+        the row stops counting toward the group and the next reconcile deletes it again. Left
+        active, it could start serving (its agent reconnects) and a later plan would retire another
+        member, leaving this VM running under a ``deleting`` record that nothing finishes.
+        """
+        now = self._ctx.clock.now()
+        with self._ctx.db.write_connection() as session:
+            repo.start_drain(session, row.id, reason=reason, now=now, delete_at=now)
 
     async def delete_or_hold(self, row: InstanceRow, reason: str) -> bool:
         """``delete``, but a delete waiting for load balancers is not an error: False, retried later."""

@@ -35,7 +35,7 @@ from nstance.db.models import Instance
 from nstance.objectstore.memory import MemoryObjectStore
 from nstance.pki.ca import create_ca
 from nstance.pki.keys import generate_private_key
-from nstance.providers.base import InstanceStatus
+from nstance.providers.base import InstanceStatus, ProviderThrottled
 from nstance.providers.sim import SimProvider
 from nstance.server import records, recovery
 from nstance.server.agents import HealthReport
@@ -149,6 +149,27 @@ async def test_reconcile_creates_with_records_and_provider_ids(h: Harness) -> No
         assert rec["registration_jwt"] == row.nonce
     await h.reconcile()  # level-triggered: nothing more to do
     assert len(h.live()) == 2
+
+
+async def test_a_delete_whose_provider_call_failed_is_finished_for_that_same_instance(h: Harness) -> None:
+    # Found by the simulation (seed 104730012): the provider throttled a scale-down's delete after the
+    # record said ``deleting``; the row stayed active, its agent reconnected, and the next plan drained
+    # another member. The VM ran on under a ``deleting`` record that nothing finished.
+    await h.reconcile()
+    victim = h.rows()[0]
+    h.sim.fail_next("delete_instance", ProviderThrottled("sim: delete_instance throttled"))
+    with pytest.raises(ProviderThrottled):
+        await h.shard.ops.delete(victim, "scale-down")
+    assert (h.record(victim.id) or {})["status"] == "deleting"
+    assert victim.id in h.live()
+    [row] = [r for r in h.rows() if r.id == victim.id]
+    assert row.drain_started_at is not None  # no longer counted toward the group's size
+    assert row.delete_at is not None
+    assert row.delete_at <= h.clock.now()  # due at once
+    await h.reconcile()
+    assert victim.id not in h.live()
+    assert (h.record(victim.id) or {})["status"] == "deleted"
+    assert len(h.live()) == 2  # the group got a replacement, and nothing else was retired
 
 
 async def test_gc_replaces_instances_that_never_register(h: Harness) -> None:
