@@ -25,9 +25,9 @@ from typing import Any
 
 from nstance.providers.sim import SimProvider
 from nstance.server.app import ServerApp, ServerOptions, tune_gc
-from nstance.server.fencing import FencedProvider
-from nstance.server.metrics import InstrumentedProvider
-from nstance.server.shard import Shard
+from nstance.server.shard.shard import Shard
+from nstance.server.state.fencing import FencedProvider
+from nstance.server.state.metrics import InstrumentedProvider
 from nstance.testing.shardproc import (
     ENCRYPTION_KEY_B64,
     LocalCluster,

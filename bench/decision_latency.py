@@ -21,7 +21,7 @@ on the sim instance to record ``time.perf_counter()`` at entry). Client and serv
 and one event loop: that keeps one clock and no cross-thread hand-off in the figure, and the baseline
 is measured the same way, so both include the client's share of the loop. After each sample the
 benchmark waits until the create has finished (record and cache updated), so samples do not overlap.
-A lag probe (``server/looplag.py``, every 25 ms) reports the largest event-loop stall during the
+A lag probe (``server/state/looplag.py``, every 25 ms) reports the largest event-loop stall during the
 samples (wall time) and the most CPU the loop thread spent in one turn (what a loaded machine does
 not inflate).
 
@@ -70,8 +70,8 @@ from google.protobuf.empty_pb2 import Empty
 from nstance.core.clock import SystemClock
 from nstance.providers.base import CreateRequest, ProviderInstance
 from nstance.rpc import operator_pb2, operator_pb2_grpc
-from nstance.server.looplag import LagProbe
-from nstance.server.tls import server_credentials
+from nstance.server.identity.tls import server_credentials
+from nstance.server.state.looplag import LagProbe
 
 GROUP_COUNTS = (1000, 10_000)
 #: Instances at start in every run (groups x size): the runs differ only in how many groups hold them.

@@ -77,16 +77,16 @@ def election_defaults() -> tuple[float, float, float, float]:
     """(frequent, infrequent, leader_timeout, grace) in seconds, as a server runs without settings."""
     config = LeaderElectionConfig()
     frequent = config.frequent_interval.total_seconds()
-    grace = min(1.0, frequent / 2)  # nstance.server.election.Elector's default grace gap
+    grace = min(1.0, frequent / 2)  # nstance.server.leadership.election.Elector's default grace gap
     return frequent, config.infrequent_interval.total_seconds(), config.leader_timeout.total_seconds(), grace
 
 
-#: Followers read the lockfile twice per frequent interval (nstance.server.election).
+#: Followers read the lockfile twice per frequent interval (nstance.server.leadership.election).
 READ_FRACTION = 0.5
 
 
 def takeover_after(timeout: float, frequent: float) -> float:
-    """How long a follower waits for an unchanged lockfile (nstance.server.election.Elector)."""
+    """How long a follower waits for an unchanged lockfile (nstance.server.leadership.election.Elector)."""
     return max(timeout - frequent, 0.6 * timeout)
 
 

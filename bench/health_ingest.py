@@ -29,7 +29,7 @@ report the client wrote reached the hub, and that every instance's ``health_at``
 once the hub flushed (``sqlite_rows_with_health``).
 
 A second measurement, between the two: the same counting sink behind the OpenSSL front process the
-server's mTLS ports use (``nstance.server.frontproc``): ``front_sink`` and ``front_sink_ratio``
+server's mTLS ports use (``nstance.server.net.frontproc``): ``front_sink`` and ``front_sink_ratio``
 (front / bare) show what terminating TLS in Python's ``ssl`` costs by itself.
 
 Baseline, in the same run and before the real case (the server is up but idle): the same client
@@ -82,10 +82,10 @@ from nstance.pki.certs import issue_client_certificate, issue_server_certificate
 from nstance.pki.keys import generate_private_key, private_key_to_pem
 from nstance.pki.tlspipe import private_directory
 from nstance.rpc import agent_pb2_grpc
-from nstance.server.frontproc import FrontProcess, Listener
-from nstance.server.grpcopts import server_options
-from nstance.server.tls import server_credentials
-from nstance.server.tlsfront import PeerTable, listening_socket
+from nstance.server.identity.tls import server_credentials
+from nstance.server.net.frontproc import FrontProcess, Listener
+from nstance.server.net.grpcopts import server_options
+from nstance.server.net.tlsfront import PeerTable, listening_socket
 
 AGENTS = 2000
 WINDOW_S = 10.0

@@ -59,9 +59,9 @@ from nstance.db import repo
 from nstance.pki.certs import issue_client_certificate
 from nstance.pki.keys import generate_private_key, public_key_to_pem
 from nstance.rpc import registration_pb2, registration_pb2_grpc
-from nstance.server import records
-from nstance.server.grpcopts import server_options
-from nstance.server.tls import server_credentials
+from nstance.server.identity.tls import server_credentials
+from nstance.server.net.grpcopts import server_options
+from nstance.server.state import records
 
 INSTANCES = 1000
 WORKERS = 32

@@ -11,7 +11,7 @@ object storage, limiter, provider call, record and row updated. The run checks `
 and that no instance id was launched twice. Extras: ``first_ack_s`` / ``half_ack_s`` (first and 500th
 create acknowledged), ``converged_s`` (the group view first reported 1000 serving instances with
 provider ids: the cache updated), ``records_settled_s`` (every instance record in object storage
-carries its provider id: the follow-up writes of ``nstance.server.followups``, which wait for the
+carries its provider id: the follow-up writes of ``nstance.server.reconcile.followups``, which wait for the
 burst to end, are done), ``capacity_checks`` (subnet-capacity reads the server made)
 and ``throttled_calls`` (calls the sim refused).
 

@@ -60,10 +60,10 @@ from nstance.core.ids import PuidGenerator
 from nstance.objectstore.file import FileObjectStore
 from nstance.objectstore.scoped import ScopedObjectStore
 from nstance.providers.sim import SimProvider
-from nstance.server import records
 from nstance.server.app import ServerApp, ServerOptions, tune_gc
-from nstance.server.election import encode_lockfile
-from nstance.server.metrics import InstrumentedProvider
+from nstance.server.leadership.election import encode_lockfile
+from nstance.server.state import records
+from nstance.server.state.metrics import InstrumentedProvider
 from nstance.testing.shardproc import ENCRYPTION_KEY_B64, free_port, shard_config
 
 SIZES = (10_000, 50_000, 100_000)

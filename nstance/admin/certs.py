@@ -3,7 +3,7 @@
 The deny-list is one object per revoked serial in the CLUSTER scope, ``revoked/{serial}.json`` with
 ``{"serial", "revoked_at", "reason"}``; the serial is canonical lowercase hex (``nstance.pki.serial``),
 the same text the servers store in SQLite and compare against a peer certificate's serial. Every shard
-server copies new entries into its SQLite deny-list (``nstance.server.revocations``) and from then on
+server copies new entries into its SQLite deny-list (``nstance.server.identity.revocations``) and from then on
 refuses the certificate.
 
 A revocation is written with a conditional create, so it is never overwritten: revoking twice keeps

@@ -3,7 +3,7 @@
 Client certificates (agents and operators), compatible with upstream's auth interceptor:
 
 * the client's public key is ECDSA P-256 or Ed25519 (what upstream's agents, operators and admins
-  send). The server's mTLS ports terminate TLS with OpenSSL (``nstance.server.tlsfront``) because
+  send). The server's mTLS ports terminate TLS with OpenSSL (``nstance.server.net.tlsfront``) because
   grpcio's own TLS cannot verify Ed25519 client certificates;
 * subject CN = client id (instance id or cluster id), O = [tenant] (exactly one O);
 * EKU clientAuth; KeyUsage digitalSignature; BasicConstraints CA:FALSE;

@@ -2,7 +2,7 @@
 
 One object per revoked serial, ``{"serial", "revoked_at", "reason"}`` with the serial in canonical
 lowercase hex. Written by ``nstance-admin cert revoke`` and read by every server
-(``nstance.server.revocations``), so both use this module. Pure: builds and parses keys and bytes,
+(``nstance.server.identity.revocations``), so both use this module. Pure: builds and parses keys and bytes,
 stores nothing.
 """
 

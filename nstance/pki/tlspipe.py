@@ -1,7 +1,7 @@
 """Byte forwarding between two asyncio transports, for the OpenSSL TLS layers around grpc.
 
 grpcio's TLS cannot sign or verify Ed25519 in a handshake, so the server's mTLS ports
-(``nstance.server.tlsfront``) and the clients that talk to Ed25519 servers (``nstance.pki.tlsclient``)
+(``nstance.server.net.tlsfront``) and the clients that talk to Ed25519 servers (``nstance.pki.tlsclient``)
 run TLS in Python's ``ssl`` (OpenSSL) and hand plain HTTP/2 to grpc over a private Unix socket. This
 module holds what both sides share: ``Pipe`` (an asyncio protocol copying bytes to its partner, with
 flow control in both directions: a full write buffer pauses reading on the other side),

@@ -54,28 +54,28 @@ from nstance.secrets.cluster_identity import (
 )
 from nstance.secrets.factory import open_secret_store
 from nstance.secrets.keys import load_encryption_keys
-from nstance.server.confighealth import report_config
-from nstance.server.configstate import ConfigState
-from nstance.server.context import ShardContext
-from nstance.server.degraded import Degradations
-from nstance.server.election import Elector, ElectorLeadership
-from nstance.server.fdbudget import HEALTH_CONNECTIONS, plan_connection_caps, raise_open_file_limit
-from nstance.server.frontproc import FrontProcess, Listener
-from nstance.server.grpcopts import server_options
-from nstance.server.http import HealthServer
-from nstance.server.interceptors import ServerInterceptor
-from nstance.server.limits import CreateLimiter
-from nstance.server.looplag import LagProbe
-from nstance.server.metrics import InstrumentedProvider, Metrics, watch_event_loop_lag
-from nstance.server.provisioning import ShardIdentity
-from nstance.server.registration import Registrar
-from nstance.server.revocations import revocation_loop, sync_revocations
-from nstance.server.servicers.agent import AgentServicer
-from nstance.server.servicers.operator import OperatorServicer
-from nstance.server.servicers.registration import RegistrationServicer
-from nstance.server.shard import Shard
-from nstance.server.tls import advertised_hosts, server_credentials
-from nstance.server.tlsfront import PeerTable, listening_socket
+from nstance.server.identity.interceptors import ServerInterceptor
+from nstance.server.identity.registration import Registrar
+from nstance.server.identity.revocations import revocation_loop, sync_revocations
+from nstance.server.identity.tls import advertised_hosts, server_credentials
+from nstance.server.leadership.election import Elector, ElectorLeadership
+from nstance.server.net.fdbudget import HEALTH_CONNECTIONS, plan_connection_caps, raise_open_file_limit
+from nstance.server.net.frontproc import FrontProcess, Listener
+from nstance.server.net.grpcopts import server_options
+from nstance.server.net.http import HealthServer
+from nstance.server.net.tlsfront import PeerTable, listening_socket
+from nstance.server.services.agent import AgentServicer
+from nstance.server.services.operator import OperatorServicer
+from nstance.server.services.registration import RegistrationServicer
+from nstance.server.shard.shard import Shard
+from nstance.server.state.confighealth import report_config
+from nstance.server.state.configstate import ConfigState
+from nstance.server.state.context import ShardContext
+from nstance.server.state.degraded import Degradations
+from nstance.server.state.limits import CreateLimiter
+from nstance.server.state.looplag import LagProbe
+from nstance.server.state.metrics import InstrumentedProvider, Metrics, watch_event_loop_lag
+from nstance.server.state.provisioning import ShardIdentity
 
 log = logging.getLogger("nstance.server")
 T = TypeVar("T")

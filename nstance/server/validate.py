@@ -14,7 +14,7 @@ from nstance.config.loader import load_config_text, load_groups_text
 from nstance.config.merge import all_group_keys, merged_group
 from nstance.core.errors import FailedPrecondition, NotFound
 from nstance.objectstore.base import ObjectNotFound, ObjectStore
-from nstance.server.configstate import CONFIG_KEY, GROUPS_KEY
+from nstance.server.state.configstate import CONFIG_KEY, GROUPS_KEY
 
 
 def _text(store: ObjectStore, key: str) -> str | None:

@@ -50,8 +50,8 @@ from nstance.objectstore.base import ObjectNotFound
 from nstance.pki.keys import generate_private_key, public_key_to_pem
 from nstance.pki.nonce import agent_nonce_claims, operator_nonce_claims, sign_nonce
 from nstance.providers.base import InstanceStatus
-from nstance.server.agents import HealthReport
-from nstance.server.api import InstanceRequest
+from nstance.server.agents.hub import HealthReport
+from nstance.server.shard.api import InstanceRequest
 
 if TYPE_CHECKING:
     from nstance.simulation.world import Incarnation, World

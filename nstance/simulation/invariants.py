@@ -26,8 +26,8 @@ from nstance.core.errors import NstanceError
 from nstance.core.plan import Reason
 from nstance.objectstore.scoped import ScopedObjectStore
 from nstance.providers.base import InstanceStatus
-from nstance.server import records
-from nstance.server.configstate import ConfigState
+from nstance.server.state import records
+from nstance.server.state.configstate import ConfigState
 from nstance.simulation.world import SHARD, TENANT, AgentState, World
 
 

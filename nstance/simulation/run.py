@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nstance.server import context as context_module
+from nstance.server.state import context as context_module
 from nstance.simulation.invariants import check_end_state
 from nstance.simulation.loop import VirtualTimeLoop
 from nstance.simulation.world import (

@@ -20,7 +20,7 @@ A ``World`` builds everything from ``random.Random(seed)`` and runs it on a ``Vi
   loses the provider's API but not storage, and steps of a server's wall clock.
 * **Nemeses** of their own: damaged and lost storage (``nemeses``) and floods of forged, replayed and
   over-limit calls (``floods``); the cloud refuses creates beyond a quota per group (``check_quota``).
-* **Fault points** in the server (``nstance.server.context.fault_point``: before and after the
+* **Fault points** in the server (``nstance.server.state.context.fault_point``: before and after the
   provider create, after the provider delete, after a registration claim, after a groups write)
   crash the server that reaches them when armed.
 
@@ -68,20 +68,20 @@ from nstance.pki.keys import generate_private_key, public_key_to_pem
 from nstance.providers.base import CreateRequest, InstanceStatus, ProviderInstance, ProviderUnavailable
 from nstance.providers.features import LbTarget, TargetState
 from nstance.providers.sim import SimProvider
-from nstance.server import context as context_module
-from nstance.server import records as records_module
-from nstance.server import shard as shard_module
-from nstance.server.agents import HealthReport
-from nstance.server.configstate import ConfigState
-from nstance.server.context import ShardContext
-from nstance.server.election import Elector, ElectorLeadership
-from nstance.server.events import InstanceEventData
-from nstance.server.limits import CreateLimiter
-from nstance.server.metrics import Metrics
-from nstance.server.provisioning import ShardIdentity
-from nstance.server.reconciler import MISSED_REPORTS
-from nstance.server.registration import Registrar
-from nstance.server.shard import Shard
+from nstance.server.agents.hub import HealthReport
+from nstance.server.identity.registration import Registrar
+from nstance.server.leadership.election import Elector, ElectorLeadership
+from nstance.server.reconcile.reconciler import MISSED_REPORTS
+from nstance.server.shard import shard as shard_module
+from nstance.server.shard.shard import Shard
+from nstance.server.state import context as context_module
+from nstance.server.state import records as records_module
+from nstance.server.state.configstate import ConfigState
+from nstance.server.state.context import ShardContext
+from nstance.server.state.events import InstanceEventData
+from nstance.server.state.limits import CreateLimiter
+from nstance.server.state.metrics import Metrics
+from nstance.server.state.provisioning import ShardIdentity
 from nstance.simulation import leader_faults
 from nstance.simulation.floods import MAX_GROUP_SIZE, QUOTA_FACTOR, FloodNemesis
 from nstance.simulation.nemeses import StorageNemeses

@@ -48,7 +48,7 @@ SHARD = "zone-a"
 TENANT_A = "acme"
 TENANT_B = "globex"
 CALL_TIMEOUT = 10.0
-#: Longest error message the server sends (``nstance.server.interceptors.MAX_DETAILS_BYTES``).
+#: Longest error message the server sends (``nstance.server.identity.interceptors.MAX_DETAILS_BYTES``).
 MAX_DETAILS_BYTES = 2048
 
 _ELECTION = {"frequent_interval": "500ms", "infrequent_interval": "2s", "leader_timeout": "30s"}

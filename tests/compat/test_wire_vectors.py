@@ -37,7 +37,7 @@ from nstance.pki.nonce import agent_nonce_claims, sign_nonce, verify_nonce
 from nstance.pki.peer import verify_client_certificate
 from nstance.pki.tlsclient import forwarded_channel
 from nstance.pki.tlspipe import private_directory, remove_private_directory
-from nstance.server.tlsfront import PeerTable, TlsFront, server_ssl_context
+from nstance.server.net.tlsfront import PeerTable, TlsFront, server_ssl_context
 from nstance.testing.jwtforge import b64url, b64url_decode
 
 SERVER_NAME_OPTIONS = [("grpc.ssl_target_name_override", "nstance-server")]

@@ -15,7 +15,7 @@ from nstance.config.cluster import LeaderElectionConfig
 from nstance.core.clock import ManualClock
 from nstance.objectstore.s3 import S3ObjectStore
 from nstance.objectstore.scoped import ScopedObjectStore
-from nstance.server.election import Elector
+from nstance.server.leadership.election import Elector
 
 S3StoreFactory = Callable[..., S3ObjectStore]
 CONFIG = LeaderElectionConfig()  # frequent 5 s, leader_timeout 15 s

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nstance.server.provisioning import ShardIdentity
+from nstance.server.state.provisioning import ShardIdentity
 
 
 def sample_shard_identity(ca_pem: bytes, *, cluster_id: str = "test", shard: str = "zone-a") -> ShardIdentity:

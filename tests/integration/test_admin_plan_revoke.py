@@ -26,8 +26,8 @@ from nstance.db.engine import Database, open_database
 from nstance.objectstore.base import ObjectStore
 from nstance.objectstore.file import FileObjectStore
 from nstance.objectstore.scoped import ScopedObjectStore
-from nstance.server import records
-from nstance.server.revocations import revocation_loop, sync_revocations
+from nstance.server.identity.revocations import revocation_loop, sync_revocations
+from nstance.server.state import records
 
 SHARD = "zone-a"
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -298,7 +298,7 @@ async def test_sync_puts_revoked_serials_into_sqlite(
     store.put("revoked/junk.json", b"junk")
     clock = ManualClock(NOW)
 
-    with caplog.at_level(logging.WARNING, logger="nstance.server.revocations"):
+    with caplog.at_level(logging.WARNING, logger="nstance.server.identity.revocations"):
         assert await sync_revocations(store, db, clock=clock) == 7
     warnings = " ".join(r.getMessage() for r in caplog.records)
     assert "revoking beef anyway (fail closed)" in warnings

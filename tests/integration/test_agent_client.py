@@ -1,6 +1,6 @@
 """The real nstance-agent (in-process) against a RegistrationService + AgentService written in this test.
 
-Real TLS: a CA from nstance.pki, server certificates from nstance.server.tls, mTLS on the agent port.
+Real TLS: a CA from nstance.pki, server certificates from nstance.server.identity.tls, mTLS on the agent port.
 The test server checks what a shard server would see: the nonce and an ECDSA P-256 key at registration,
 health reports on the stream, files applied on commit, public keys for a key request, a certificate
 renewal, and an agent that stays idle (no retry storm) after a permanent registration refusal.
@@ -33,7 +33,7 @@ from nstance.pki.certs import issue_client_certificate
 from nstance.pki.keys import generate_private_key, load_any_public_key_pem, load_private_key_pem
 from nstance.pki.nonce import agent_nonce_claims, sign_nonce
 from nstance.rpc import agent_pb2, agent_pb2_grpc, registration_pb2, registration_pb2_grpc
-from nstance.server.tls import server_credentials
+from nstance.server.identity.tls import server_credentials
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -21,7 +21,7 @@ from nstance.pki.ca import CertificateAuthority, create_ca
 from nstance.pki.certs import IssuedCertificate
 from nstance.pki.keys import generate_private_key, public_key_to_pem
 from nstance.secrets.memory import MemorySecretStore
-from nstance.server.agentfiles import (
+from nstance.server.agents.files import (
     FileCertificate,
     InstanceFacts,
     RenderResult,

@@ -19,8 +19,8 @@ from test_shard_cloud_features import Harness
 from nstance.config import GroupUpdate, apply_upsert
 from nstance.core.errors import FailedPrecondition, InvalidArgument
 from nstance.objectstore.base import ObjectNotFound
-from nstance.server import shard as shard_module
-from nstance.server.dynamic_groups import edit_dynamic_groups
+from nstance.server.shard import shard as shard_module
+from nstance.server.state.dynamic_groups import edit_dynamic_groups
 from nstance.testing.waiting import eventually
 
 BATCH = ("default", "batch")

@@ -24,8 +24,8 @@ from nstance.core.errors import FailedPrecondition, NotFound, Unavailable
 from nstance.objectstore.base import ObjectInfo, ObjectStore
 from nstance.objectstore.file import FileObjectStore
 from nstance.objectstore.scoped import ScopedObjectStore
-from nstance.server.configstate import ConfigState, GroupsVanished
-from nstance.server.dynamic_groups import edit_dynamic_groups, read_dynamic_groups
+from nstance.server.state.configstate import ConfigState, GroupsVanished
+from nstance.server.state.dynamic_groups import edit_dynamic_groups, read_dynamic_groups
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "local"
 CONFIG_TEXT = (EXAMPLES / "config.jsonc").read_text()

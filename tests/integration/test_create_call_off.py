@@ -22,8 +22,8 @@ from nstance.config import GroupUpdate
 from nstance.core.clock import ManualClock, SystemClock
 from nstance.core.errors import FailedPrecondition
 from nstance.core.ids import new_instance_id
-from nstance.server.api import InstanceRequest
-from nstance.server.limits import CreateLimiter
+from nstance.server.shard.api import InstanceRequest
+from nstance.server.state.limits import CreateLimiter
 from nstance.testing.shardproc import LocalCluster, server_addrs, shard_config, start_leader
 from nstance.testing.waiting import eventually
 

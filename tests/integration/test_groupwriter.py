@@ -17,9 +17,9 @@ from nstance.config.loader import load_groups_text
 from nstance.core.clock import ManualClock
 from nstance.core.errors import InvalidArgument
 from nstance.objectstore.memory import MemoryObjectStore
-from nstance.server.configstate import ConfigChange, ConfigState
-from nstance.server.dynamic_groups import GROUPS_KEY, edit_dynamic_groups
-from nstance.server.groupwriter import Edit, GroupsWriter
+from nstance.server.state.configstate import ConfigChange, ConfigState
+from nstance.server.state.dynamic_groups import GROUPS_KEY, edit_dynamic_groups
+from nstance.server.state.groupwriter import Edit, GroupsWriter
 from nstance.testing.shardproc import server_addrs, shard_config
 from nstance.testing.waiting import eventually
 

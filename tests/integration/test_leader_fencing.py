@@ -22,10 +22,10 @@ from test_shard_gc import KEY, Harness
 from nstance.core.errors import Unavailable
 from nstance.db import repo
 from nstance.providers.base import ProviderInstance
-from nstance.server import shard as shard_module
-from nstance.server.fencing import NotLeader
-from nstance.server.gc import gc_cycle
-from nstance.server.recovery import sync_provider
+from nstance.server.reconcile.gc import gc_cycle
+from nstance.server.reconcile.recovery import sync_provider
+from nstance.server.shard import shard as shard_module
+from nstance.server.state.fencing import NotLeader
 from nstance.testing.waiting import eventually
 
 

@@ -21,7 +21,7 @@ from nstance.core.ids import new_instance_id
 from nstance.pki.ca import create_ca
 from nstance.pki.keys import generate_private_key
 from nstance.pki.nonce import verify_nonce
-from nstance.server.provisioning import choose_subnet, prepare_instance, render_userdata
+from nstance.server.state.provisioning import choose_subnet, prepare_instance, render_userdata
 from nstance.testing.shardproc import server_addrs, shard_config
 
 PAYLOADS: dict[str, bytes] = {

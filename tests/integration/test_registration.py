@@ -42,15 +42,15 @@ from nstance.pki.nonce import agent_nonce_claims, operator_nonce_claims, sign_no
 from nstance.pki.peer import PeerIdentity, verify_client_certificate
 from nstance.providers.sim import SimProvider
 from nstance.rpc import operator_pb2, operator_pb2_grpc, registration_pb2, registration_pb2_grpc
-from nstance.server import records
-from nstance.server.configstate import ConfigState
-from nstance.server.context import ShardContext
-from nstance.server.interceptors import ServerInterceptor, current_peer
-from nstance.server.limits import CreateLimiter
-from nstance.server.metrics import Metrics
-from nstance.server.registration import Registrar, operator_nonce_key
-from nstance.server.servicers.registration import RegistrationServicer
-from nstance.server.tls import server_credentials
+from nstance.server.identity.interceptors import ServerInterceptor, current_peer
+from nstance.server.identity.registration import Registrar, operator_nonce_key
+from nstance.server.identity.tls import server_credentials
+from nstance.server.services.registration import RegistrationServicer
+from nstance.server.state import records
+from nstance.server.state.configstate import ConfigState
+from nstance.server.state.context import ShardContext
+from nstance.server.state.limits import CreateLimiter
+from nstance.server.state.metrics import Metrics
 from nstance.testing.shardproc import server_addrs, shard_config
 
 pytestmark = pytest.mark.timeout(30)

@@ -20,11 +20,11 @@ from nstance.core.clock import ManualClock
 from nstance.core.errors import FailedPrecondition, NotFound
 from nstance.pki.ca import CertificateAuthority, create_ca
 from nstance.rpc import operator_pb2, operator_pb2_grpc
-from nstance.server import http as health_http
-from nstance.server.http import HealthServer
-from nstance.server.interceptors import ServerInterceptor, code_for, current_peer
-from nstance.server.metrics import Metrics
-from nstance.server.tls import advertised_hosts, server_credentials
+from nstance.server.identity.interceptors import ServerInterceptor, code_for, current_peer
+from nstance.server.identity.tls import advertised_hosts, server_credentials
+from nstance.server.net import http as health_http
+from nstance.server.net.http import HealthServer
+from nstance.server.state.metrics import Metrics
 from nstance.testing.identities import ClientIdentity as Identity
 from nstance.testing.identities import make_identity, real_now_clock
 from nstance.testing.waiting import eventually
@@ -254,7 +254,7 @@ async def test_unexpected_error_is_internal_with_a_ref_and_no_leak(
     server: Running, ca: CertificateAuthority, caplog: pytest.LogCaptureFixture
 ) -> None:
     identity = make_identity(ca, role="operator", tenant="acme")
-    with caplog.at_level(logging.ERROR, logger="nstance.server.interceptors"):
+    with caplog.at_level(logging.ERROR, logger="nstance.server.identity.interceptors"):
         async with server.channel(identity) as channel:
             stub = operator_pb2_grpc.OperatorServiceStub(channel)
             err = await rpc_error(stub.DeleteGroup(operator_pb2.DeleteGroupRequest(key="web")))

@@ -24,7 +24,7 @@ from nstance.core.backoff import Backoff
 from nstance.core.clock import ManualClock
 from nstance.providers.aws import AwsProvider
 from nstance.providers.aws.calls import client_config
-from nstance.server.leadernet import LeaderAddress
+from nstance.server.leadership.leadernet import LeaderAddress
 
 REGION = "us-east-1"
 

@@ -31,17 +31,17 @@ from nstance.pki.keys import generate_private_key
 from nstance.providers.base import CreateRequest, InstanceStatus, ProviderInstance, ProviderUnavailable
 from nstance.providers.features import TargetState
 from nstance.providers.sim import SimProvider
-from nstance.server.agents import HealthReport
-from nstance.server.configstate import ConfigState
-from nstance.server.context import ShardContext
-from nstance.server.dynamic_groups import edit_dynamic_groups
-from nstance.server.events import ErrorEventData
-from nstance.server.images import ImageService
-from nstance.server.limits import CreateLimiter
-from nstance.server.metrics import InstrumentedProvider, Metrics
-from nstance.server.reconciler import Reconciler
-from nstance.server.recovery import sync_provider
-from nstance.server.shard import Shard
+from nstance.server.agents.hub import HealthReport
+from nstance.server.reconcile.images import ImageService
+from nstance.server.reconcile.reconciler import Reconciler
+from nstance.server.reconcile.recovery import sync_provider
+from nstance.server.shard.shard import Shard
+from nstance.server.state.configstate import ConfigState
+from nstance.server.state.context import ShardContext
+from nstance.server.state.dynamic_groups import edit_dynamic_groups
+from nstance.server.state.events import ErrorEventData
+from nstance.server.state.limits import CreateLimiter
+from nstance.server.state.metrics import InstrumentedProvider, Metrics
 from nstance.testing.shardproc import server_addrs, shard_config
 from nstance.testing.waiting import eventually
 
@@ -415,7 +415,7 @@ async def test_the_leader_picks_up_a_groups_change_it_was_not_told_about(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Found by the simulation: a groups.jsonc write whose answer was lost left the leader on the old size."""
-    from nstance.server import shard as shard_module
+    from nstance.server.shard import shard as shard_module
 
     monkeypatch.setattr(shard_module, "CONFIG_CHECK_INTERVAL", 0.05)
     h = Harness(tmp_path, size=1)

@@ -16,9 +16,9 @@ from nstance.config import GroupUpdate
 from nstance.db import repo
 from nstance.db.engine import open_database
 from nstance.providers.base import CreateRequest, ProviderInstance
-from nstance.server.gc import gc_cycle
-from nstance.server.records import record_key
-from nstance.server.recovery import rebuild_cache, sync_provider
+from nstance.server.reconcile.gc import gc_cycle
+from nstance.server.reconcile.recovery import rebuild_cache, sync_provider
+from nstance.server.state.records import record_key
 from nstance.testing.requests import sample_create_request
 from nstance.testing.waiting import eventually
 

@@ -37,18 +37,19 @@ from nstance.pki.ca import create_ca
 from nstance.pki.keys import generate_private_key
 from nstance.providers.base import InstanceStatus, ProviderThrottled
 from nstance.providers.sim import SimProvider
-from nstance.server import records, recovery
-from nstance.server.agents import HealthReport
+from nstance.server.agents.hub import HealthReport
 from nstance.server.app import tune_gc
-from nstance.server.configstate import ConfigState
-from nstance.server.context import ShardContext
-from nstance.server.gc import gc_cycle
-from nstance.server.limits import CreateLimiter
-from nstance.server.looplag import LagProbe
-from nstance.server.metrics import Metrics
-from nstance.server.reconciler import Reconciler
-from nstance.server.recovery import rebuild_cache
-from nstance.server.shard import Shard
+from nstance.server.reconcile import recovery
+from nstance.server.reconcile.gc import gc_cycle
+from nstance.server.reconcile.reconciler import Reconciler
+from nstance.server.reconcile.recovery import rebuild_cache
+from nstance.server.shard.shard import Shard
+from nstance.server.state import records
+from nstance.server.state.configstate import ConfigState
+from nstance.server.state.context import ShardContext
+from nstance.server.state.limits import CreateLimiter
+from nstance.server.state.looplag import LagProbe
+from nstance.server.state.metrics import Metrics
 from nstance.testing.requests import sample_create_request
 from nstance.testing.shardproc import server_addrs, shard_config
 from nstance.testing.waiting import eventually

@@ -18,7 +18,7 @@ import pytest
 from google.protobuf.empty_pb2 import Empty
 
 from nstance.rpc import operator_pb2, operator_pb2_grpc
-from nstance.server.context import FAULT_ENV, FAULT_EXIT_CODE
+from nstance.server.state.context import FAULT_ENV, FAULT_EXIT_CODE
 from nstance.testing.shardproc import LocalCluster, ServerProcess, free_port, server_addrs, shard_config
 
 pytestmark = pytest.mark.timeout(120)

@@ -25,7 +25,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from nstance.operator.health import OperatorMetrics
-from nstance.server.metrics import Metrics
+from nstance.server.state.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 SYSTEMD = ROOT / "deploy" / "systemd"

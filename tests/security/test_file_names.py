@@ -36,7 +36,7 @@ from nstance.core.ids import new_instance_id
 from nstance.pki.ca import create_ca
 from nstance.pki.keys import generate_private_key, public_key_to_pem
 from nstance.rpc import agent_pb2, agent_pb2_grpc
-from nstance.server.tls import server_credentials
+from nstance.server.identity.tls import server_credentials
 from nstance.testing.identities import make_identity, real_now_clock
 from nstance.testing.securityshard import CALL_TIMEOUT, TENANT_A, SecurityShard
 

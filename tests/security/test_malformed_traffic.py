@@ -25,7 +25,7 @@ import pytest
 from google.protobuf.empty_pb2 import Empty
 
 from nstance.rpc import agent_pb2, operator_pb2, registration_pb2
-from nstance.server.http import READ_TIMEOUT
+from nstance.server.net.http import READ_TIMEOUT
 from nstance.testing.netprobe import client_hello, exchange, tls_context, tls_exchange
 from nstance.testing.securityshard import CALL_TIMEOUT, TENANT_A, SecurityShard
 from nstance.testing.waiting import eventually

@@ -1,7 +1,7 @@
 """Tenant isolation on the Operator API: tenant A's operator cannot see or touch tenant B's things.
 
 The tenant is the O of the caller's certificate, and every operation is scoped by it
-(``nstance/server/shard.py``), so to A, B's groups and instances do not exist. What A sees is exactly
+(``nstance/server/shard/shard.py``), so to A, B's groups and instances do not exist. What A sees is exactly
 what it sees for names and ids that exist nowhere:
 
 * ListGroups lists A's groups only; UpsertGroup of B's group name makes (or refuses to make) a group

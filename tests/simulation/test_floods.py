@@ -14,7 +14,7 @@ import pytest
 
 from nstance.config import editing
 from nstance.db import repo
-from nstance.server.registration import Registrar
+from nstance.server.identity.registration import Registrar
 from nstance.simulation import floods, world
 from nstance.simulation.run import run_seed
 

@@ -18,14 +18,14 @@ import pytest
 
 from nstance.config import GroupUpdate
 from nstance.db.models import Instance
-from nstance.server import brake as brake_module
-from nstance.server import context as context_module
-from nstance.server import reconciler as reconciler_module
-from nstance.server.api import GroupView
-from nstance.server.election import Elector
-from nstance.server.instances import member_of
-from nstance.server.leadertime import LeaderClock
-from nstance.server.shard import Shard
+from nstance.server.leadership.election import Elector
+from nstance.server.reconcile import brake as brake_module
+from nstance.server.reconcile import reconciler as reconciler_module
+from nstance.server.reconcile.instances import member_of
+from nstance.server.shard.api import GroupView
+from nstance.server.shard.shard import Shard
+from nstance.server.state import context as context_module
+from nstance.server.state.leadertime import LeaderClock
 from nstance.simulation import __main__ as cli
 from nstance.simulation.run import reproduce_command, run_seed
 from nstance.simulation.world import World

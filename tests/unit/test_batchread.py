@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from nstance.server.batchread import BatchReader
+from nstance.server.agents.batchread import BatchReader
 
 
 async def test_concurrent_gets_are_read_in_bulk_off_the_loop() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from nstance.core.plan import Member
-from nstance.server.brake import (
+from nstance.server.reconcile.brake import (
     ORPHANS,
     REPLACEMENTS,
     BrakeLimits,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from nstance.core.ids import new_instance_id
 from nstance.providers.base import InstanceStatus, ProviderInstance
-from nstance.server.claims import Verdict, decide
-from nstance.server.records import RecordProblem
+from nstance.server.reconcile.claims import Verdict, decide
+from nstance.server.state.records import RecordProblem
 
 
 def vm(**changes: object) -> ProviderInstance:

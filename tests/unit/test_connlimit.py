@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nstance.server.connlimit import ConnectionLimiter, address_key
+from nstance.server.net.connlimit import ConnectionLimiter, address_key
 
 
 def test_one_address_gets_its_share_and_others_still_get_in() -> None:

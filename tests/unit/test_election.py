@@ -24,7 +24,7 @@ from nstance.core.errors import InvalidArgument, Unavailable
 from nstance.objectstore.base import ObjectInfo, ObjectStore
 from nstance.objectstore.file import FileObjectStore
 from nstance.objectstore.memory import MemoryObjectStore
-from nstance.server.election import Elector, LeaderInfo, encode_lockfile, parse_lockfile
+from nstance.server.leadership.election import Elector, LeaderInfo, encode_lockfile, parse_lockfile
 
 KEY = "shard/local-a/leader.json"
 CONFIG = LeaderElectionConfig()  # frequent 5 s, infrequent 30 s, leader_timeout 15 s

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from nstance.config.limits import LimitsConfig
-from nstance.server.fdbudget import MIN_PORT_CONNECTIONS, plan_connection_caps
+from nstance.server.net.fdbudget import MIN_PORT_CONNECTIONS, plan_connection_caps
 
 
 def test_a_generous_open_file_limit_gives_every_port_its_configured_cap() -> None:

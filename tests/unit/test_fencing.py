@@ -10,8 +10,8 @@ from nstance.objectstore.memory import MemoryObjectStore
 from nstance.providers.features import image_lookup, leader_networking, load_balancing
 from nstance.providers.local import LocalProvider
 from nstance.providers.sim import SimProvider
-from nstance.server.fencing import FencedProvider, FencedStore, NotLeader
-from nstance.server.metrics import InstrumentedProvider, Metrics
+from nstance.server.state.fencing import FencedProvider, FencedStore, NotLeader
+from nstance.server.state.metrics import InstrumentedProvider, Metrics
 from nstance.testing.requests import sample_create_request
 
 IMAGE = ImageConfig.model_validate({"provider": "aws", "filters": [{"name": "name", "values": ["x"]}]})

@@ -8,8 +8,14 @@ from datetime import UTC, datetime, timedelta
 
 from nstance.core.errors import Unavailable
 from nstance.objectstore.memory import MemoryObjectStore
-from nstance.server.followups import RecordFollowUps
-from nstance.server.records import InstanceRecord, delete_record, read_record, update_record, write_record
+from nstance.server.reconcile.followups import RecordFollowUps
+from nstance.server.state.records import (
+    InstanceRecord,
+    delete_record,
+    read_record,
+    update_record,
+    write_record,
+)
 from nstance.testing.waiting import eventually
 
 KNOWN_ID = "knc06bgm7733st2576nx5jht4ecjw"

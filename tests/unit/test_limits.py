@@ -6,7 +6,7 @@ import asyncio
 
 from nstance.core.clock import ManualClock
 from nstance.core.ratelimit import TokenBucket
-from nstance.server.limits import CreateLimiter
+from nstance.server.state.limits import CreateLimiter
 
 
 async def test_waiters_are_admitted_in_order_and_sleep_once_each() -> None:

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from nstance.server.looplag import LagProbe
-from nstance.server.metrics import Metrics
+from nstance.server.state.looplag import LagProbe
+from nstance.server.state.metrics import Metrics
 from nstance.testing.waiting import eventually
 
 

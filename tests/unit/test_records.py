@@ -11,7 +11,7 @@ import pytest
 
 from nstance.core.errors import AlreadyExists, InvalidArgument, NotFound, Unavailable
 from nstance.objectstore.memory import MemoryObjectStore
-from nstance.server.records import (
+from nstance.server.state.records import (
     InstanceRecord,
     decode_record,
     delete_record,

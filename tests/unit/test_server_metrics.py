@@ -15,7 +15,7 @@ from nstance.providers.base import (
     ProviderInstance,
     ProviderThrottled,
 )
-from nstance.server.metrics import InstrumentedProvider, Metrics, watch_event_loop_lag
+from nstance.server.state.metrics import InstrumentedProvider, Metrics, watch_event_loop_lag
 from nstance.testing.waiting import eventually
 
 

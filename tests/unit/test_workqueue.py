@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from nstance.core.backoff import Backoff
-from nstance.server.workqueue import WorkQueue
+from nstance.server.reconcile.workqueue import WorkQueue
 from nstance.testing.waiting import eventually
 
 

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from nstance.server.writebatch import WriteBatcher
+from nstance.server.identity.writebatch import WriteBatcher
 
 
 async def test_writes_of_one_loop_turn_share_one_job_and_each_gets_its_result() -> None:

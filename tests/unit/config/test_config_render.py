@@ -172,7 +172,7 @@ def test_unknown_struct_fields_are_errors_found_at_validation() -> None:
 
 def test_an_image_that_is_not_resolved_is_an_error_not_an_empty_id() -> None:
     # Go would render "" and let the provider fail; here the create stops with the image named
-    # (nstance.server.images adds why the lookup failed).
+    # (nstance.server.reconcile.images adds why the lookup failed).
     assert (
         failure("{{ .Image.nope }}")
         == f'{NAME}: line 1: executing at <.Image.nope>: undefined variable "Image.nope"'
