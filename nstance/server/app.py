@@ -55,7 +55,6 @@ from nstance.secrets.cluster_identity import (
 from nstance.secrets.factory import open_secret_store
 from nstance.secrets.keys import load_encryption_keys
 from nstance.server.identity.interceptors import ServerInterceptor
-from nstance.server.identity.registration import Registrar
 from nstance.server.identity.revocations import revocation_loop, sync_revocations
 from nstance.server.identity.tls import advertised_hosts, server_credentials
 from nstance.server.leadership.election import Elector, ElectorLeadership
@@ -67,10 +66,10 @@ from nstance.server.net.tlsfront import PeerTable, listening_socket
 from nstance.server.services.agent import AgentServicer
 from nstance.server.services.operator import OperatorServicer
 from nstance.server.services.registration import RegistrationServicer
+from nstance.server.shard.build import build_shard
 from nstance.server.shard.shard import Shard
 from nstance.server.state.confighealth import report_config
 from nstance.server.state.configstate import ConfigState
-from nstance.server.state.context import ShardContext
 from nstance.server.state.degraded import Degradations
 from nstance.server.state.limits import CreateLimiter
 from nstance.server.state.looplag import LagProbe
@@ -432,7 +431,7 @@ class ServerApp:
                 name="shard",
             )
             self._elector = elector
-            ctx = ShardContext(
+            built = build_shard(
                 identity=ShardIdentity(
                     cluster_id=config.cluster.id,
                     shard=opts.shard,
@@ -460,13 +459,8 @@ class ServerApp:
                 own_provider_id=opts.provider_instance_id,
                 degraded=self.degradations,
             )
-            self.shard = Shard(ctx)
+            ctx, self.shard, registrar = built.ctx, built.shard, built.registrar
             report_config(ctx, state.fault)  # e.g. started from the disk copy while storage is down
-            registrar = Registrar(ctx, db_writer=self.shard.ops.db_writer)
-            shard = self.shard
-            # A registered agent is judged by its health reports from now on: its group is reconciled
-            # once its missed-reports deadline could pass (one timer per group, however many register).
-            registrar.on_registered = lambda tenant, group, _iid: shard.health_deadline((tenant, group))
             restored = await registrar.backfill_operators()
             if restored:
                 log.debug("restored %d operator registrations from cluster storage", restored)

@@ -18,7 +18,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nstance.server.state import context as context_module
 from nstance.simulation.invariants import check_end_state
 from nstance.simulation.loop import VirtualTimeLoop
 from nstance.simulation.world import (
@@ -101,7 +100,6 @@ def run_seed(
     problems: list[str] = []
     try:
         with deterministic(seed, world.clock):
-            context_module.fault_hook = world.on_fault_point
             try:
                 loop.run_until_complete(world.run())
             except Exception as exc:  # noqa: BLE001 - a crash of the harness or the code under test

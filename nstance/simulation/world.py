@@ -73,14 +73,12 @@ from nstance.server.identity.registration import Registrar
 from nstance.server.leadership.election import Elector, ElectorLeadership
 from nstance.server.reconcile.reconciler import MISSED_REPORTS
 from nstance.server.shard import shard as shard_module
+from nstance.server.shard.build import build_shard
 from nstance.server.shard.shard import Shard
-from nstance.server.state import context as context_module
 from nstance.server.state import records as records_module
 from nstance.server.state.configstate import ConfigState
-from nstance.server.state.context import ShardContext
 from nstance.server.state.events import InstanceEventData
 from nstance.server.state.limits import CreateLimiter
-from nstance.server.state.metrics import Metrics
 from nstance.server.state.provisioning import ShardIdentity
 from nstance.simulation import leader_faults
 from nstance.simulation.floods import MAX_GROUP_SIZE, QUOTA_FACTOR, FloodNemesis
@@ -418,7 +416,7 @@ class SimServer:
             on_change=lambda leading: self._on_change(inc, leading),
             name="shard",
         )
-        ctx = ShardContext(
+        built = build_shard(
             identity=world.identity,
             store=shard_store,
             cluster_store=cluster_store,
@@ -430,13 +428,11 @@ class SimServer:
             clock=self.clock,
             limiter=CreateLimiter(clock=self.clock, max_concurrent=8),
             leadership=ElectorLeadership(elector),
-            metrics=Metrics(),
+            faults=world.on_fault_point,
         )
+        ctx, shard, registrar = built.ctx, built.shard, built.registrar
         sink = world.instance_event_sink(ctx.events.instances.publish)
         ctx.events.instances.publish = sink  # type: ignore[method-assign, assignment]
-        shard = Shard(ctx, resync_interval=60.0)
-        registrar = Registrar(ctx)
-        registrar.on_registered = lambda tenant, group, _iid: shard.health_deadline((tenant, group))
         inc.elector, inc.shard, inc.registrar = elector, shard, registrar
         world.spawn(inc, self._boot(inc, state, elector), "boot")
         world.trace(f"start {inc.name} ({'kept' if keep_db else 'fresh'} SQLite)")
@@ -1082,7 +1078,6 @@ def deterministic(seed: int, clock: ManualClock) -> Iterator[None]:
         records_module.LIST_WORKERS = saved_workers
         shard_module.METRICS_INTERVAL = saved_metrics
         random.setstate(saved_state)
-        context_module.fault_hook = None
 
 
 _TEMPLATE: dict[str, Path] = {}

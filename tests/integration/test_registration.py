@@ -32,7 +32,8 @@ from nstance.core.ids import new_instance_id
 from nstance.core.ratelimit import TokenBucket
 from nstance.db import repo
 from nstance.db.engine import Database, open_database
-from nstance.db.models import Instance, Operator
+from nstance.db.models import Operator
+from nstance.db.rows import InstanceRow
 from nstance.objectstore.base import ObjectInfo
 from nstance.objectstore.memory import MemoryObjectStore
 from nstance.pki.ca import CertificateAuthority, create_ca
@@ -46,9 +47,9 @@ from nstance.server.identity.interceptors import ServerInterceptor, current_peer
 from nstance.server.identity.registration import Registrar, operator_nonce_key
 from nstance.server.identity.tls import server_credentials
 from nstance.server.services.registration import RegistrationServicer
+from nstance.server.shard.build import build_shard
 from nstance.server.state import records
 from nstance.server.state.configstate import ConfigState
-from nstance.server.state.context import ShardContext
 from nstance.server.state.limits import CreateLimiter
 from nstance.server.state.metrics import Metrics
 from nstance.testing.shardproc import server_addrs, shard_config
@@ -128,7 +129,7 @@ class Harness:
         nonce_key = generate_private_key("ed25519")
         assert isinstance(nonce_key, ed25519.Ed25519PrivateKey)
         self.nonce_key = nonce_key
-        self.ctx = ShardContext(
+        built = build_shard(
             identity=sample_shard_identity(self.ca.cert_pem, cluster_id=CLUSTER, shard=SHARD),
             store=self.store,
             cluster_store=self.cluster_store,
@@ -145,7 +146,8 @@ class Harness:
             metrics=Metrics(),
             cluster_leadership=self.cluster_leader,
         )
-        self.registrar = Registrar(self.ctx)
+        self.ctx = built.ctx
+        self.registrar = built.registrar
         self.port = 0
         self.server: grpc.aio.Server | None = None
 
@@ -214,7 +216,7 @@ class Harness:
             self.nonce_key, operator_nonce_claims(cluster_id=CLUSTER, tenant=tenant, clock=self.clock)
         )
 
-    def row(self, instance_id: str) -> Instance:
+    def row(self, instance_id: str) -> InstanceRow:
         with self.db.read_session() as session:
             row = repo.get_instance(session, instance_id)
         assert row is not None

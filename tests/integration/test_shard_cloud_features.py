@@ -24,7 +24,7 @@ from nstance.core.errors import InvalidArgument
 from nstance.core.ratelimit import TokenBucket
 from nstance.db import repo
 from nstance.db.engine import Database, open_database
-from nstance.db.models import Instance
+from nstance.db.rows import InstanceRow
 from nstance.objectstore.memory import MemoryObjectStore
 from nstance.pki.ca import create_ca
 from nstance.pki.keys import generate_private_key
@@ -35,9 +35,8 @@ from nstance.server.agents.hub import HealthReport
 from nstance.server.reconcile.images import ImageService
 from nstance.server.reconcile.reconciler import Reconciler
 from nstance.server.reconcile.recovery import sync_provider
-from nstance.server.shard.shard import Shard
+from nstance.server.shard.build import build_shard
 from nstance.server.state.configstate import ConfigState
-from nstance.server.state.context import ShardContext
 from nstance.server.state.dynamic_groups import edit_dynamic_groups
 from nstance.server.state.events import ErrorEventData
 from nstance.server.state.limits import CreateLimiter
@@ -95,7 +94,7 @@ class Harness:
         self.leader = Leader()
         self.metrics = Metrics()
         ca = create_ca(cluster_id="test")
-        self.ctx = ShardContext(
+        built = build_shard(
             identity=sample_shard_identity(ca.cert_pem),
             store=self.store,
             cluster_store=MemoryObjectStore(),
@@ -112,8 +111,9 @@ class Harness:
             metrics=self.metrics,
             own_provider_id=self.own_provider_id,
         )
+        self.ctx = built.ctx
         self.ctx.events.errors.publish = self.errors.append  # type: ignore[method-assign, assignment]
-        self.shard = Shard(self.ctx)
+        self.shard = built.shard
         self.reconciler = Reconciler(self.ctx, self.shard.ops)
 
     def write_config(self) -> None:
@@ -137,7 +137,7 @@ class Harness:
     async def reconcile(self) -> None:
         await self.reconciler.reconcile(KEY)
 
-    def rows(self) -> list[Instance]:
+    def rows(self) -> list[InstanceRow]:
         with self.db.read_session() as session:
             return repo.list_active_instances(session, tenant="default", group_key="web")
 

@@ -31,7 +31,7 @@ from nstance.core.ids import new_instance_id
 from nstance.core.ratelimit import TokenBucket
 from nstance.db import repo
 from nstance.db.engine import Database, open_database
-from nstance.db.models import Instance
+from nstance.db.rows import InstanceRow
 from nstance.objectstore.memory import MemoryObjectStore
 from nstance.pki.ca import create_ca
 from nstance.pki.keys import generate_private_key
@@ -43,10 +43,9 @@ from nstance.server.reconcile import recovery
 from nstance.server.reconcile.gc import gc_cycle
 from nstance.server.reconcile.reconciler import Reconciler
 from nstance.server.reconcile.recovery import rebuild_cache
-from nstance.server.shard.shard import Shard
+from nstance.server.shard.build import build_shard
 from nstance.server.state import records
 from nstance.server.state.configstate import ConfigState
-from nstance.server.state.context import ShardContext
 from nstance.server.state.limits import CreateLimiter
 from nstance.server.state.looplag import LagProbe
 from nstance.server.state.metrics import Metrics
@@ -90,7 +89,7 @@ class Harness:
         self.sim = SimProvider(clock=self.clock, sleep=no_sleep)
         ca = create_ca(cluster_id="test")
         self.leader = Leader()
-        self.ctx = ShardContext(
+        built = build_shard(
             identity=sample_shard_identity(ca.cert_pem),
             store=self.store,
             cluster_store=MemoryObjectStore(),
@@ -106,13 +105,14 @@ class Harness:
             leadership=self.leader,
             metrics=Metrics(),
         )
-        self.shard = Shard(self.ctx)
+        self.ctx = built.ctx
+        self.shard = built.shard
         self.reconciler = Reconciler(self.ctx, self.shard.ops)
 
     async def reconcile(self) -> None:
         await self.reconciler.reconcile(KEY)
 
-    def rows(self) -> list[Instance]:
+    def rows(self) -> list[InstanceRow]:
         with self.db.read_session() as session:
             return repo.list_active_instances(session, tenant="default", group_key="web")
 

@@ -38,7 +38,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from nstance.config import MergedGroupConfig, infra_hash, runtime_hash
 from nstance.core.errors import NotFound, NstanceError
@@ -188,6 +188,12 @@ class AgentSession:
         return names
 
 
+class GroupSignals(Protocol):
+    """Told when an agent's report means its group should be reconciled now (the shard)."""
+
+    def group_changed(self, key: GroupKey) -> None: ...
+
+
 class AgentHub:
     """All agent sessions of this shard server; see the module docstring."""
 
@@ -199,15 +205,15 @@ class AgentHub:
         secrets: SecretStore | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         lbs: LoadBalancerSync | None = None,
+        signals: GroupSignals | None = None,
     ) -> None:
         self._ctx = ctx
+        self._signals = signals
         self._lbs = lbs
         self._db_writer = db_writer
         self._secrets = secrets
         self._sleep = sleep
         self.sessions: dict[str, AgentSession] = {}
-        #: Called with a group key when a report means the group should be reconciled now.
-        self.on_group_change: Callable[[GroupKey], None] | None = None
         self._health: dict[str, dict[str, Any]] = {}
         self._flush_task: asyncio.Task[None] | None = None
         self._flushed = asyncio.Event()
@@ -392,8 +398,8 @@ class AgentHub:
                 self._spawn(self._request_missing_keys(session, needed))
 
     def _group_changed(self, session: AgentSession) -> None:
-        if self.on_group_change is not None:
-            self.on_group_change((session.tenant, session.group))
+        if self._signals is not None:
+            self._signals.group_changed((session.tenant, session.group))
 
     def _key_names(self, instance_id: str) -> set[str]:
         """The names of the public keys stored for an instance (a worker thread)."""
@@ -547,10 +553,10 @@ class AgentHub:
             log.info(
                 "instance %s: agent gone and the provider says %s; replacing it", instance_id, status.value
             )
-            if self.on_group_change is not None and (
+            if self._signals is not None and (
                 status in UNHEALTHY_STATUSES or status == InstanceStatus.DELETED
             ):
-                self.on_group_change((row.tenant, row.group_key))
+                self._signals.group_changed((row.tenant, row.group_key))
             return
 
     def _set_provider_status(self, instance_id: str, status: str, now: datetime) -> None:

@@ -34,10 +34,10 @@ import hashlib
 import ipaddress
 import json
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from concurrent.futures import Executor, ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from nstance.core.errors import (
     AlreadyExists,
@@ -59,7 +59,7 @@ from nstance.pki.operator_record import operator_record, operator_record_key
 from nstance.pki.peer import PeerIdentity
 from nstance.server.identity.writebatch import WriteBatcher
 from nstance.server.state import records
-from nstance.server.state.context import ShardContext, fault_point
+from nstance.server.state.context import ShardContext
 from nstance.server.state.records import InstanceRecord
 
 log = logging.getLogger(__name__)
@@ -72,8 +72,11 @@ OPERATOR_RECORD_PREFIX = "operator/"
 
 MAX_HOSTNAME_LENGTH = 253
 
-#: Called after a successful agent registration with (tenant, group, instance id).
-RegisteredHook = Callable[[str, str, str], None]
+
+class RegistrationEvents(Protocol):
+    """Told of every successful agent registration (the shard: judge the agent's health from now on)."""
+
+    def agent_registered(self, tenant: str, group: str, instance_id: str) -> None: ...
 
 
 def operator_nonce_key(nonce_jwt: str) -> str:
@@ -142,8 +145,15 @@ class _ClaimRequest(NamedTuple):
 class Registrar:
     """The registration logic of one shard server (see the module docstring)."""
 
-    def __init__(self, ctx: ShardContext, *, db_writer: Executor | None = None) -> None:
+    def __init__(
+        self,
+        ctx: ShardContext,
+        *,
+        db_writer: Executor | None = None,
+        events: RegistrationEvents | None = None,
+    ) -> None:
         self.ctx = ctx
+        self._events = events
         # SQLite writes of the hot path go to one thread: dozens of I/O threads queueing on SQLite's
         # write lock (busy_timeout polling) made registration latency seconds long under load. The
         # server passes the shard's single database writer, shared with the create path and health.
@@ -152,8 +162,6 @@ class Registrar:
         self._claims: WriteBatcher[_ClaimRequest, repo.AgentClaim] = WriteBatcher(
             self._db_writer, self._claim_many
         )
-        #: Optional hook the server sets to react to a registration (e.g. mark the group dirty).
-        self.on_registered: RegisteredHook | None = None
 
     # --- shared helpers -----------------------------------------------------------------------
 
@@ -256,11 +264,11 @@ class Registrar:
             "agent registered",
             extra={"instance_id": instance_id, "tenant": claims.tenant, "cert_serial": issued.serial_hex},
         )
-        if self.on_registered is not None:
+        if self._events is not None:
             try:
-                self.on_registered(claims.tenant, claim.group_key, instance_id)
-            except Exception:  # the registration is done; a failing hook must not undo the reply
-                log.exception("agent %s: the on_registered hook failed", instance_id)
+                self._events.agent_registered(claims.tenant, claim.group_key, instance_id)
+            except Exception:  # the registration is done; a failing listener must not undo the reply
+                log.exception("agent %s: telling the shard of its registration failed", instance_id)
         return issued
 
     async def _explain_unclaimed(self, nonce_jwt: str, claims: NonceClaims, *, refused_key: bool) -> None:
@@ -291,7 +299,7 @@ class Registrar:
         ctx = self.ctx
         ip4, ip6, hostname = reported
         loop = asyncio.get_running_loop()
-        fault_point("after-registration-claim")
+        self.ctx.fault_point("after-registration-claim")
         try:
             ctx.fence()
             await asyncio.to_thread(

@@ -54,7 +54,7 @@ from nstance.server.reconcile.holds import Holds
 from nstance.server.reconcile.images import explain_missing_image
 from nstance.server.reconcile.loadbalancers import DeregistrationPending, LoadBalancerSync
 from nstance.server.state import records
-from nstance.server.state.context import ShardContext, fault_point
+from nstance.server.state.context import ShardContext
 from nstance.server.state.events import ErrorEventData, InstanceEventData
 from nstance.server.state.leadertime import in_term
 from nstance.server.state.provisioning import PreparedInstance, prepare_instance
@@ -461,7 +461,7 @@ class InstanceOps:
         iid = prepared.request.instance_id
         try:
             try:
-                fault_point("before-provider-create")
+                self._ctx.fault_point("before-provider-create")
                 vm = await self._provider_create(prepared.request, wanted)
             finally:
                 window.release()
@@ -471,7 +471,7 @@ class InstanceOps:
             await self._create_failed(merged.tenant, iid)
             raise
         self._sent.discard(iid)
-        fault_point("after-provider-create")
+        self._ctx.fault_point("after-provider-create")
         await self._record_provider(record, etag, vm)
         ctx.metrics.record_provider_create()
         return Created(iid, vm.status.value)
@@ -625,7 +625,7 @@ class InstanceOps:
             except BaseException:
                 self._keep_deleting(row, reason)
                 raise
-            fault_point("after-provider-delete")
+            self._ctx.fault_point("after-provider-delete")
             self.lbs.forget(row.id)
         with ctx.db.write_connection() as session:
             repo.set_provider_status(session, row.id, InstanceStatus.DELETED.value, now=now)

@@ -69,6 +69,8 @@ log = logging.getLogger(__name__)
 
 #: Seconds between refreshes of the per-group instance gauges.
 METRICS_INTERVAL = 5.0
+#: Lifetime of a renewed operator certificate (a year, as registration issues by default).
+OPERATOR_CERT_TTL = timedelta(hours=8760)
 #: Seconds between the leader's checks of the config documents' ETags (two HEAD requests each).
 CONFIG_CHECK_INTERVAL = 30.0
 
@@ -80,22 +82,19 @@ class Shard:
         self,
         ctx: ShardContext,
         *,
-        workers: int = 16,
         resync_interval: float = 60.0,
-        operator_cert_ttl_hours: int = 8760,
     ) -> None:
         self.ctx = ctx
         self.events: Events = ctx.events
         self.ops = InstanceOps(ctx)
-        self.agents = AgentHub(ctx, db_writer=self.ops.db_writer, secrets=ctx.secrets, lbs=self.ops.lbs)
-        self.agents.on_group_change = self.group_changed
-        self._workers = workers
+        self.agents = AgentHub(
+            ctx, db_writer=self.ops.db_writer, secrets=ctx.secrets, lbs=self.ops.lbs, signals=self
+        )
         self._resync_interval = resync_interval
-        self._operator_cert_ttl_hours = operator_cert_ttl_hours
         self.images = ImageService(ctx)
         self.leader_net = LeaderAddress(ctx)
         #: This server's edits of groups.jsonc: concurrent UpsertGroup/DeleteGroup calls share writes.
-        self._groups = GroupsWriter(ctx.store, ctx.config, self._apply_change)
+        self._groups = GroupsWriter(ctx.store, ctx.config, self._apply_change, fault_point=ctx.fault_point)
         self.reconciler: Reconciler | None = None
         self._leader_tasks: list[asyncio.Task[None]] = []
         #: Every task of the current leadership (recovery included): cancelled together when it is lost.
@@ -120,6 +119,11 @@ class Shard:
         """Reconcile ``key`` when an agent that just registered could first count as silent."""
         if self.reconciler is not None:
             self.reconciler.check_health_after(key)
+
+    def agent_registered(self, tenant: str, group: str, instance_id: str) -> None:
+        """A registered agent is judged by its health reports from now on: its group is reconciled
+        once its missed-reports deadline could pass (one timer per group, however many register)."""
+        self.health_deadline((tenant, group))
 
     def group_changed(self, key: GroupKey) -> None:
         """Mark a group for reconcile now (no-op while not leading)."""
@@ -183,9 +187,7 @@ class Shard:
                     attempt += 1
                     log.error("recovery failed: %s; retrying in %.1fs", exc, delay)
                     await asyncio.sleep(delay)
-            reconciler = Reconciler(
-                ctx, self.ops, workers=self._workers, resync_interval=self._resync_interval
-            )
+            reconciler = Reconciler(ctx, self.ops, resync_interval=self._resync_interval)
             self.reconciler = reconciler
             self.leading = True
             ctx.metrics.set_leader("shard", True)
@@ -599,7 +601,7 @@ class Shard:
             client_id=client_id,
             tenant=tenant,
             role="operator",
-            ttl=timedelta(hours=self._operator_cert_ttl_hours),
+            ttl=OPERATOR_CERT_TTL,
             clock=self.ctx.clock,
         )
         key = operator_record_key(tenant, self.ctx.identity.cluster_id)

@@ -1,14 +1,15 @@
 """What every part of a running shard shares: stores, cache, provider, identity, clock, limits, events.
 
-``ShardContext`` is plain wiring (built once by ``app.py``); ``fence`` is the single leadership check
-that guards every state-changing step. The context holds its object store and provider only through
-the fenced handles of ``fencing`` (a non-leader's writes and provider mutations raise ``NotLeader``
-right before they would happen), and its clock is a ``leadertime.LeaderClock`` (time that moves with
-the monotonic clock within a leadership, so a wall-clock step decides nothing).
+``ShardContext`` is plain wiring (built once, by ``nstance.server.shard.build``); ``fence`` is the
+single leadership check that guards every state-changing step. The context holds its object store
+and provider only through the fenced handles of ``fencing`` (a non-leader's writes and provider
+mutations raise ``NotLeader`` right before they would happen), and its clock is a
+``leadertime.LeaderClock`` (time that moves with the monotonic clock within a leadership, so a
+wall-clock step decides nothing).
 
-Test-only fault points (``NSTANCE_FAULT``) let crash tests kill
-the process at a precise step; they are inert unless that variable is set, or unless the
-deterministic simulator installed a ``fault_hook`` (it crashes one simulated server there instead).
+Test-only fault points (``ShardContext.fault_point``) let crash tests kill the process at a precise
+step (``NSTANCE_FAULT`` names it); they are inert unless that variable is set, or unless the context
+was given a ``faults`` callback (the deterministic simulator crashes one simulated server there).
 """
 
 from __future__ import annotations
@@ -51,14 +52,8 @@ class Leadership(Protocol):
     def leader_address(self) -> str: ...
 
 
-#: Called at every fault point when set (the simulator's crash injection); None in a real server.
-fault_hook: Callable[[str], None] | None = None
-
-
-def fault_point(name: str) -> None:
+def exit_at_fault_point(name: str) -> None:
     """Die here, at once and without cleanup, when ``NSTANCE_FAULT`` names this point (tests only)."""
-    if fault_hook is not None:
-        fault_hook(name)
     if os.environ.get(FAULT_ENV) == name:
         log.error("fault point %s reached: exiting with status %d", name, FAULT_EXIT_CODE)
         logging.shutdown()
@@ -93,6 +88,8 @@ class ShardContext:
     own_provider_id: str = ""
     #: Why this server runs degraded (shown on ``/health``); see ``nstance.server.state.degraded``.
     degraded: Degradations = field(default_factory=Degradations)
+    #: Called at every fault point (the simulator's crash injection); None in a real server.
+    faults: Callable[[str], None] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.store, FencedStore):
@@ -110,6 +107,12 @@ class ShardContext:
 
     def is_leader(self) -> bool:
         return self.leadership.is_leader()
+
+    def fault_point(self, name: str) -> None:
+        """A named step where crash tests stop this server (see the module docstring)."""
+        if self.faults is not None:
+            self.faults(name)
+        exit_at_fault_point(name)
 
     def fence(self) -> None:
         """Raise NotLeader (an Unavailable) unless this server holds fenced shard leadership now."""

@@ -28,7 +28,7 @@ from nstance.config.schema import DynamicGroups
 from nstance.core.ids import GroupKey
 from nstance.objectstore.base import ObjectStore
 from nstance.server.state.configstate import ConfigChange, ConfigState
-from nstance.server.state.context import fault_point
+from nstance.server.state.context import exit_at_fault_point
 from nstance.server.state.dynamic_groups import edit_dynamic_groups
 
 Edit = Callable[[DynamicGroups], DynamicGroups]
@@ -72,9 +72,15 @@ class GroupsWriter:
     """Serialises and batches this server's edits of ``groups.jsonc`` (see the module docstring)."""
 
     def __init__(
-        self, store: ObjectStore, config: ConfigState, on_change: Callable[[ConfigChange], None]
+        self,
+        store: ObjectStore,
+        config: ConfigState,
+        on_change: Callable[[ConfigChange], None],
+        *,
+        fault_point: Callable[[str], None] = exit_at_fault_point,
     ) -> None:
         self._store = store
+        self._fault_point = fault_point
         self._config = config
         self._on_change = on_change
         self._queue: list[tuple[Edit, GroupKey | None, asyncio.Future[None]]] = []
@@ -147,7 +153,7 @@ class GroupsWriter:
             self._store, batch.apply, known=known, dump=lambda d: self._text.dump(d, batch.edited())
         )
         self.writes += 1
-        fault_point("after-groups-write")
+        self._fault_point("after-groups-write")
         if all(outcome is not None for outcome in batch.outcomes):
             return None  # every edit refused: nothing was written
         return self._config.replace_dynamic(

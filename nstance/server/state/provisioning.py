@@ -3,7 +3,8 @@
 ``prepare_instance`` turns a group's merged config into a ``CreateRequest`` plus what the record and
 the SQLite row need. It asks about subnet capacity through the given check, and fetches
 ``userdata.source: url`` content with a timeout (in a worker thread). Writing the intent and calling
-the provider is the shard's job (``nstance.server.shard``), so that the crash-safe ordering lives in one place.
+the provider is the job of ``nstance.server.reconcile.instances``, so that the crash-safe ordering
+lives in one place.
 """
 
 from __future__ import annotations
