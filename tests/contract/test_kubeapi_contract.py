@@ -40,6 +40,7 @@ from cryptography.x509.oid import NameOID
 from kubernetes_asyncio import client, config, watch
 
 from nstance.testing.kubeapi import KubeAPIServer
+from nstance.testing.waiting import eventually
 
 GROUP = "contract.nstance.dev"
 CRD_NAME = f"widgets.{GROUP}"
@@ -218,24 +219,27 @@ async def _ensure_crd(api: client.ApiClient) -> None:
     except client.ApiException as exc:
         if exc.status != 409:
             raise
-    for _ in range(100):  # a real server needs a moment to establish a new CRD; the emulator does not
+
+    async def established() -> bool:
         crd = await ext.read_custom_resource_definition(CRD_NAME)
         conditions = {c.type: c.status for c in (crd.status.conditions or [])}
-        if conditions.get("Established") == "True":
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"CRD {CRD_NAME} never became Established")
+        return conditions.get("Established") == "True"
+
+    # A real server needs a moment to establish a new CRD; the emulator does not.
+    await eventually(established, within=10, every=0.1, what=f"CRD {CRD_NAME} to become Established")
 
 
 async def _default_service_account(core: client.CoreV1Api, ns: str) -> None:
     """Wait for the controller manager to create the namespace's ``default`` ServiceAccount: until then
     a real server's ServiceAccount admission refuses pods."""
-    for _ in range(100):
-        with contextlib.suppress(client.ApiException):
-            await core.read_namespaced_service_account("default", ns)
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"no default ServiceAccount in namespace {ns}")
+
+    async def created() -> bool:
+        await core.read_namespaced_service_account("default", ns)
+        return True
+
+    await eventually(
+        created, within=10, every=0.1, ignoring=client.ApiException, what=f"a default ServiceAccount in {ns}"
+    )
 
 
 @pytest.fixture(params=["emulator", "real"])
@@ -345,13 +349,15 @@ async def test_crd_created_through_the_api_is_established_and_served(kube: Kube)
     ext = client.ApiextensionsV1Api(kube.api)
     await ext.create_custom_resource_definition(crd)
     try:
-        for _ in range(100):
+
+        async def established() -> tuple[Any, dict[str, str]] | None:
             stored = await ext.read_custom_resource_definition(f"{plural}.{GROUP}")
             conditions = {c.type: c.status for c in stored.status.conditions or []}
-            if conditions.get("Established") == "True":
-                break
-            await asyncio.sleep(0.1)
-        assert conditions["Established"] == "True"
+            return (stored, conditions) if conditions.get("Established") == "True" else None
+
+        stored, conditions = await eventually(
+            established, within=10, every=0.1, what=f"CRD {plural}.{GROUP} to become Established"
+        )
         assert conditions["NamesAccepted"] == "True"
         assert stored.status.accepted_names.plural == plural
         assert stored.status.accepted_names.singular == f"gizmo{suffix}"
@@ -367,12 +373,13 @@ async def test_crd_created_through_the_api_is_established_and_served(kube: Kube)
         assert "namespace" not in created["metadata"]
     finally:
         await ext.delete_custom_resource_definition(f"{plural}.{GROUP}")
+
     # Deleting the CRD removes its objects and, once they are gone, the resource itself.
-    for _ in range(100):
+    async def resource_gone() -> bool:
         _status, resources = await kube.raw("GET", WIDGETS)
-        if plural not in {r["name"] for r in resources["resources"]}:
-            break
-        await asyncio.sleep(0.1)
+        return plural not in {r["name"] for r in resources["resources"]}
+
+    await eventually(resource_gone, within=10, every=0.1, what=f"{plural} gone from discovery")
     status, _body = await kube.raw("GET", f"{WIDGETS}/{plural}/g")
     assert status == 404
 
@@ -856,12 +863,13 @@ async def test_owner_deletion_collects_dependents(kube: Kube) -> None:
         kube.ns, {"metadata": {"name": "kept", "ownerReferences": [ref2]}}
     )
     await kube.raw("DELETE", kube.widgets("owner2"), query={"propagationPolicy": "Orphan"})
-    for _ in range(600):  # the real collector can take many seconds on a loaded machine
+
+    async def orphaned() -> bool:
         kept = await kube.core.read_namespaced_config_map("kept", kube.ns)
-        if not kept.metadata.owner_references:
-            break
-        await asyncio.sleep(0.1)
-    assert not kept.metadata.owner_references
+        return not kept.metadata.owner_references
+
+    # The real collector can take many seconds on a loaded machine.
+    await eventually(orphaned, within=60, every=0.1, what="the kept ConfigMap to lose its owner reference")
 
 
 async def test_foreground_deletion_waits_for_dependents(kube: Kube) -> None:
@@ -882,12 +890,12 @@ async def test_foreground_deletion_waits_for_dependents(kube: Kube) -> None:
     assert "foregroundDeletion" in deleting["metadata"]["finalizers"]
     _status, listed = await kube.raw("GET", kube.widgets())
     async with kube.watch(kube.widgets(), resourceVersion=listed["metadata"]["resourceVersion"]) as stream:
-        for _ in range(600):
+
+        async def deleting() -> bool:
             held = await kube.core.read_namespaced_config_map("held", kube.ns)
-            if held.metadata.deletion_timestamp:
-                break
-            await asyncio.sleep(0.1)
-        assert held.metadata.deletion_timestamp
+            return bool(held.metadata.deletion_timestamp)
+
+        await eventually(deleting, within=60, every=0.1, what="the held ConfigMap marked for deletion")
         _status, still = await kube.raw("GET", kube.widgets("fg"))
         assert still["metadata"]["deletionTimestamp"]
         await kube.core.patch_namespaced_config_map("held", kube.ns, {"metadata": {"finalizers": None}})
@@ -970,12 +978,12 @@ def _eviction(name: str, ns: str) -> dict[str, Any]:
 async def test_eviction_deletes_the_pod(kube: Kube) -> None:
     await _pod(kube, "evictee")
     await kube.core.create_namespaced_pod_eviction("evictee", kube.ns, _eviction("evictee", kube.ns))
-    for _ in range(100):
+
+    async def deleted() -> bool:
         pods = await kube.core.list_namespaced_pod(kube.ns, field_selector="metadata.name=evictee")
-        if not pods.items or pods.items[0].metadata.deletion_timestamp:
-            break
-        await asyncio.sleep(0.1)
-    assert not pods.items or pods.items[0].metadata.deletion_timestamp
+        return not pods.items or bool(pods.items[0].metadata.deletion_timestamp)
+
+    await eventually(deleted, within=10, every=0.1, what="the evicted pod deleted")
 
 
 async def test_eviction_hook_answers_429(kube: Kube) -> None:

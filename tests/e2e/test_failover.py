@@ -25,7 +25,6 @@ import contextlib
 import math
 import random
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -42,6 +41,7 @@ from nstance.testing.failover import (
 )
 from nstance.testing.motoserver import MotoServer
 from nstance.testing.procs import processes_mentioning
+from nstance.testing.waiting import eventually_sync
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -52,14 +52,6 @@ SLACK = 1.0  # a loaded two-core machine running three servers (and moto_server)
 FAILOVER_BOUND = LEADER_TIMEOUT + FREQUENT + GRACE + SLACK
 SIZES_BEFORE_KILLS = (5, 1, 4)  # UpsertGroup asks for this size just before each kill
 FINAL_SIZE = 3
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(0.1)
 
 
 # ---- the audit on made-up histories ------------------------------------------------------------
@@ -127,11 +119,16 @@ def test_the_audit_catches_two_real_servers_acting_at_once(tmp_path: Path) -> No
     disabled = {"leader_election": {"enabled": False}}
     with FailoverShard(root, servers=2, sim_options={"latency": "20ms"}, shard_extra=disabled) as shard:
         shard.start_all()
-        wait_until(lambda: len(shard.leaders()) == 2, 30, "both servers to lead")
+        eventually_sync(lambda: len(shard.leaders()) == 2, within=30, what="both servers to lead", every=0.1)
         for server, size in zip(shard.ids, (2, 3), strict=True):
             request = operator_pb2.UpsertGroupRequest(key="web", config=operator_pb2.GroupConfig(size=size))
             shard.stub(server).UpsertGroup(request, timeout=10)
-        wait_until(lambda: len({c.pid for c in shard.calls()}) == 2, 30, "calls from both servers")
+        eventually_sync(
+            lambda: len({c.pid for c in shard.calls()}) == 2,
+            within=30,
+            what="calls from both servers",
+            every=0.1,
+        )
         shard.close()
         double_acting, overlaps = shard.audit()
     assert not processes_mentioning(str(root))
@@ -167,7 +164,9 @@ def test_leaders_killed_during_scaling_fail_over_in_time_without_double_acting(
             shard.start(leader)  # back as a standby, so the next kill again leaves two
             shard.wait_healthy(leader)
         shard.upsert("web", FINAL_SIZE)
-        wait_until(shard.converged("web", FINAL_SIZE), 60, f"{FINAL_SIZE} instances")
+        eventually_sync(
+            shard.converged("web", FINAL_SIZE), within=60, what=f"{FINAL_SIZE} instances", every=0.1
+        )
         shard.close()
         kills = [shard.settle_kill(k) for k in shard.kills]
         double_acting, overlaps = shard.audit()

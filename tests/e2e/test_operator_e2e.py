@@ -21,10 +21,10 @@ import os
 import shutil
 import subprocess
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 import pytest
@@ -37,6 +37,7 @@ from nstance.testing.kubeapi import KubeAPIServer
 from nstance.testing.kubeapi.manifests import load_manifests
 from nstance.testing.operatorproc import OperatorProcess, bootstrap_objects, capi_machine_pool
 from nstance.testing.shardproc import LocalCluster, ServerProcess, server_addrs, shard_config, start_leader
+from nstance.testing.waiting import eventually
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
@@ -50,21 +51,6 @@ CAPI_MACHINES = Resource(names.CAPI_GROUP, names.CAPI_VERSION, names.MACHINES, n
 DAEMON_SETS = Resource("apps", "v1", "daemonsets", "DaemonSet")
 KUBECTL = shutil.which("kubectl")
 LIVE = ("pending", "running", "registered", "healthy")
-T = TypeVar("T")
-
-
-async def eventually(
-    check: Callable[[], Awaitable[T | None]], *, within: float = 60.0, what: str, log: Callable[[], str]
-) -> T:
-    """Poll ``check`` until it returns a truthy value; fail with ``what`` and the operator log."""
-    deadline = asyncio.get_running_loop().time() + within
-    while True:
-        value = await check()
-        if value:
-            return value
-        if asyncio.get_running_loop().time() > deadline:
-            pytest.fail(f"timed out after {within:g}s waiting for {what}\n--- operator log ---\n{log()}")
-        await asyncio.sleep(0.2)
 
 
 @dataclass
@@ -239,7 +225,7 @@ async def install_crds(kubeconfig: Path) -> None:
                 return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
 
             await eventually(
-                established, within=30, what=f"CRD {crd['metadata']['name']} established", log=str
+                established, within=30, what=f"CRD {crd['metadata']['name']} established", every=0.2
             )
     finally:
         await kube.close()
@@ -333,19 +319,21 @@ async def test_a_pool_spreads_over_two_shards_scales_and_is_deleted(system: Syst
         async def spread() -> bool:
             return system.group_sizes("workers") == {"zone-a": 3, "zone-b": 2}
 
-        await eventually(spread, what="sizes 3 and 2 on the two shards", log=log)
+        await eventually(spread, what="sizes 3 and 2 on the two shards", log=log, within=60, every=0.2)
 
         async def registered() -> bool:
             return [len(system.healthy(s, "workers")) for s in SHARDS] == [3, 2]
 
-        await eventually(registered, within=90, what="3 + 2 registered instances", log=log)
+        await eventually(registered, within=90, what="3 + 2 registered instances", log=log, every=0.2)
 
         async def shard_groups_ready() -> bool:
             pool = await kube.get(POOLS, "workers", system.namespace) or {}
             status = pool.get("status") or {}
             return bool(status.get("ready")) and status.get("replicas") == 5
 
-        await eventually(shard_groups_ready, what="pool status ready with 5 replicas", log=log)
+        await eventually(
+            shard_groups_ready, what="pool status ready with 5 replicas", log=log, within=60, every=0.2
+        )
 
         await kube.patch(CAPI_POOLS, "workers", {"spec": {"replicas": 1}}, system.namespace)
 
@@ -354,7 +342,7 @@ async def test_a_pool_spreads_over_two_shards_scales_and_is_deleted(system: Syst
                 len(system.live(s, "workers")) for s in SHARDS
             ] == [1, 0]
 
-        await eventually(scaled, within=90, what="scale-down to 1 instance on zone-a", log=log)
+        await eventually(scaled, within=90, what="scale-down to 1 instance on zone-a", log=log, every=0.2)
 
         await kube.delete(POOLS, "workers", system.namespace)
         await kube.delete(CAPI_POOLS, "workers", system.namespace)
@@ -363,7 +351,7 @@ async def test_a_pool_spreads_over_two_shards_scales_and_is_deleted(system: Syst
             gone = await kube.get(POOLS, "workers", system.namespace) is None
             return gone and system.group_sizes("workers") == {"zone-a": None, "zone-b": None}
 
-        await eventually(deleted, what="the group deleted on both shards", log=log)
+        await eventually(deleted, what="the group deleted on both shards", log=log, within=60, every=0.2)
     finally:
         await kube.close()
 
@@ -382,7 +370,9 @@ async def test_a_spot_notice_cordons_evicts_acknowledges_and_replaces(system: Sy
         async def one_healthy() -> list[str]:
             return system.healthy("zone-a", "spot")
 
-        (iid,) = await eventually(one_healthy, within=60, what="the spot instance registered", log=log)
+        (iid,) = await eventually(
+            one_healthy, within=60, what="the spot instance registered", log=log, every=0.2
+        )
         record = next(r for r in system.records("zone-a") if r["instance_id"] == iid)
         provider_id = str(record["provider_instance_id"])
         node_name = f"node-{iid.lower()}"
@@ -428,14 +418,18 @@ async def test_a_spot_notice_cordons_evicts_acknowledges_and_replaces(system: Sy
                 await kube.delete(PODS, "app-1", ns, grace_period=0)
             return bool((node.get("spec") or {}).get("unschedulable")) and evicted and daemon is not None
 
-        await eventually(drained, what="node cordoned, app pod evicted, DaemonSet pod kept", log=log)
+        await eventually(
+            drained, what="node cordoned, app pod evicted, DaemonSet pod kept", log=log, within=60, every=0.2
+        )
 
         async def replaced() -> bool:
             live = [r["instance_id"] for r in system.live("zone-a", "spot")]
             return iid not in live and len(live) == 1
 
         # The group's drain timeout is 60 s: a replacement well before it means the drain was acknowledged.
-        await eventually(replaced, within=40, what="the noticed instance replaced after the ack", log=log)
+        await eventually(
+            replaced, within=40, what="the noticed instance replaced after the ack", log=log, every=0.2
+        )
     finally:
         with contextlib.suppress(KubeError):
             await kube.delete(POOLS, "spot", system.namespace)
@@ -468,14 +462,16 @@ async def test_an_on_demand_pod_gets_its_own_vm_which_goes_with_the_pod(system: 
                 return None
             return status
 
-        status = await eventually(created, what="an NstanceMachine with an instance", log=log)
+        status = await eventually(
+            created, what="an NstanceMachine with an instance", log=log, within=60, every=0.2
+        )
         shard, iid = str(status["shard"]), str(status["instanceID"])
         assert await kube.get(CAPI_MACHINES, "on-demand-batch-job", ns) is not None
 
         async def vm_exists() -> bool:
             return any(r["instance_id"] == iid and r.get("on_demand") for r in system.live(shard, "web"))
 
-        await eventually(vm_exists, what="the on-demand VM on its shard", log=log)
+        await eventually(vm_exists, what="the on-demand VM on its shard", log=log, within=60, every=0.2)
 
         await kube.delete(PODS, "batch-job", ns)
 
@@ -485,7 +481,9 @@ async def test_an_on_demand_pod_gets_its_own_vm_which_goes_with_the_pod(system: 
             vm_live = any(r["instance_id"] == iid for r in system.live(shard, "web"))
             return machine is None and capi is None and not vm_live
 
-        await eventually(cleaned, what="machine objects and VM gone with the pod", log=log)
+        await eventually(
+            cleaned, what="machine objects and VM gone with the pod", log=log, within=60, every=0.2
+        )
     finally:
         await kube.close()
 
@@ -499,7 +497,9 @@ async def test_the_webhook_refuses_changing_the_template_of_a_static_group(syste
             pool = await kube.get(POOLS, "web", system.namespace)
             return pool if pool and (pool.get("status") or {}).get("isStatic") else None
 
-        pool = await eventually(imported, what="static group web imported with isStatic", log=log)
+        pool = await eventually(
+            imported, what="static group web imported with isStatic", log=log, within=60, every=0.2
+        )
         assert pool["spec"]["shards"] == list(SHARDS)
         with pytest.raises(KubeError) as refused:
             await kube.patch(POOLS, "web", {"spec": {"template": "other"}}, system.namespace)
@@ -561,13 +561,17 @@ async def test_the_examples_apply_and_the_machine_pool_scales(system: System) ->
         async def spread() -> bool:
             return system.group_sizes("workers") == {"zone-a": 2, "zone-b": 1}
 
-        await eventually(spread, what="the example pool's 3 replicas spread 2 + 1", log=log)
+        await eventually(
+            spread, what="the example pool's 3 replicas spread 2 + 1", log=log, within=60, every=0.2
+        )
 
         async def cluster_ready() -> bool:
             obj = await kube.get(NSTANCE_CLUSTERS, "demo", system.namespace) or {}
             return bool(((obj.get("status") or {}).get("initialization") or {}).get("provisioned"))
 
-        await eventually(cluster_ready, what="the example NstanceCluster provisioned", log=log)
+        await eventually(
+            cluster_ready, what="the example NstanceCluster provisioned", log=log, within=60, every=0.2
+        )
 
         if system.backend == "real" and KUBECTL:  # the scale subresource of Cluster API's MachinePool CRD
             assert "scaled" in kubectl(system, "scale", "machinepool", "workers", "--replicas", "1")
@@ -579,7 +583,7 @@ async def test_the_examples_apply_and_the_machine_pool_scales(system: System) ->
         async def scaled() -> bool:
             return system.group_sizes("workers") == {"zone-a": 1, "zone-b": 0}
 
-        await eventually(scaled, within=90, what="the example pool scaled to 1", log=log)
+        await eventually(scaled, within=90, what="the example pool scaled to 1", log=log, every=0.2)
     finally:
         with contextlib.suppress(KubeError):
             await kube.delete(POOLS, "workers", system.namespace)
@@ -601,7 +605,11 @@ async def test_the_operator_holds_the_lease_and_renews_it(system: System) -> Non
             return spec.get("holderIdentity") == holder and spec.get("renewTime") != renewed
 
         await eventually(
-            renewed_again, within=20, what="the Lease renewed by its holder", log=system.operator_log
+            renewed_again,
+            within=20,
+            what="the Lease renewed by its holder",
+            log=system.operator_log,
+            every=0.2,
         )
     finally:
         await kube.close()
@@ -616,7 +624,7 @@ async def test_a_shard_down_and_back_gets_its_share(system: System) -> None:
         async def one_each() -> bool:
             return system.group_sizes("resilient") == {"zone-a": 1, "zone-b": 1}
 
-        await eventually(one_each, what="1 + 1 before the shard goes down", log=log)
+        await eventually(one_each, what="1 + 1 before the shard goes down", log=log, within=60, every=0.2)
         server = system.shards["zone-b"]
         assert server.process is not None
         server.process.stop()
@@ -627,14 +635,16 @@ async def test_a_shard_down_and_back_gets_its_share(system: System) -> None:
         async def zone_a_grows() -> bool:
             return system.group_sizes_of("zone-a", "resilient") == 2
 
-        await eventually(zone_a_grows, what="zone-a given its share while zone-b is down", log=log)
+        await eventually(
+            zone_a_grows, what="zone-a given its share while zone-b is down", log=log, within=60, every=0.2
+        )
         assert system.operator.proc.poll() is None
         system.start_shard("zone-b")
 
         async def two_each() -> bool:
             return system.group_sizes("resilient") == {"zone-a": 2, "zone-b": 2}
 
-        await eventually(two_each, within=90, what="zone-b given its share once back", log=log)
+        await eventually(two_each, within=90, what="zone-b given its share once back", log=log, every=0.2)
     finally:
         with contextlib.suppress(KubeError):
             await kube.delete(POOLS, "resilient", system.namespace)
@@ -670,7 +680,13 @@ def test_no_pool_is_created_until_every_shard_has_answered(
                 )
 
             asyncio.run(
-                eventually(decided_repeatedly, what="the operator waiting for zone-b twice", log=operator.log)
+                eventually(
+                    decided_repeatedly,
+                    what="the operator waiting for zone-b twice",
+                    log=operator.log,
+                    within=60,
+                    every=0.2,
+                )
             )
             assert operator.proc is not None
             assert operator.proc.poll() is None
@@ -680,6 +696,8 @@ def test_no_pool_is_created_until_every_shard_has_answered(
             async def created() -> bool:
                 return await pools() == ["web"]
 
-            asyncio.run(eventually(created, within=60, what="pool web once zone-b is up", log=operator.log))
+            asyncio.run(
+                eventually(created, within=60, what="pool web once zone-b is up", log=operator.log, every=0.2)
+            )
         finally:
             sys_.stop()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import stat
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -34,6 +34,7 @@ from nstance.pki.keys import generate_private_key, load_any_public_key_pem, load
 from nstance.pki.nonce import agent_nonce_claims, sign_nonce
 from nstance.rpc import agent_pb2, agent_pb2_grpc, registration_pb2, registration_pb2_grpc
 from nstance.server.identity.tls import server_credentials
+from nstance.testing.waiting import eventually
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -233,13 +234,6 @@ def start_agent(config: AgentConfig, pauses: Pauses | None = None) -> tuple[Agen
     return agent, asyncio.create_task(agent.run())
 
 
-async def until(check: Callable[[], bool], what: str, within: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + within
-    while not check():
-        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
-
-
 async def stop(task: asyncio.Task[None]) -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -251,7 +245,7 @@ async def test_agent_registers_reports_applies_files_makes_keys_and_renews(harne
     agent, task = start_agent(config)
     try:
         # Registration: the nonce from userdata and an ECDSA P-256 key that is the stored identity key.
-        await until(lambda: config.cert_path.exists(), "identity.crt")
+        await eventually(lambda: config.cert_path.exists(), what="identity.crt", within=10)
         assert len(registration.requests) == 1
         sent = registration.requests[0]
         assert sent.registration_nonce_jwt == harness.nonce
@@ -263,13 +257,17 @@ async def test_agent_registers_reports_applies_files_makes_keys_and_renews(harne
         assert stat.S_IMODE(config.key_path.stat().st_mode) == 0o600
 
         # Renewal: the short-lived certificate is renewed over mTLS and the streams reconnect with it.
-        await until(lambda: len(api.renewed) == 1, "certificate renewal")
-        await until(lambda: any(serial == api.renewed[0] for serial, _ in api.reports), "report on new cert")
+        await eventually(lambda: len(api.renewed) == 1, what="certificate renewal", within=10)
+        await eventually(
+            lambda: any(serial == api.renewed[0] for serial, _ in api.reports),
+            what="report on new cert",
+            within=10,
+        )
         stored = x509.load_pem_x509_certificate(config.cert_path.read_bytes())
         assert stored.serial_number == api.renewed[0]
 
         # Health: reports keep coming, numbered, carrying the nonce's config hash before any commit.
-        await until(lambda: len(api.reports) >= 3, "three health reports")
+        await eventually(lambda: len(api.reports) >= 3, what="three health reports", within=10)
         first = api.reports[0][1]
         assert first.instance_id == INSTANCE_ID
         assert first.version
@@ -281,15 +279,21 @@ async def test_agent_registers_reports_applies_files_makes_keys_and_renews(harne
         assert len(set(counts)) == len(counts)
 
         # Files: staged until the commit, a '../' name refused and reported, nothing written outside.
-        await until(lambda: api.open_streams == {"files": 1, "keys": 1}, "streams of the renewed session")
+        await eventually(
+            lambda: api.open_streams == {"files": 1, "keys": 1},
+            what="streams of the renewed session",
+            within=10,
+        )
         await api.files.put(agent_pb2.FileTransfer(filename="app/config.json", content=b'{"a": 1}'))
         await api.files.put(agent_pb2.FileTransfer(filename="../escape.env", content=b"A=1\n"))
         # Deliveries are handled in order: once the second is refused, the first has been staged.
-        await until(lambda: "../escape.env" in agent.receiver.statuses(), "the '../' name refused")
+        await eventually(
+            lambda: "../escape.env" in agent.receiver.statuses(), what="the '../' name refused", within=10
+        )
         assert agent.receiver.staged == ["app/config.json"]
         assert not (config.recv_dir / "app" / "config.json").exists(), "written before the commit"
         await api.files.put(agent_pb2.FileTransfer(config_hash="h2"))
-        await until(lambda: config.config_hash_path.exists(), "config.hash")
+        await eventually(lambda: config.config_hash_path.exists(), what="config.hash", within=10)
         assert config.config_hash_path.read_text().strip() == "h2"
         written = config.recv_dir / "app" / "config.json"
         assert written.read_bytes() == b'{"a": 1}'
@@ -300,15 +304,17 @@ async def test_agent_registers_reports_applies_files_makes_keys_and_renews(harne
             last = api.reports[-1][1]
             return last.config_hash == "h2" and "../escape.env" in last.files
 
-        await until(reported_commit, "a report with the new hash and the refused file")
+        await eventually(reported_commit, what="a report with the new hash and the refused file", within=10)
         last = api.reports[-1][1]
         assert "'..'" in last.files["../escape.env"].error
         assert last.files["app/config.json"].HasField("last_modified")
 
         # Key requests: an ECDSA P-256 pair is made and every public key is submitted.
         await api.key_requests.put(agent_pb2.KeyGenerationRequest(key_names=["kubelet.server"]))
-        await until(
-            lambda: any(k.filename == "kubelet.server" for r in api.submitted for k in r.keys), "keys"
+        await eventually(
+            lambda: any(k.filename == "kubelet.server" for r in api.submitted for k in r.keys),
+            what="keys",
+            within=10,
         )
         submission = next(k for r in api.submitted for k in r.keys if k.filename == "kubelet.server")
         assert api.submitted[-1].instance_id == INSTANCE_ID
@@ -337,7 +343,7 @@ async def test_agent_reuses_a_valid_certificate_instead_of_registering(harness: 
     config.cert_path.write_bytes(issued.cert_pem)
     _, task = start_agent(config)
     try:
-        await until(lambda: len(api.reports) >= 1, "a health report")
+        await eventually(lambda: len(api.reports) >= 1, what="a health report", within=10)
         assert harness.registration.requests == []
         assert api.reports[0][0] == issued.serial
         assert api.renewed == []
@@ -352,8 +358,8 @@ async def test_agent_keeps_its_certificate_when_the_server_cannot_renew(
     api.renew_unimplemented = True
     agent, task = start_agent(harness.config)
     try:
-        await until(lambda: api.renew_calls == 1, "the renewal attempt")
-        await until(lambda: len(api.reports) >= 3, "reports on the old certificate")
+        await eventually(lambda: api.renew_calls == 1, what="the renewal attempt", within=10)
+        await eventually(lambda: len(api.reports) >= 3, what="reports on the old certificate", within=10)
         assert api.renew_calls == 1, "asked again after UNIMPLEMENTED"
         assert agent.sessions == 1
         stored = x509.load_pem_x509_certificate(harness.config.cert_path.read_bytes())
@@ -369,9 +375,11 @@ async def test_agent_stays_up_idle_after_a_permanent_refusal(harness: Harness) -
     pauses = Pauses()
     agent, task = start_agent(harness.config, pauses)
     try:
-        await until(lambda: len(harness.registration.requests) == 1, "the registration attempt")
+        await eventually(
+            lambda: len(harness.registration.requests) == 1, what="the registration attempt", within=10
+        )
         # Three looks at the unchanged nonce (counted, not timed) and no second attempt.
-        await until(lambda: pauses.idle_checks >= 3, "three looks for a new nonce")
+        await eventually(lambda: pauses.idle_checks >= 3, what="three looks for a new nonce", within=10)
         assert len(harness.registration.requests) == 1, "retried a permanent refusal"
         assert not task.done()
         ok, reason = agent.state.healthz()
@@ -381,7 +389,9 @@ async def test_agent_stays_up_idle_after_a_permanent_refusal(harness: Harness) -
         assert not harness.config.cert_path.exists()
         # Those looks are real: a new nonce is tried at the next one.
         harness.config.nonce_path.write_text("another.nonce.jwt\n")
-        await until(lambda: len(harness.registration.requests) == 2, "an attempt with the new nonce")
+        await eventually(
+            lambda: len(harness.registration.requests) == 2, what="an attempt with the new nonce", within=10
+        )
         assert harness.registration.requests[1].registration_nonce_jwt == "another.nonce.jwt"
     finally:
         await stop(task)
@@ -391,8 +401,10 @@ async def test_agent_retries_transient_registration_failures(harness: Harness) -
     harness.registration.refuse = (grpc.StatusCode.UNAVAILABLE, "not ready")
     _, task = start_agent(harness.config)
     try:
-        await until(lambda: len(harness.registration.requests) >= 3, "retries")
+        await eventually(lambda: len(harness.registration.requests) >= 3, what="retries", within=10)
         harness.registration.refuse = None
-        await until(lambda: harness.config.cert_path.exists(), "registration after the retries")
+        await eventually(
+            lambda: harness.config.cert_path.exists(), what="registration after the retries", within=10
+        )
     finally:
         await stop(task)

@@ -13,7 +13,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from google.protobuf.empty_pb2 import Empty
 from nstance.pki.keys import generate_private_key, public_key_to_pem
 from nstance.rpc import operator_pb2, operator_pb2_grpc, registration_pb2, registration_pb2_grpc
 from nstance.testing.shardproc import LocalCluster, server_addrs, shard_config, start_leader
+from nstance.testing.waiting import eventually_sync
 
 pytestmark = pytest.mark.timeout(180)
 SHARD = "zone-a"
@@ -80,6 +81,11 @@ class Shard:
     def healthy(self) -> list[str]:
         return [r["instance_id"] for r in self.live() if self.status(r["instance_id"]) == "healthy"]
 
+    def healthy_if(self, count: int) -> list[str] | None:
+        """The healthy instances when there are ``count`` of them."""
+        ids = self.healthy()
+        return ids if len(ids) == count else None
+
     def reconciles(self) -> int:
         """Group reconciliations the server has run so far (its ``nstance_reconcile_total``)."""
         status, text = self.process.http("/metrics")
@@ -109,16 +115,6 @@ def _reconciles(metrics: str) -> int:
     )
 
 
-def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-
-
 @pytest.fixture
 def shard(tmp_path: Path) -> Iterator[Shard]:
     s = Shard(tmp_path, size=1)
@@ -128,12 +124,14 @@ def shard(tmp_path: Path) -> Iterator[Shard]:
 
 def test_agents_register_report_and_get_their_files_and_a_replayed_nonce_is_refused(shard: Shard) -> None:
     started = time.monotonic()
-    (iid,) = wait_for(lambda: len(shard.healthy()) == 1 and shard.healthy(), 30, "a healthy instance")
+    (iid,) = eventually_sync(lambda: shard.healthy_if(1), within=30, what="a healthy instance", every=0.1)
     assert time.monotonic() - started < 20
     record = next(r for r in shard.live() if r["instance_id"] == iid)
     assert record["registered_at"]
     assert record["cert_serial"]
-    wait_for(lambda: (shard.recv(iid) / "app.env").is_file(), 15, "app.env on the instance")
+    eventually_sync(
+        lambda: (shard.recv(iid) / "app.env").is_file(), within=15, what="app.env on the instance", every=0.1
+    )
     assert (shard.recv(iid) / "app.env").read_text() == "GREETING=hello"
 
     nonce = (shard.root / "instances" / iid / "identity" / "nonce.jwt").read_text()
@@ -160,23 +158,32 @@ def test_agents_register_report_and_get_their_files_and_a_replayed_nonce_is_refu
 
 
 def test_a_var_change_pushes_files_and_converges_without_replacing_the_vm(shard: Shard) -> None:
-    (iid,) = wait_for(lambda: len(shard.healthy()) == 1 and shard.healthy(), 30, "a healthy instance")
+    (iid,) = eventually_sync(lambda: shard.healthy_if(1), within=30, what="a healthy instance", every=0.1)
     hash_file = shard.root / "instances" / iid / "identity" / "config.hash"
-    wait_for(hash_file.is_file, 15, "the agent's first commit")
+    eventually_sync(hash_file.is_file, within=15, what="the agent's first commit", every=0.1)
     old_hash = hash_file.read_text()
     reconciles = shard.reconciles()
     shard.reconfigure(greeting="bonjour")
-    wait_for(
-        lambda: (shard.recv(iid) / "app.env").read_text() == "GREETING=bonjour", 20, "the new file content"
+    eventually_sync(
+        lambda: (shard.recv(iid) / "app.env").read_text() == "GREETING=bonjour",
+        within=20,
+        what="the new file content",
+        every=0.1,
     )
-    wait_for(
+    eventually_sync(
         lambda: hash_file.read_text() != old_hash,
-        20,
-        "the agent to commit the new hash",
+        within=20,
+        what="the agent to commit the new hash",
+        every=0.1,
     )
     # The change was reconciled (twice: the reconcile it triggered and a later one), and nothing was
     # replaced: the absence is checked after the decisions, not after a pause.
-    wait_for(lambda: shard.reconciles() >= reconciles + 2, 60, "two reconciles after the change")
+    eventually_sync(
+        lambda: shard.reconciles() >= reconciles + 2,
+        within=60,
+        what="two reconciles after the change",
+        every=0.1,
+    )
     assert [r["instance_id"] for r in shard.live()] == [iid]
 
 
@@ -185,17 +192,26 @@ def test_a_stopped_agent_is_replaced_with_drain(tmp_path: Path) -> None:
     # so an agent that a starved machine does not schedule for 3 s is not replaced in their middle.
     shard = Shard(tmp_path, size=1, health_interval="1s")
     try:
-        (first,) = wait_for(lambda: len(shard.healthy()) == 1 and shard.healthy(), 30, "a healthy instance")
+        (first,) = eventually_sync(
+            lambda: shard.healthy_if(1),
+            within=30,
+            what="a healthy instance",
+            every=0.1,
+        )
         pid = shard.agent_pid(first)
         os.kill(pid, signal.SIGSTOP)  # the VM runs, its agent says nothing: replaced after 3 missed intervals
         try:
-            wait_for(
+            eventually_sync(
                 lambda: [i for i in shard.healthy() if i != first],
-                40,
-                "a replacement for the silent instance",
+                within=40,
+                what="a replacement for the silent instance",
+                every=0.1,
             )
-            wait_for(
-                lambda: first not in [r["instance_id"] for r in shard.live()], 30, "the silent instance to go"
+            eventually_sync(
+                lambda: first not in [r["instance_id"] for r in shard.live()],
+                within=30,
+                what="the silent instance to go",
+                every=0.1,
             )
         finally:
             with_suppressed_kill(pid, signal.SIGCONT)
@@ -212,10 +228,22 @@ def test_a_killed_agent_is_replaced_without_drain(tmp_path: Path) -> None:
     # provider is asked long before).
     shard = Shard(tmp_path, size=1, health_interval="1h")
     try:
-        (first,) = wait_for(lambda: len(shard.healthy()) == 1 and shard.healthy(), 30, "a healthy instance")
+        (first,) = eventually_sync(
+            lambda: shard.healthy_if(1),
+            within=30,
+            what="a healthy instance",
+            every=0.1,
+        )
         os.kill(shard.agent_pid(first), signal.SIGKILL)
-        wait_for(lambda: [i for i in shard.healthy() if i != first], 40, "a replacement")
-        wait_for(lambda: shard.logged(f"instance {first} of default/web deleted"), 30, "the dead VM deleted")
+        eventually_sync(
+            lambda: [i for i in shard.healthy() if i != first], within=40, what="a replacement", every=0.1
+        )
+        eventually_sync(
+            lambda: shard.logged(f"instance {first} of default/web deleted"),
+            within=30,
+            what="the dead VM deleted",
+            every=0.1,
+        )
         assert shard.logged(f"instance {first} of default/web deleted (unhealthy)")
         assert not shard.logged(f"instance {first} draining")  # a delete is final: no drain can follow
     finally:
@@ -230,7 +258,12 @@ def with_suppressed_kill(pid: int, sig: int) -> None:
 def test_an_instance_type_change_rotates_one_instance_at_a_time_each_drained_first(tmp_path: Path) -> None:
     shard = Shard(tmp_path, size=2, drain="1s")
     try:
-        old = wait_for(lambda: len(shard.healthy()) == 2 and shard.healthy(), 40, "two healthy instances")
+        old = eventually_sync(
+            lambda: shard.healthy_if(2),
+            within=40,
+            what="two healthy instances",
+            every=0.1,
+        )
         events = shard.ops.WatchInstances(Empty())
         shard.reconfigure(instance_type="large")
         drained: list[str] = []
@@ -248,10 +281,11 @@ def test_an_instance_type_change_rotates_one_instance_at_a_time_each_drained_fir
                 break
             assert time.monotonic() < deadline, "rotation did not finish"
         events.cancel()
-        final = wait_for(
-            lambda: (ids := shard.healthy()) and len(ids) == 2 and not set(ids) & set(old) and ids,
-            60,
-            "two new healthy instances",
+        final = eventually_sync(
+            lambda: ids if (ids := shard.healthy_if(2)) and not set(ids) & set(old) else None,
+            within=60,
+            what="two new healthy instances",
+            every=0.1,
         )
         assert len(final) == 2
         assert sorted(drained) == sorted(old)

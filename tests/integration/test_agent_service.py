@@ -21,6 +21,7 @@ from google.protobuf.empty_pb2 import Empty
 
 from nstance.rpc import agent_pb2, operator_pb2, operator_pb2_grpc
 from nstance.testing.shardproc import LocalCluster, server_addrs, shard_config, start_leader
+from nstance.testing.waiting import eventually_sync
 
 pytestmark = pytest.mark.timeout(120)
 SHARD = "zone-a"
@@ -58,20 +59,20 @@ class Server:
 
     def instance_ids(self) -> list[str]:
         """The ids of web's live instances, from the instance records once the group is at size."""
-        deadline = time.monotonic() + 20
         store = self.cluster.shard_store(SHARD)
-        while True:
+
+        def one() -> list[str] | None:
             groups = {g.key: g for g in self.ops.ListGroups(Empty(), timeout=10).groups}
-            if len(groups["web"].provider_ids) == 1:
-                ids = []
-                for key in store.list("instance/"):
-                    doc = json.loads(store.get(key)[0])
-                    if doc["group"] == "web" and doc["status"] not in ("deleting", "deleted", "failed"):
-                        ids.append(doc["instance_id"])
-                if len(ids) == 1:
-                    return ids
-            assert time.monotonic() < deadline, "web never got exactly one instance"
-            time.sleep(0.05)
+            if len(groups["web"].provider_ids) != 1:
+                return None
+            ids = []
+            for key in store.list("instance/"):
+                doc = json.loads(store.get(key)[0])
+                if doc["group"] == "web" and doc["status"] not in ("deleting", "deleted", "failed"):
+                    ids.append(doc["instance_id"])
+            return ids if len(ids) == 1 else None
+
+        return eventually_sync(one, what="exactly one instance of web")
 
     def agent(self, instance_id: str) -> Agent:
         identity = self.cluster.agent_identity(self.root / f"agent-{instance_id}", instance_id)
@@ -156,13 +157,15 @@ def test_first_report_gets_the_files_then_a_var_change_pushes_new_files_without_
         assert files["app.json"].startswith(b"{")
         assert first_hash.startswith("sha256:")
         agent.report(config_hash=first_hash, files=dict.fromkeys(FILES, True))
-        deadline = time.monotonic() + 10
-        while True:
-            status = server.ops.GetInstanceStatus(operator_pb2.GetInstanceStatusRequest(instance_id=iid))
-            if status.status == "healthy":
-                break
-            assert time.monotonic() < deadline, f"instance never reported healthy: {status.status}"
-            time.sleep(0.05)
+
+        def status() -> str:
+            return str(
+                server.ops.GetInstanceStatus(operator_pb2.GetInstanceStatusRequest(instance_id=iid)).status
+            )
+
+        eventually_sync(
+            lambda: status() == "healthy", within=10, what=lambda: f"a healthy report (status now {status()})"
+        )
         assert agent.files.empty(), "files were pushed again although the agent had them"
 
         server.cluster.write_config(SHARD, server.config_with(greeting="bonjour"))
@@ -243,18 +246,19 @@ def test_a_spot_termination_notice_replaces_the_instance(server: Server) -> None
         notice = agent_pb2.TerminationNotice(action="terminate")
         notice.deadline.GetCurrentTime()
         agent.report(termination_notice=notice)
-        deadline = time.monotonic() + 20
-        while True:
+
+        def replaced() -> list[str] | None:
             live = server.instance_ids()
-            if live != [iid]:
-                break
-            assert time.monotonic() < deadline, "the noticed instance was never replaced"
-            time.sleep(0.1)
+            return live if live != [iid] else None
+
+        live = eventually_sync(replaced, what="the noticed instance replaced", every=0.1)
         assert iid not in live
         # The reason is logged once the VM is deleted, after its record left the live ones: wait for it.
-        deadline = time.monotonic() + 20
-        while "spot-termination" not in server.process.log_text():
-            assert time.monotonic() < deadline, "no spot-termination reason logged"
-            time.sleep(0.1)
+        eventually_sync(
+            lambda: "spot-termination" in server.process.log_text(),
+            what="the spot-termination reason logged",
+            log=server.process.log,
+            every=0.1,
+        )
     finally:
         agent.close()

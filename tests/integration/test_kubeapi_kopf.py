@@ -25,6 +25,7 @@ from kubernetes_asyncio import client, config
 
 from nstance.testing.kubeapi import KubeAPIServer
 from nstance.testing.procs import free_port
+from nstance.testing.waiting import eventually
 
 GROUP = "kopftest.nstance.dev"
 FINALIZER = "kopf.zalando.org/KopfFinalizerMarker"
@@ -66,17 +67,14 @@ def gadget(name: str, size: int) -> dict[str, Any]:
     return {"apiVersion": f"{GROUP}/v1", "kind": "Gadget", "metadata": {"name": name}, "spec": {"size": size}}
 
 
-async def wait_until(server: KubeAPIServer, check: Callable[[], bool], within: float = 10.0) -> None:
-    """Wait (without polling sleeps) until ``check()`` holds, re-checking after every store change."""
+async def wait_until(
+    server: KubeAPIServer, check: Callable[[], bool], what: str, within: float = 10.0
+) -> None:
+    """Wait until ``check()`` holds, re-checking after every store change."""
     changed = asyncio.Event()
     unsubscribe = server.store.subscribe(lambda _event: changed.set())
     try:
-        async with asyncio.timeout(within):
-            while True:
-                changed.clear()
-                if check():
-                    return
-                await changed.wait()
+        await eventually(check, within=within, what=what, wake=changed)
     finally:
         unsubscribe()
 
@@ -160,7 +158,7 @@ async def test_kopf_handlers_finalizer_status_and_deletion(
             obj = stored_gadget(server, "g1")
             return obj is not None and obj.get("status", {}).get("make") == {"observed": 3}
 
-        await wait_until(server, handled)
+        await wait_until(server, handled, "the handler's status on g1")
         obj = stored_gadget(server, "g1")
         assert obj is not None
         assert FINALIZER in obj["metadata"]["finalizers"]
@@ -175,10 +173,10 @@ async def test_kopf_handlers_finalizer_status_and_deletion(
             {"spec": {"size": 5}},
             _content_type="application/merge-patch+json",
         )
-        await wait_until(server, lambda: "update:5" in calls)
+        await wait_until(server, lambda: "update:5" in calls, "the update handler")
 
         await custom.delete_namespaced_custom_object(GROUP, "v1", "default", "gadgets", "g1")
-        await wait_until(server, lambda: stored_gadget(server, "g1") is None)
+        await wait_until(server, lambda: stored_gadget(server, "g1") is None, "g1 deleted")
         assert calls == ["create:3", "update:5", "delete"]
 
         # kopf posts events (kopf.info) through the core v1 events API, in the background.
@@ -189,7 +187,7 @@ async def test_kopf_handlers_finalizer_status_and_deletion(
             items = server.store.list_objects(events_type, "default")["items"]
             return any(e["involvedObject"].get("name") == "g1" and e.get("reason") == "Made" for e in items)
 
-        await wait_until(server, posted)
+        await wait_until(server, posted, "the Made Event")
         events = await client.CoreV1Api(api).list_namespaced_event("default")
         made = [e for e in events.items if e.involved_object.name == "g1" and e.reason == "Made"]
         assert made[0].message == "made a gadget of size 3"
@@ -255,7 +253,7 @@ async def test_kopf_managed_validating_webhook_denies_bad_create(
         return bool(found and found.get("webhooks") and found["webhooks"][0].get("rules"))
 
     async with running_operator(server, registry, settings):
-        await wait_until(server, webhook_configured)
+        await wait_until(server, webhook_configured, "the webhook configuration")
         with pytest.raises(client.ApiException) as denied:
             await custom.create_namespaced_custom_object(GROUP, "v1", "default", "gadgets", gadget("big", 11))
         assert denied.value.status == 422

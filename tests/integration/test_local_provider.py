@@ -3,14 +3,12 @@ restarted server (a new LocalProvider on the same directory) finds them. No proc
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
 import stat
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -25,6 +23,7 @@ from nstance.providers.base import CreateRequest, InstanceNotFound, InstanceStat
 from nstance.providers.local import LocalProvider, local_provider_from_options
 from nstance.testing.requests import sample_create_request
 from nstance.testing.shardproc import free_port
+from nstance.testing.waiting import eventually
 
 CA_PEM = create_ca().cert_pem  # a real CA: the agent refuses to start with an unreadable ca.crt
 
@@ -56,13 +55,6 @@ def running(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return state not in ("Z", "X")
-
-
-async def until(check: Callable[[], bool], within: float = 10.0) -> None:
-    deadline = time.monotonic() + within
-    while not check():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.02)
 
 
 def agent_log(provider: LocalProvider, instance_id: str) -> str:
@@ -109,7 +101,12 @@ async def test_agent_gets_its_files_with_private_modes_and_runs_until_deleted(
 
     assert made.provider_id == f"local-{request.instance_id}"
     assert made.status == InstanceStatus.RUNNING
-    await until(lambda: agent_waiting(provider, request.instance_id))
+    await eventually(
+        lambda: agent_waiting(provider, request.instance_id),
+        within=10,
+        what="the agent's first log line",
+        log=lambda: agent_log(provider, request.instance_id),
+    )
     assert running(pid)
     assert (directory / "userdata").read_bytes() == request.userdata
     assert (directory / "identity" / "nonce.jwt").read_text() == request.nonce
@@ -124,7 +121,12 @@ async def test_agent_gets_its_files_with_private_modes_and_runs_until_deleted(
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
     # The agent cannot reach the (absent) server: it retries and does not exit on its own. Two failed
     # attempts logged, one backoff apart, show it lived through a failure and kept going.
-    await until(lambda: agent_log(provider, request.instance_id).count("retrying in") >= 2, within=20)
+    await eventually(
+        lambda: agent_log(provider, request.instance_id).count("retrying in") >= 2,
+        within=20,
+        what="two failed attempts logged",
+        log=lambda: agent_log(provider, request.instance_id),
+    )
     assert running(pid)
 
     await provider.delete_instance(request.instance_id, made.provider_id)
@@ -181,7 +183,7 @@ async def test_an_agent_that_died_reads_as_stopped(make_provider: Callable[..., 
     made = await provider.create_instance(request)
     pid = pid_of(provider, request.instance_id)
     os.kill(pid, signal.SIGKILL)
-    await until(lambda: not running(pid))
+    await eventually(lambda: not running(pid), within=10, what=f"pid {pid} to end")
 
     got = await provider.get_instance(request.instance_id, made.provider_id)
 

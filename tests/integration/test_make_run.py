@@ -9,18 +9,16 @@ gone.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
 import subprocess
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from nstance.testing.procs import free_port
-from nstance.testing.waiting import eventually
+from nstance.testing.waiting import eventually_sync
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "run_local.sh"
@@ -51,10 +49,6 @@ def _env(config: Path, state: Path) -> dict[str, str]:
         }
     )
     return env
-
-
-def _wait(check: Callable[[], object], within: float, what: str) -> None:
-    asyncio.run(eventually(check, within, what))
 
 
 def _alive(pid: int, directory: Path) -> bool:
@@ -95,10 +89,11 @@ def test_second_copy_refuses_and_first_survives(tmp_path: Path) -> None:
             start_new_session=True,  # its own process group, like a terminal's foreground job
         )
     try:
-        _wait(
+        eventually_sync(
             lambda: len(_agents(state)) >= SIZE or first.poll() is not None,
-            240,
-            "the first make run to have its instances running",
+            within=240,
+            what="the first make run to have its instances running",
+            log=log.read_text,
         )
         assert first.poll() is None, log.read_text()
         agents = _agents(state)
@@ -140,4 +135,8 @@ def test_second_copy_refuses_and_first_survives(tmp_path: Path) -> None:
     assert code == 0, text
     assert text.rstrip().splitlines()[-1].startswith("stopped"), text[-2000:]
     assert "Traceback" not in text
-    _wait(lambda: not _agents(state), 60, "the agents to stop with make run")
+    eventually_sync(
+        lambda: not _agents(state),
+        within=60,
+        what=lambda: f"the agents to stop with make run: {_agents(state)}",
+    )

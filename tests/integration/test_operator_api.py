@@ -23,6 +23,7 @@ from nstance.core.ids import new_instance_id
 from nstance.pki.keys import generate_private_key, private_key_to_pem, public_key_to_pem
 from nstance.rpc import operator_pb2, operator_pb2_grpc
 from nstance.testing.shardproc import LocalCluster, server_addrs, shard_config, start_leader
+from nstance.testing.waiting import eventually_sync
 
 pytestmark = pytest.mark.timeout(120)
 SHARD = "zone-a"
@@ -94,14 +95,14 @@ def scale(stub: operator_pb2_grpc.OperatorServiceStub, key: str, size: int) -> N
 
 
 def wait_size(stub: operator_pb2_grpc.OperatorServiceStub, key: str, size: int) -> operator_pb2.GroupStatus:
-    deadline = time.monotonic() + 20
-    while True:
+    def at_size() -> operator_pb2.GroupStatus | None:
         for g in stub.ListGroups(Empty(), timeout=10).groups:
             if g.key == key and g.actual_size == size and len(g.provider_ids) == size:
                 found: operator_pb2.GroupStatus = g
                 return found
-        assert time.monotonic() < deadline, f"{key} never reached {size}"
-        time.sleep(0.05)
+        return None
+
+    return eventually_sync(at_size, what=f"{key} to reach {size}")
 
 
 def test_two_instance_watchers_both_see_deletions(server: Server) -> None:

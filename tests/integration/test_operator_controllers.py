@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +46,7 @@ from nstance.rpc import operator_pb2, operator_pb2_grpc
 from nstance.testing.kubeapi import KubeAPIServer
 from nstance.testing.operatorproc import capi_machine_pool
 from nstance.testing.shardproc import LocalCluster, ServerProcess, free_port, server_addrs, shard_config
+from nstance.testing.waiting import eventually, eventually_sync
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -116,10 +116,9 @@ def shard_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShardEnv]:
     try:
         for process in processes.values():
             process.wait_healthy()
-        deadline = time.monotonic() + 20
-        while not all(p.is_leader() for p in processes.values()):
-            assert time.monotonic() < deadline, "shard servers did not become leaders"
-            time.sleep(0.05)
+        eventually_sync(
+            lambda: all(p.is_leader() for p in processes.values()), what="the shard servers to lead"
+        )
         yield ShardEnv(cluster, cluster.operator_identity(root / "operator"), addrs, processes)
     finally:
         for process in processes.values():
@@ -202,13 +201,7 @@ class Operator:
             lambda: self.server.store.subscribe(lambda _event: _wake(loop, changed))
         )
         try:
-            async with asyncio.timeout(within):
-                while not await check():
-                    changed.clear()
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(changed.wait(), 0.1)
-        except TimeoutError:
-            raise AssertionError(f"timed out after {within:g}s waiting for {what}") from None
+            await eventually(check, within=within, what=what, every=0.1, wake=changed)
         finally:
             self.server.call(unsubscribe)
 

@@ -30,6 +30,7 @@ from nstance.operator.nodes import NodeIndex
 from nstance.rpc import operator_pb2_grpc
 from nstance.testing.kubeapi import KubeAPIServer
 from nstance.testing.shardproc import free_port
+from nstance.testing.waiting import eventually
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -146,14 +147,13 @@ async def wait_for_webhook(server: KubeAPIServer) -> None:
     loop = asyncio.get_running_loop()
     changed = asyncio.Event()
     unsubscribe = server.call(lambda: server.store.subscribe(lambda _event: _wake(loop, changed)))
+
+    def configured() -> bool:
+        found = server.call(lambda: server.store.find(configs, None, MANAGED))
+        return bool(found and any(w.get("rules") for w in found.get("webhooks") or []))
+
     try:
-        async with asyncio.timeout(15):
-            while True:
-                changed.clear()
-                found = server.call(lambda: server.store.find(configs, None, MANAGED))
-                if found and any(w.get("rules") for w in found.get("webhooks") or []):
-                    return
-                await changed.wait()
+        await eventually(configured, within=15, what="kopf's webhook configuration", wake=changed)
     finally:
         server.call(unsubscribe)
 

@@ -32,6 +32,7 @@ from nstance.operator.sync_kinds import CAPI_MACHINES, NSTANCE_MACHINES
 from nstance.rpc import operator_pb2, operator_pb2_grpc
 from nstance.testing.kubeapi import KubeAPIServer
 from nstance.testing.shardproc import LocalCluster, server_addrs, shard_config, start_leader
+from nstance.testing.waiting import eventually
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -155,16 +156,6 @@ async def env(shard: Shard, tmp_path: Path) -> AsyncIterator[Env]:
         yield environment
 
 
-async def eventually(check: Callable[[], Awaitable[Any]], what: str, within: float = 20.0) -> Any:
-    deadline = time.monotonic() + within
-    while True:
-        result = await check()
-        if result:
-            return result
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
-
-
 async def make_node(kube: Kube, name: str, provider_id: str) -> Object:
     return await kube.create(NODES, {"metadata": {"name": name}, "spec": {"providerID": provider_id}})
 
@@ -175,7 +166,7 @@ async def indexed(env: Env, *provider_ids: str) -> None:
     async def known() -> bool:
         return all(env.ctx.nodes.find(pid) is not None for pid in provider_ids)
 
-    await eventually(known, f"Nodes of {provider_ids} in the index")
+    await eventually(known, what=f"Nodes of {provider_ids} in the index")
 
 
 async def make_pod(
@@ -323,11 +314,11 @@ async def test_an_event_after_a_finished_drain_is_acknowledged_again_without_a_s
         async def acked(n: int) -> bool:
             return len(scripted.acks) >= n
 
-        await eventually(lambda: acked(1), "the first acknowledgement")
+        await eventually(lambda: acked(1), what="the first acknowledgement")
         first.set()
-        await eventually(lambda: acked(2), "the second acknowledgement")
+        await eventually(lambda: acked(2), what="the second acknowledgement")
         second.set()
-        await eventually(lambda: acked(3), "the acknowledgement of an instance without a Node")
+        await eventually(lambda: acked(3), what="the acknowledgement of an instance without a Node")
         assert scripted.acks == ["i-1", "i-1", "i-2"]
         assert coordinator.drains_started == 1
         assert len(await node_events(env.kube, "node-1", "NstanceDrainStarted")) == 1
@@ -349,7 +340,7 @@ async def test_scale_down_drains_both_nodes_concurrently_and_acknowledges_before
 
         return await asyncio.to_thread(check)
 
-    ids = sorted(await eventually(two_healthy, "two registered instances", within=40))
+    ids = sorted(await eventually(two_healthy, what="two registered instances", within=40))
     provider = {iid: await asyncio.to_thread(shard.provider_id, iid) for iid in ids}
     nodes = {iid: f"node-{n}" for n, iid in enumerate(ids, 1)}
     fast, slow = ids
@@ -380,7 +371,7 @@ async def test_scale_down_drains_both_nodes_concurrently_and_acknowledges_before
         return check
 
     # The node without obstacles drains and its instance is deleted while the other drain is stuck.
-    await eventually(deleted(fast), f"instance {fast} deleted after its drain")
+    await eventually(deleted(fast), what=f"instance {fast} deleted after its drain")
     assert await pod_names(env.kube, nodes[fast]) == {"logs-1", "static-1"}
     assert ((await env.kube.get(NODES, nodes[fast])) or {})["spec"]["unschedulable"] is True
     assert len(await node_events(env.kube, nodes[fast], "NstanceDrainSucceeded")) == 1
@@ -388,7 +379,7 @@ async def test_scale_down_drains_both_nodes_concurrently_and_acknowledges_before
     async def blocked() -> list[Object]:
         return await node_events(env.kube, nodes[slow], "NstanceDrainBlocked")
 
-    (event,) = await eventually(blocked, "the refused eviction recorded on the node")
+    (event,) = await eventually(blocked, what="the refused eviction recorded on the node")
     assert "guarded-2" in event["message"]
     assert await pod_names(env.kube, nodes[slow]) == {"guarded-2"}
     assert not await deleted(slow)()
@@ -404,11 +395,11 @@ async def test_scale_down_drains_both_nodes_concurrently_and_acknowledges_before
     async def replayed() -> bool:
         return coordinator.duplicates_ignored >= 1
 
-    await eventually(replayed, "the replayed drain event")
+    await eventually(replayed, what="the replayed drain event")
     assert coordinator.drains_started == 2
 
     env.api.block_evictions(None)  # the disruption budget allows it now: the retry succeeds
-    await eventually(deleted(slow), f"instance {slow} deleted after its drain")
+    await eventually(deleted(slow), what=f"instance {slow} deleted after its drain")
     elapsed = time.monotonic() - started
     assert elapsed < DRAIN_TIMEOUT - 5, f"deleted after {elapsed:.1f}s: the server waited for its own timer"
     assert await pod_names(env.kube, nodes[slow]) == set()
@@ -480,7 +471,7 @@ async def test_a_deleted_instance_marks_its_machine_and_deletes_the_owning_machi
         await asyncio.sleep(0.2)
         return SHARD in coordinator.connected_shards()
 
-    await eventually(subscribed, "the WatchInstances stream")
+    await eventually(subscribed, what="the WatchInstances stream")
     for iid in (owned_iid, orphan_iid):
         await asyncio.to_thread(
             shard.stub.DeleteInstance, operator_pb2.DeleteInstanceRequest(instance_id=iid), timeout=10
@@ -490,19 +481,19 @@ async def test_a_deleted_instance_marks_its_machine_and_deletes_the_owning_machi
         obj = await env.kube.get(NSTANCE_MACHINES, name, NS)
         return obj if condition(obj, names.SERVER_DELETED).get("status") == "True" else None
 
-    owned = await eventually(lambda: marked("on-demand-a"), "ServerDeleted on the owned NstanceMachine")
+    owned = await eventually(lambda: marked("on-demand-a"), what="ServerDeleted on the owned NstanceMachine")
     assert owned["status"]["ready"] is False
     assert condition(owned, names.SERVER_DELETED)["reason"] == "OperatorRequest"
 
     async def machine_gone() -> bool:
         return await env.kube.get(CAPI_MACHINES, "on-demand-a", NS) is None
 
-    await eventually(machine_gone, "the owning Machine deleted")
-    orphan = await eventually(lambda: marked("orphan-b"), "ServerDeleted on the orphaned NstanceMachine")
+    await eventually(machine_gone, what="the owning Machine deleted")
+    orphan = await eventually(lambda: marked("orphan-b"), what="ServerDeleted on the orphaned NstanceMachine")
 
     async def orphan_deleting() -> bool:
         obj = await env.kube.get(NSTANCE_MACHINES, "orphan-b", NS)
         return bool(((obj or {}).get("metadata") or {}).get("deletionTimestamp"))
 
-    await eventually(orphan_deleting, "the orphaned NstanceMachine deleted directly")
+    await eventually(orphan_deleting, what="the orphaned NstanceMachine deleted directly")
     assert orphan["status"]["ready"] is False

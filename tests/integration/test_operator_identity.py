@@ -13,7 +13,6 @@ import asyncio
 import base64
 import itertools
 import json
-import time
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -39,7 +38,7 @@ from nstance.pki.peer import verify_client_certificate
 from nstance.rpc import registration_pb2, registration_pb2_grpc
 from nstance.testing.kubeapi import KubeAPIServer
 from nstance.testing.shardproc import LocalCluster, ServerProcess, server_addrs, shard_config, start_leader
-from nstance.testing.waiting import eventually
+from nstance.testing.waiting import eventually, eventually_sync
 
 CLUSTER = "test"
 TENANT = "team-a"
@@ -78,21 +77,20 @@ def wait_cluster_leader(target: str, cluster: LocalCluster, within: float = 20.0
     assert cluster.identity is not None
     credentials = grpc.ssl_channel_credentials(root_certificates=cluster.identity.ca.cert_pem)
     options = [("grpc.ssl_target_name_override", "nstance-server")]
-    deadline = time.monotonic() + within
     with grpc.secure_channel(target, credentials, options=options) as channel:
         stub = registration_pb2_grpc.RegistrationServiceStub(channel)
-        while True:
+
+        def leads() -> bool:
             request = registration_pb2.RegisterClientRequest(
                 registration_nonce_jwt="x.y.z", public_key_pem=b""
             )
             try:
                 stub.RegisterOperator(request, timeout=5)
             except grpc.RpcError as exc:
-                if exc.code() != grpc.StatusCode.UNAVAILABLE:
-                    return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{target} did not become the cluster leader within {within:g}s")
-            time.sleep(0.1)
+                return bool(exc.code() != grpc.StatusCode.UNAVAILABLE)
+            return False
+
+        eventually_sync(leads, within=within, what=f"{target} to become the cluster leader", every=0.1)
 
 
 @pytest.fixture

@@ -82,16 +82,9 @@ class Activity:
         return [t for n, w, t in self.events if (n, w) == (name, what)][-1]
 
     async def wait(self, check: Callable[[], bool], what: str, within: float = 15.0) -> None:
-        try:
-            async with asyncio.timeout(within):
-                while not check():
-                    self.changed.clear()
-                    await self.changed.wait()
-        except TimeoutError:
-            history = self.summary()
-            raise AssertionError(
-                f"timed out after {within:g}s waiting for {what}; controllers: {history}"
-            ) from None
+        await eventually(
+            check, within=within, what=lambda: f"{what}; controllers: {self.summary()}", wake=self.changed
+        )
 
     def summary(self) -> str:
         start = self.events[0][2] if self.events else 0.0
@@ -396,6 +389,7 @@ def elector(kube: Gated, name: str) -> LeaseElector:
 
 
 async def until(event: asyncio.Event, what: str, within: float = 10.0) -> None:
+    """Await ``event`` (an event, not polled state: the test acts in the turn it is set)."""
     try:
         async with asyncio.timeout(within):
             await event.wait()

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from nstance.operator.sync_kinds import (
 from nstance.rpc import operator_pb2, operator_pb2_grpc
 from nstance.testing.kubeapi import KubeAPIServer
 from nstance.testing.shardproc import LocalCluster, ServerProcess, free_port, server_addrs, shard_config
+from nstance.testing.waiting import eventually, eventually_sync
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -83,10 +83,7 @@ class Shards:
             log_path=self.root / shard / "server.log",
         ).start()
         process.wait_healthy()
-        deadline = time.monotonic() + 20
-        while not process.is_leader():
-            assert time.monotonic() < deadline, f"shard {shard} did not lead:\n{process.log()}"
-            time.sleep(0.05)
+        eventually_sync(process.is_leader, what=f"shard {shard} to lead", log=process.log)
         self.procs[shard] = process
 
     def stop(self, shard: str) -> None:
@@ -165,16 +162,6 @@ async def running(sync: SyncManager) -> AsyncIterator[SyncManager]:
             await task
 
 
-async def eventually(check: Callable[[], Awaitable[Any]], what: str, within: float = 20.0) -> Any:
-    deadline = time.monotonic() + within
-    while True:
-        result = await check()
-        if result:
-            return result
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
-
-
 async def passes(sync: SyncManager, more: int) -> None:
     """Wait until the sync manager completed ``more`` further write passes (resyncs run every second)."""
     target = sync.passes + more
@@ -182,7 +169,7 @@ async def passes(sync: SyncManager, more: int) -> None:
     async def done() -> bool:
         return sync.passes >= target
 
-    await eventually(done, f"{more} more sync passes")
+    await eventually(done, what=f"{more} more sync passes")
 
 
 async def shard_group(kube: Kube, group: str, shard: str, size: int = 0) -> Object:
@@ -229,7 +216,7 @@ async def test_import_waits_for_every_shard_then_creates_one_pool_with_the_summe
             async def zone_a_listed() -> bool:
                 return "web" in sync.groups("zone-a")
 
-            await eventually(zone_a_listed, "zone-a's groups")
+            await eventually(zone_a_listed, what="zone-a's groups")
             await passes(sync, 2)
             assert sync.missing_shards() == ["zone-b"]
             assert not sync.imported.is_set()
@@ -287,7 +274,7 @@ async def test_kubernetes_stays_the_source_of_truth_and_shard_groups_mirror_the_
                     return False
             return True
 
-        await eventually(mirrored, "shard group status from both shards")
+        await eventually(mirrored, what="shard group status from both shards")
         versions = {
             shard: (await env.kube.get(NSTANCE_SHARD_GROUPS, f"web--{shard}", NS) or {})["metadata"][
                 "resourceVersion"
@@ -309,7 +296,7 @@ async def test_kubernetes_stays_the_source_of_truth_and_shard_groups_mirror_the_
             async def jobs_pool() -> Object | None:
                 return await env.kube.get(NSTANCE_MACHINE_POOLS, "jobs", NS)
 
-            pool = await eventually(jobs_pool, "an NstanceMachinePool for the new group jobs")
+            pool = await eventually(jobs_pool, what="an NstanceMachinePool for the new group jobs")
             assert pool["spec"]["shards"] == ["zone-b"]
             assert pool["spec"]["template"] == "app"
             jobs_machine_pool = await env.kube.get(CAPI_MACHINE_POOLS, "jobs", NS)
@@ -330,7 +317,7 @@ async def test_provider_errors_become_warning_events_on_the_shard_group(env: Env
             async def provider_errors() -> list[Object]:
                 return await events(env.kube, "ProviderError", "burst--zone-a")
 
-            (event, *_) = await eventually(provider_errors, "a ProviderError event on burst--zone-a")
+            (event, *_) = await eventually(provider_errors, what="a ProviderError event on burst--zone-a")
             assert event["type"] == "Warning"
             assert event["involvedObject"]["kind"] == names.KIND_SHARD_GROUP
             assert event["message"].startswith("shard zone-a, group burst: ")
@@ -354,10 +341,10 @@ async def test_a_lost_shard_marks_its_shard_groups_unreachable_until_it_is_back(
             obj = await env.kube.get(NSTANCE_SHARD_GROUPS, "web--zone-b", NS)
             return condition(obj, names.SHARD_REACHABLE).get("status") == value
 
-        await eventually(lambda: reachable("True"), "ShardReachable=True")
+        await eventually(lambda: reachable("True"), what="ShardReachable=True")
         await asyncio.to_thread(shards.stop, "zone-b")
         try:
-            await eventually(lambda: reachable("False"), "ShardReachable=False after the shard stopped")
+            await eventually(lambda: reachable("False"), what="ShardReachable=False after the shard stopped")
             lost = condition(
                 await env.kube.get(NSTANCE_SHARD_GROUPS, "web--zone-b", NS), names.SHARD_REACHABLE
             )
@@ -365,15 +352,15 @@ async def test_a_lost_shard_marks_its_shard_groups_unreachable_until_it_is_back(
             assert "zone-b" in lost["message"]
             # The Event is posted beside the write pass that sets the condition, maybe a little later.
             (event,) = await eventually(
-                lambda: events(env.kube, "ShardUnreachable", "web--zone-b"), "a ShardUnreachable Event"
+                lambda: events(env.kube, "ShardUnreachable", "web--zone-b"), what="a ShardUnreachable Event"
             )
             assert event["type"] == "Warning"
             assert sync.missing_shards() == ["zone-b"]
         finally:
             await asyncio.to_thread(shards.start, "zone-b")
-        await eventually(lambda: reachable("True"), "ShardReachable=True after the shard is back")
+        await eventually(lambda: reachable("True"), what="ShardReachable=True after the shard is back")
         await eventually(
-            lambda: events(env.kube, "ShardReconnected", "web--zone-b"), "a ShardReconnected Event"
+            lambda: events(env.kube, "ShardReconnected", "web--zone-b"), what="a ShardReconnected Event"
         )
 
         # Removing a shard from the config stops following it, without a restart.
@@ -382,7 +369,7 @@ async def test_a_lost_shard_marks_its_shard_groups_unreachable_until_it_is_back(
         async def forgotten() -> bool:
             return sync.missing_shards() == [] and not sync.groups("zone-b")
 
-        await eventually(forgotten, "zone-b forgotten")
+        await eventually(forgotten, what="zone-b forgotten")
 
         # ... and adding it back starts following it again.
         env.shard_set.update(shards.endpoints(*SHARDS))
@@ -390,4 +377,4 @@ async def test_a_lost_shard_marks_its_shard_groups_unreachable_until_it_is_back(
         async def followed_again() -> bool:
             return "web" in sync.groups("zone-b") and sync.missing_shards() == []
 
-        await eventually(followed_again, "zone-b listed again after it was added back")
+        await eventually(followed_again, what="zone-b listed again after it was added back")

@@ -9,13 +9,13 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from nstance.testing.procs import processes_mentioning
 from nstance.testing.realkube import RealKube, binaries
+from nstance.testing.waiting import eventually_sync
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +48,9 @@ def test_starts_serves_and_stops_without_leftovers(tmp_path: Path) -> None:
             assert json.loads(out)["status"]["userInfo"]["groups"][:1] == ["system:masters"]
     finally:
         kube.stop()
-    deadline = time.monotonic() + 10
-    while processes_mentioning(str(tmp_path / "kube")) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert processes_mentioning(str(tmp_path / "kube")) == []
+    eventually_sync(
+        lambda: processes_mentioning(str(tmp_path / "kube")) == [],
+        within=10,
+        every=0.1,
+        what=lambda: f"the control plane's processes to end: {processes_mentioning(str(tmp_path / 'kube'))}",
+    )

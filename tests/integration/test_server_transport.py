@@ -150,10 +150,11 @@ async def counted(server: Running, method: str, code: str, *, expect: float = 1)
 
     The interceptor counts a call as it unwinds, which can be just after the client saw the status.
     """
-    for _ in range(500):
-        if server.rpc_count(method, code) >= expect:
-            break
-        await asyncio.sleep(0.01)
+    await eventually(
+        lambda: server.rpc_count(method, code) >= expect,
+        within=5,
+        what=lambda: f"{expect:g} {method} {code} counted (have {server.rpc_count(method, code):g})",
+    )
     return server.rpc_count(method, code)
 
 

@@ -20,6 +20,7 @@ from google.protobuf.empty_pb2 import Empty
 from nstance.rpc import operator_pb2, operator_pb2_grpc
 from nstance.server.state.context import FAULT_ENV, FAULT_EXIT_CODE
 from nstance.testing.shardproc import LocalCluster, ServerProcess, free_port, server_addrs, shard_config
+from nstance.testing.waiting import eventually_sync
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -108,15 +109,6 @@ def env(tmp_path: Path) -> Iterator[Env]:
         e.stop_all()
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
 def upsert(stub: operator_pb2_grpc.OperatorServiceStub, key: str, **config: Any) -> operator_pb2.GroupStatus:
     request = operator_pb2.UpsertGroupRequest(key=key, config=operator_pb2.GroupConfig(**config))
     status: operator_pb2.GroupStatus = stub.UpsertGroup(request, timeout=10)
@@ -161,10 +153,10 @@ def test_two_servers_one_leader_and_failover_within_timeout(env: Env) -> None:
     b = env.start("server-b", "127.0.0.3")
     a.wait_healthy()
     b.wait_healthy()
-    wait_for(lambda: a.is_leader() or b.is_leader(), what="a leader")
+    eventually_sync(lambda: a.is_leader() or b.is_leader(), what="a leader")
     leader, follower = (a, b) if a.is_leader() else (b, a)
     leader_host, follower_host = ("127.0.0.2", "127.0.0.3") if leader is a else ("127.0.0.3", "127.0.0.2")
-    wait_for(converged(env, env.stub(leader_host), 3), what="3 instances")
+    eventually_sync(converged(env, env.stub(leader_host), 3), what="3 instances")
     # One leader all along: each server counts the times it became leader (history, not samples). The
     # standby never did; the leader may have lost and won its own lock again on a starved machine.
     assert became_leader(follower) == 0
@@ -172,14 +164,14 @@ def test_two_servers_one_leader_and_failover_within_timeout(env: Env) -> None:
 
     leader.kill()
     killed_at = time.monotonic()
-    wait_for(follower.is_leader, timeout=10, what="the follower to lead")
+    eventually_sync(follower.is_leader, within=10, what="the follower to lead")
     took = time.monotonic() - killed_at
     # The follower must wait out the lock (no split brain), and must not wait much longer.
     assert took <= LEADER_TIMEOUT + FREQUENT + GRACE + 0.3, f"failover took {took:.2f}s"
 
     stub = env.stub(follower_host)
     upsert(stub, "web", size=4)
-    wait_for(converged(env, stub, 4), what="4 instances after failover")
+    eventually_sync(converged(env, stub, 4), what="4 instances after failover")
     live = env.live_vms()
     assert len({vm["instance_id"] for vm in live}) == 4  # no duplicate
     assert set(env.records()) >= {vm["instance_id"] for vm in live}  # every VM explained by a record
@@ -194,7 +186,7 @@ def test_standby_answers_reads_and_refuses_changes_naming_the_leader(env: Env) -
     env.configure()
     a = env.start("server-a", "127.0.0.2")
     a.wait_healthy()
-    wait_for(a.is_leader, what="server-a to lead")
+    eventually_sync(a.is_leader, what="server-a to lead")
     b = env.start("server-b", "127.0.0.3")
     assert "standby" in b.wait_healthy()
     assert b.http("/leader/health")[0] == 503
@@ -213,7 +205,7 @@ def test_static_group_refuses_template_change_but_allows_size(env: Env) -> None:
     env.configure()
     server = env.start("server-a")
     server.wait_healthy()
-    wait_for(server.is_leader, what="leadership")
+    eventually_sync(server.is_leader, what="leadership")
     stub = env.stub()
 
     with pytest.raises(grpc.RpcError) as err:
@@ -225,24 +217,24 @@ def test_static_group_refuses_template_change_but_allows_size(env: Env) -> None:
     status = upsert(stub, "web", size=2)
     assert status.size == 2
     assert status.is_static
-    wait_for(converged(env, stub, 2), what="2 instances")
+    eventually_sync(converged(env, stub, 2), what="2 instances")
 
 
 def test_sim_scale_0_20_5_0_converges_without_leak_or_duplicate(env: Env) -> None:
     env.configure()
     server = env.start("server-a")
     server.wait_healthy()
-    wait_for(server.is_leader, what="leadership")
+    eventually_sync(server.is_leader, what="leadership")
     stub = env.stub()
     for size in (20, 5, 0):
         upsert(stub, "web", size=size)
-        wait_for(converged(env, stub, size), what=f"{size} instances")
+        eventually_sync(converged(env, stub, size), what=f"{size} instances")
     vms = env.vms()
     assert len(vms) == 20  # exactly 20 launches over the whole run: no duplicate create
     assert len({vm["instance_id"] for vm in vms}) == 20
     assert env.live_vms() == []  # no leak
     # the last step of a delete marks the record; it lands just after the VM is gone
-    wait_for(
+    eventually_sync(
         lambda: all(rec["status"] == "deleted" for rec in env.records().values()), what="deleted records"
     )
     assert len(env.records()) == 20
@@ -253,7 +245,7 @@ def test_crash_between_provider_create_and_record_update(env: Env, keep_cache: b
     env.configure()
     crashing = env.start("server-a", env={FAULT_ENV: "after-provider-create"})
     crashing.wait_healthy()
-    wait_for(crashing.is_leader, what="leadership")
+    eventually_sync(crashing.is_leader, what="leadership")
     upsert(env.stub(), "web", size=3)
     assert crashing.proc is not None
     assert crashing.proc.wait(20) == FAULT_EXIT_CODE
@@ -265,9 +257,9 @@ def test_crash_between_provider_create_and_record_update(env: Env, keep_cache: b
         (env.tmp / "cache-server-a" / "db" / "nstance.db").unlink()
     restarted = env.start("server-a")
     restarted.wait_healthy()
-    wait_for(restarted.is_leader, timeout=15, what="leadership after restart")
+    eventually_sync(restarted.is_leader, within=15, what="leadership after restart")
     stub = env.stub()
-    wait_for(converged(env, stub, 3), what="3 instances after restart")
+    eventually_sync(converged(env, stub, 3), what="3 instances after restart")
 
     live = env.live_vms()
     assert len({vm["instance_id"] for vm in live}) == 3
@@ -282,8 +274,8 @@ def test_a_restart_with_a_corrupt_cache_file_rebuilds_it_and_touches_no_vm(env: 
     env.configure(groups={"web": {"template": "app", "size": 2}})
     first = env.start("server-a")
     first.wait_healthy()
-    wait_for(first.is_leader, what="leadership")
-    wait_for(converged(env, env.stub(), 2), what="2 instances")
+    eventually_sync(first.is_leader, what="leadership")
+    eventually_sync(converged(env, env.stub(), 2), what="2 instances")
     before = sorted(vm["provider_id"] for vm in env.live_vms())
     assert first.stop() == 0
     cache = env.tmp / "cache-server-a" / "db" / "nstance.db"
@@ -291,8 +283,8 @@ def test_a_restart_with_a_corrupt_cache_file_rebuilds_it_and_touches_no_vm(env: 
 
     restarted = env.start("server-a")
     restarted.wait_healthy()
-    wait_for(restarted.is_leader, timeout=15, what="leadership after restart")
-    wait_for(converged(env, env.stub(), 2), what="2 instances after restart")
+    eventually_sync(restarted.is_leader, within=15, what="leadership after restart")
+    eventually_sync(converged(env, env.stub(), 2), what="2 instances after restart")
     assert sorted(vm["provider_id"] for vm in env.live_vms()) == before  # nothing deleted or recreated
     assert len(env.vms()) == 2
     log = restarted.log_text()
@@ -309,7 +301,7 @@ def test_cluster_scope_in_a_separate_bucket(env: Env, tmp_path: Path) -> None:
     env.cluster.write_config(SHARD, config)
     server = env.start("server-a")
     server.wait_healthy()
-    wait_for(server.is_leader, what="leadership")
+    eventually_sync(server.is_leader, what="leadership")
     assert other.cluster.exists("leader.json")  # the cluster election runs in the cluster bucket
     identity = other.operator_identity(tmp_path / "other-operator")
     stub = other.operator_stub(identity, env.addrs["operator_addr"])
@@ -328,7 +320,7 @@ def test_bad_config_is_reported_on_health_and_retried_until_fixed(env: Env) -> N
         code, body = server.http("/health")
         return code == 503 and "shard.leader_election.leader_timeout" in body
 
-    wait_for(reported, what="the config error on /health")
+    eventually_sync(reported, what="the config error on /health")
     assert server.http("/leader/health")[0] == 503
     assert any("shard.leader_election.leader_timeout" in e["msg"] for e in server.log_entries())
     env.cluster.shard_store(SHARD).put("config.jsonc", good)

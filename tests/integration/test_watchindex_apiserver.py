@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 from nstance.operator.kube import CONFIGMAPS, NODES, Kube, load_configuration
 from nstance.operator.nodes import NodeIndex
 from nstance.testing.kubeapi import KubeAPIServer
+from nstance.testing.waiting import eventually
 
 
 @contextlib.asynccontextmanager
@@ -44,10 +44,9 @@ async def test_nodes_older_than_the_watch_history_still_get_a_live_watch(tmp_pat
                 await kube.create(
                     NODES, {"metadata": {"name": "new"}, "spec": {"providerID": "sim:///i-new"}}
                 )
-                deadline = time.monotonic() + 10
-                while nodes.find("i-new") is None:
-                    assert time.monotonic() < deadline, "the Node created after the list never arrived"
-                    await asyncio.sleep(0.01)
+                await eventually(
+                    lambda: nodes.find("i-new") is not None, within=10, what="the Node created after the list"
+                )
                 assert nodes.get("new") is not None
             watches = [path for method, path in api.requests if "watch=true" in path and "/nodes" in path]
             assert len(watches) == 1

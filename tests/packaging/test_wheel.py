@@ -22,7 +22,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +33,7 @@ from image_spec import REPO, builder_sources
 from nstance.db.engine import alembic_config
 from nstance.db.models import Base
 from nstance.testing.procs import free_port, http_probe
+from nstance.testing.waiting import eventually_sync
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -185,13 +185,16 @@ def test_installed_server_migrates_a_fresh_sqlite_cache(installed: Installed, tm
         proc = subprocess.Popen(argv, cwd=installed.workdir, env=installed.env(), stdout=out, stderr=out)
     try:
         # The server migrates its cache before it serves /health, then waits for a shard config.
-        deadline = time.monotonic() + 60
-        status, body = 0, ""
-        while time.monotonic() < deadline and proc.poll() is None:
+
+        def answered_or_exited() -> tuple[int, str] | None:
+            if proc.poll() is not None:
+                return 0, ""
             status, body = http_probe(health, "/health", timeout=1.0)
-            if status:
-                break
-            time.sleep(0.2)
+            return (status, body) if status else None
+
+        status, body = eventually_sync(
+            answered_or_exited, within=60, every=0.2, what="an answer on /health", log=log.read_text
+        )
         assert proc.poll() is None, f"nstance-server exited {proc.returncode}:\n{log.read_text()}"
         assert status == 503, (status, body)
         assert "config" in body

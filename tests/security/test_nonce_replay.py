@@ -10,7 +10,6 @@ back for a fresh certificate, any other key gets ALREADY_EXISTS, also when they 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable
 
 import grpc
@@ -25,6 +24,7 @@ from nstance.rpc import agent_pb2, operator_pb2_grpc, registration_pb2
 from nstance.server.identity.registration import operator_nonce_key
 from nstance.testing.identities import ClientIdentity
 from nstance.testing.securityshard import CALL_TIMEOUT, CLUSTER, TENANT_A, TENANT_B, SecurityShard
+from nstance.testing.waiting import eventually
 
 pytestmark = pytest.mark.timeout(60)
 RACERS = 8
@@ -47,17 +47,18 @@ async def register_operator(
     shard: SecurityShard, nonce: str, public_key_pem: bytes
 ) -> tuple[bytes, PeerIdentity]:
     """RegisterOperator, waiting (briefly) for the server to lead the cluster as well as the shard."""
-    deadline = time.monotonic() + 15
-    while True:
+
+    async def registered() -> registration_pb2.RegisterClientResponse | None:
         try:
-            response = await register(shard, "RegisterOperator", nonce, public_key_pem)
+            return await register(shard, "RegisterOperator", nonce, public_key_pem)
         except grpc.aio.AioRpcError as exc:
-            if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+            if exc.code() != grpc.StatusCode.UNAVAILABLE:
                 raise
-            await asyncio.sleep(0.1)
-            continue
-        pem = response.client_certificate_pem
-        return pem, verify_client_certificate(pem, shard.identity.ca)
+            return None  # not leading the cluster yet
+
+    response = await eventually(registered, within=15, every=0.1, what="RegisterOperator past UNAVAILABLE")
+    pem = response.client_certificate_pem
+    return pem, verify_client_certificate(pem, shard.identity.ca)
 
 
 async def refused(call: Awaitable[object]) -> grpc.aio.AioRpcError:

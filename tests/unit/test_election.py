@@ -25,6 +25,7 @@ from nstance.objectstore.base import ObjectInfo, ObjectStore
 from nstance.objectstore.file import FileObjectStore
 from nstance.objectstore.memory import MemoryObjectStore
 from nstance.server.leadership.election import Elector, LeaderInfo, encode_lockfile, parse_lockfile
+from nstance.testing.waiting import eventually
 
 KEY = "shard/local-a/leader.json"
 CONFIG = LeaderElectionConfig()  # frequent 5 s, infrequent 30 s, leader_timeout 15 s
@@ -651,14 +652,6 @@ def test_constructor_rejects_unusable_settings(clock: ManualClock, store: Record
 # -- the real loop -------------------------------------------------------------------------------
 
 
-async def _wait_until(predicate: Callable[[], bool], within: float) -> None:
-    deadline = asyncio.get_running_loop().time() + within
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.005)
-
-
 async def test_run_loop_fails_over_when_the_leader_task_is_cancelled(tmp_path: Path) -> None:
     # Real time and a real file store: a lease long enough that a loaded CI machine's slow file
     # calls (seen: over 200 ms) do not cost the leader its lock before the test cancels it.
@@ -682,8 +675,13 @@ async def test_run_loop_fails_over_when_the_leader_task_is_cancelled(tmp_path: P
     }
     tasks = {name: asyncio.create_task(e.run()) for name, e in electors.items()}
     try:
-        await _wait_until(lambda: any(e.is_leader() for e in electors.values()), 10.0)
-        leader = next(n for n, e in electors.items() if e.is_leader())
+        # Polled often: the test acts between the first renewals (a cancel during one is another test).
+        leader = await eventually(
+            lambda: next((n for n, e in electors.items() if e.is_leader()), None),
+            within=10,
+            what="a leader",
+            every=0.005,
+        )
         other = "b" if leader == "a" else "a"
         assert not electors[other].is_leader()
 
@@ -695,7 +693,7 @@ async def test_run_loop_fails_over_when_the_leader_task_is_cancelled(tmp_path: P
 
         # A released lock is taken without waiting for staleness; if the release itself timed out on a
         # slow machine, the lock goes stale after leader_timeout instead.
-        await _wait_until(electors[other].is_leader, 10.0)
+        await eventually(electors[other].is_leader, within=10, what=f"{other} to take over", every=0.005)
         assert changes[other].seen == [True]
         info = electors[other].leader()
         assert info is not None

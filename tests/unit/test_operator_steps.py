@@ -12,6 +12,7 @@ from nstance.core.backoff import Backoff
 from nstance.operator.controllers.common import merge_diff
 from nstance.operator.controllers.queue import Key, WorkQueue
 from nstance.operator.steps import Done, Requeue, StepState, run_steps
+from nstance.testing.waiting import eventually
 
 log = logging.getLogger("test.steps")
 
@@ -131,10 +132,7 @@ class Reconciler:
             self.running.discard(key)
 
     async def wait_calls(self, count: int) -> None:
-        async with asyncio.timeout(5):
-            while len(self.calls) < count:
-                self.called.clear()
-                await self.called.wait()
+        await eventually(lambda: len(self.calls) >= count, within=5, what=f"{count} calls", wake=self.called)
 
 
 KEY = ("ns", "a")
