@@ -49,6 +49,13 @@ class _Attempts:
     def remaining(self) -> float:
         return self.deadline - time.monotonic()
 
+    def pause(self, every: float) -> float:
+        """Seconds until the next check; the failure once the time is up."""
+        remaining = self.remaining()
+        if remaining < 0:
+            raise self.timed_out() from self.error
+        return min(every, remaining)
+
     def timed_out(self, note: str = "") -> AssertionError:
         what = self.what() if callable(self.what) else self.what
         message = f"timed out after {self.within:g}s waiting for {what}{note}"
@@ -128,10 +135,7 @@ async def eventually(
             if result:
                 return result
             attempts.saw(result)
-        remaining = attempts.remaining()
-        if remaining < 0:
-            raise attempts.timed_out() from attempts.error
-        pause = min(every, remaining)
+        pause = attempts.pause(every)
         if wake is None:
             await asyncio.sleep(pause)
             continue
@@ -162,7 +166,4 @@ def eventually_sync(
             if result:
                 return result
             attempts.saw(result)
-        remaining = attempts.remaining()
-        if remaining < 0:
-            raise attempts.timed_out() from attempts.error
-        time.sleep(min(every, remaining))
+        time.sleep(attempts.pause(every))
