@@ -36,7 +36,7 @@ from nstance.db import repo
 from nstance.db.rows import InstanceRow
 from nstance.server.reconcile.instances import CreateCancelled, Created, InstanceOps, member_of
 from nstance.server.reconcile.loadbalancers import RECHECK_AFTER, DeregistrationPending
-from nstance.server.reconcile.workqueue import WorkQueue
+from nstance.core.workqueue import WorkQueue
 from nstance.server.state.context import ShardContext
 
 log = logging.getLogger(__name__)
