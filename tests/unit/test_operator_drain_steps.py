@@ -1,16 +1,13 @@
-"""Each of the drain coordinator's steps on its own (nstance.operator.drain.*), against an in-memory
-stand-in for the Kubernetes client and the shard connections; the Node and NstanceMachine indexes are
-the real ones, loaded from the stand-in. The whole coordinator against the API emulator and a real shard
+"""Each of the drain coordinator's steps on its own (nstance.operator.drain.*), on the in-memory
+stand-ins of ``operator_standins``. The whole coordinator against the API emulator and a real shard
 server is tests/integration/test_operator_drain.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
-from collections import defaultdict
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -18,11 +15,12 @@ from typing import Any
 
 import grpc
 import pytest
+from operator_standins import NS, FakeKube, Shards, ShardStub, context, rpc_error
 
 from nstance.core.backoff import Backoff
 from nstance.core.clock import ManualClock
 from nstance.operator.conditions import find_condition
-from nstance.operator.context import OperatorContext, ShardNotConfigured, Timings
+from nstance.operator.context import OperatorContext
 from nstance.operator.crds import names
 from nstance.operator.drain import steps
 from nstance.operator.drain.acknowledge_drain import AcknowledgeDrain
@@ -47,162 +45,17 @@ from nstance.operator.drain.start_drain import StartDrain
 from nstance.operator.drain.state import DeletedState, DrainLedger, DrainState, Outcome
 from nstance.operator.drain_machines import MachineIndex
 from nstance.operator.kube import NODES, PODS, KubeError, Object, Resource
-from nstance.operator.nodes import NodeIndex
 from nstance.operator.steps import Done, run_steps
 from nstance.operator.sync_kinds import CAPI_MACHINES, NSTANCE_MACHINES
 from nstance.rpc import operator_pb2
 from nstance.testing.waiting import eventually
 
-NS = "default"
 IID = "ins-0001"
 PROVIDER_ID = "aws:///zone-a/i-0001"
 SHARD = "zone-a"
+ACK = "AcknowledgeDrained"
 
 log = logging.getLogger("test.drain")
-
-
-class FakeKube:
-    """Objects by (plural, namespace, name); every write recorded; ``fail[method]`` raises its errors
-    one per call before the call does anything."""
-
-    def __init__(self) -> None:
-        self.objects: dict[tuple[str, str, str], Object] = {}
-        self.events: list[tuple[str, str, bool]] = []
-        self.writes: list[tuple[str, str, str]] = []
-        self.evicted: list[str] = []
-        self.fail: dict[str, list[BaseException]] = defaultdict(list)
-        self.refuse_eviction: dict[str, KubeError] = {}
-        self._version = 0
-
-    def put(self, res: Resource, obj: Object) -> Object:
-        meta = obj.setdefault("metadata", {})
-        self._version += 1
-        meta["resourceVersion"] = str(self._version)
-        self.objects[(res.plural, str(meta.get("namespace") or ""), str(meta["name"]))] = obj
-        return obj
-
-    def find(self, res: Resource, name: str, namespace: str = "") -> Object | None:
-        return self.objects.get((res.plural, namespace, name))
-
-    def _maybe_fail(self, method: str) -> None:
-        if self.fail[method]:
-            raise self.fail[method].pop(0)
-
-    async def get(self, res: Resource, name: str, namespace: str | None = None) -> Object | None:
-        self._maybe_fail("get")
-        found = self.find(res, name, namespace or "")
-        return copy.deepcopy(found) if found is not None else None
-
-    async def list_with_version(
-        self, res: Resource, namespace: str | None = None, *, labels: str = "", fields: str = ""
-    ) -> tuple[list[Object], str]:
-        self._maybe_fail("list")
-        wanted = dict(part.split("=", 1) for part in fields.split(",") if part)
-        items = [
-            copy.deepcopy(obj)
-            for (plural, ns, _), obj in sorted(self.objects.items())
-            if plural == res.plural
-            and (namespace is None or ns == namespace)
-            and all((obj.get("spec") or {}).get(key.removeprefix("spec.")) == v for key, v in wanted.items())
-        ]
-        return items, str(self._version)
-
-    async def list(
-        self, res: Resource, namespace: str | None = None, *, labels: str = "", fields: str = ""
-    ) -> list[Object]:
-        items, _ = await self.list_with_version(res, namespace, labels=labels, fields=fields)
-        return items
-
-    async def watch(self, *_: Any, **__: Any) -> AsyncIterator[tuple[str, Object]]:
-        await asyncio.Event().wait()  # nothing changes behind the test's back
-        yield "", {}
-
-    async def patch(
-        self,
-        res: Resource,
-        name: str,
-        patch: Mapping[str, Any],
-        namespace: str | None = None,
-        *,
-        status: bool = False,
-    ) -> Object:
-        self._maybe_fail("patch")
-        obj = self.find(res, name, namespace or "")
-        if obj is None:
-            raise KubeError(404, "NotFound", f"{res.plural} {name} not found")
-        version = (patch.get("metadata") or {}).get("resourceVersion")
-        if version and version != obj["metadata"]["resourceVersion"]:
-            raise KubeError(409, "Conflict", "the object has been modified")
-        for part, value in patch.items():
-            if part != "metadata":
-                obj.setdefault(part, {}).update(value)
-        self.writes.append(("patch", res.plural, name))
-        return copy.deepcopy(self.put(res, obj))
-
-    async def delete(self, res: Resource, name: str, namespace: str | None = None, **_: Any) -> bool:
-        self._maybe_fail("delete")
-        self.writes.append(("delete", res.plural, name))
-        return self.objects.pop((res.plural, namespace or "", name), None) is not None
-
-    async def evict(self, name: str, namespace: str, *, grace_period: int | None = None) -> None:
-        self._maybe_fail("evict")
-        if name in self.refuse_eviction:
-            raise self.refuse_eviction[name]
-        pod = self.find(PODS, name, namespace)
-        if pod is None:
-            raise KubeError(404, "NotFound", f"pod {name} not found")
-        self.evicted.append(f"{namespace}/{name}")
-        del self.objects[(PODS.plural, namespace, name)]
-
-    async def event(
-        self, obj: Mapping[str, Any], *, reason: str, message: str, warning: bool = False, **_: Any
-    ) -> None:
-        self.events.append((reason, message, warning))
-
-    def reasons(self) -> list[str]:
-        return [reason for reason, _, _ in self.events]
-
-
-@dataclass
-class Stub:
-    """AcknowledgeDrained answers: each call takes the next error (None: success)."""
-
-    errors: list[BaseException | None] = field(default_factory=list)
-    calls: int = 0
-
-    async def AcknowledgeDrained(  # noqa: N802 - the gRPC method name
-        self,
-        request: operator_pb2.DrainAckRequest,
-        timeout: float,  # noqa: ASYNC109 - the stub's signature
-    ) -> None:
-        self.calls += 1
-        error = self.errors.pop(0) if self.errors else None
-        if error is not None:
-            raise error
-
-
-@dataclass
-class Shards:
-    stubs: dict[str, Stub] = field(default_factory=lambda: {SHARD: Stub()})
-    reports: list[tuple[str, bool]] = field(default_factory=list)
-
-    def configured(self) -> Sequence[str]:
-        return list(self.stubs)
-
-    def stub(self, shard: str) -> Stub:
-        if shard not in self.stubs:
-            raise ShardNotConfigured(shard)
-        return self.stubs[shard]
-
-    def reachable(self, shard: str) -> bool:
-        return True
-
-    def report(self, shard: str, ok: bool, error: str = "") -> None:
-        self.reports.append((shard, ok))
-
-
-def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
-    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
 
 
 def node(name: str = "node-1", *, unschedulable: bool = False) -> Object:
@@ -265,26 +118,16 @@ class World:
 
 @asynccontextmanager
 async def world(*objects: tuple[Resource, Object], nodes_synced: bool = True) -> AsyncIterator[World]:
-    kube, shards, clock = FakeKube(), Shards(), ManualClock()
+    kube, shards, clock = FakeKube(), Shards({SHARD: ShardStub()}), ManualClock()
     for res, obj in objects:
         kube.put(res, obj)
-    nodes = NodeIndex(kube)
+    ctx = context(kube, shards, clock, drain_poll=0.001, drain_fallback=60.0)
     machines = MachineIndex(kube)
-    ctx = OperatorContext(
-        namespace=NS,
-        cluster_id="test",
-        tenant="default",
-        kube=kube,
-        shards=shards,
-        nodes=nodes,
-        clock=clock,
-        timings=Timings(drain_poll=0.001, drain_fallback=60.0),
-    )
     indexes = [asyncio.create_task(machines.run())]
     w = World(kube, shards, ctx, clock, machines)
     if nodes_synced:
         w.start_node_index(indexes)
-        await nodes.wait_synced()
+        await ctx.nodes.wait_synced()
     await machines.wait_synced()
     try:
         yield w
@@ -502,9 +345,9 @@ async def test_record_outcome_puts_one_event_on_the_node(
 async def test_acknowledge_drain_retries_until_the_server_answers() -> None:
     async with world() as w:
         stub = w.shards.stubs[SHARD]
-        stub.errors = [rpc_error(grpc.StatusCode.UNAVAILABLE, "down"), None]
+        stub.answers[ACK] = [rpc_error(grpc.StatusCode.UNAVAILABLE, "down"), None]
         await AcknowledgeDrain()(w.drain_state())
-        assert stub.calls == 2
+        assert stub.count(ACK) == 2
         assert IID in w.ledger.acked
         assert w.shards.reports == [(SHARD, False), (SHARD, True)]
 
@@ -518,19 +361,19 @@ async def test_acknowledge_drain_retries_until_the_server_answers() -> None:
 )
 async def test_acknowledge_drain_takes_gone_or_not_draining_as_done(error: BaseException) -> None:
     async with world() as w:
-        w.shards.stubs[SHARD].errors = [error]
+        w.shards.stubs[SHARD].answers[ACK] = [error]
         await AcknowledgeDrain()(w.drain_state())
         assert IID in w.ledger.acked
-        assert w.shards.stubs[SHARD].calls == 1
+        assert w.shards.stubs[SHARD].count(ACK) == 1
 
 
 async def test_acknowledge_drain_gives_up_after_the_deadline_and_on_an_unknown_shard() -> None:
     async with world() as w:
         stub = w.shards.stubs[SHARD]
-        stub.errors = [rpc_error(grpc.StatusCode.FAILED_PRECONDITION, "this server is a standby")] * 50
+        stub.answers[ACK] = [rpc_error(grpc.StatusCode.FAILED_PRECONDITION, "this server is a standby")] * 50
         state = w.drain_state(deadline_in=-1.0)
         await AcknowledgeDrain()(state)
-        assert stub.calls == 1
+        assert stub.count(ACK) == 1
         assert IID not in w.ledger.acked
         w.shards.stubs.clear()
         await AcknowledgeDrain()(w.drain_state())
