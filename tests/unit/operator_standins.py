@@ -12,19 +12,28 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import logging
 from collections import defaultdict
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
 from nstance.core.clock import ManualClock
+from nstance.operator.conditions import find_condition
 from nstance.operator.context import OperatorContext, ShardNotConfigured, Timings
 from nstance.operator.kube import PODS, KubeError, Object, Resource
 from nstance.operator.nodes import NodeIndex
 
 NS = "default"
+UNREACHABLE_RETRY = 7.0
+ERROR_RETRY = 11.0
+RESYNC = 3.0
+
+log = logging.getLogger("test.operator-steps")
+
+S = TypeVar("S")
 
 
 class FakeKube:
@@ -67,13 +76,17 @@ class FakeKube:
         self, res: Resource, namespace: str | None = None, *, labels: str = "", fields: str = ""
     ) -> tuple[list[Object], str]:
         self._maybe_fail("list")
-        wanted = dict(part.split("=", 1) for part in fields.split(",") if part)
+        wanted = _selector(fields)
+        labelled = _selector(labels)
         items = [
             copy.deepcopy(obj)
             for (plural, ns, _), obj in sorted(self.objects.items())
             if plural == res.plural
             and (namespace is None or ns == namespace)
             and all((obj.get("spec") or {}).get(key.removeprefix("spec.")) == v for key, v in wanted.items())
+            and all(
+                ((obj.get("metadata") or {}).get("labels") or {}).get(k) == v for k, v in labelled.items()
+            )
         ]
         return items, str(self._version)
 
@@ -95,6 +108,7 @@ class FakeKube:
             meta["namespace"] = namespace
         if self.find(res, str(meta["name"]), namespace or "") is not None:
             raise KubeError(409, "AlreadyExists", f"{res.plural} {meta['name']} already exists")
+        meta.setdefault("uid", f"uid-{res.plural}-{meta['name']}")
         self.writes.append(("create", res.plural, str(meta["name"])))
         return copy.deepcopy(self.put(res, obj))
 
@@ -115,9 +129,15 @@ class FakeKube:
             version = (patch.get("metadata") or {}).get("resourceVersion")
             if version and version != obj["metadata"]["resourceVersion"]:
                 raise KubeError(409, "Conflict", "the object has been modified")
-            for part, value in patch.items():
-                if part != "metadata":
-                    _merge(obj.setdefault(part, {}), value)
+            _merge(
+                obj,
+                {
+                    **patch,
+                    "metadata": {
+                        k: v for k, v in (patch.get("metadata") or {}).items() if k != "resourceVersion"
+                    },
+                },
+            )
         else:
             changed = copy.deepcopy(obj)
             for op in patch:
@@ -147,6 +167,11 @@ class FakeKube:
         self.events.append((reason, message, warning))
 
 
+def _selector(text: str) -> dict[str, str]:
+    """An equality selector (``a=1,b=2``) as a mapping."""
+    return dict(part.split("=", 1) for part in text.split(",") if part)
+
+
 def _merge(target: dict[str, Any], patch: Mapping[str, Any]) -> None:
     """A JSON merge patch (None removes a key)."""
     for key, value in patch.items():
@@ -159,8 +184,9 @@ def _merge(target: dict[str, Any], patch: Mapping[str, Any]) -> None:
 
 
 def _json_patch_op(obj: dict[str, Any], op: Mapping[str, Any]) -> None:
-    """One JSON patch operation (test, add, remove); a failed test is the API server's 422."""
-    *parents, last = [part for part in str(op["path"]).split("/")[1:]]
+    """One JSON patch operation (test, add, replace, remove); a failed test is the API server's 422."""
+    parts = [p.replace("~1", "/").replace("~0", "~") for p in str(op["path"]).split("/")[1:]]
+    *parents, last = parts
     where: Any = obj
     for part in parents:
         where = where[int(part)] if isinstance(where, list) else where.setdefault(part, {})
@@ -169,13 +195,18 @@ def _json_patch_op(obj: dict[str, Any], op: Mapping[str, Any]) -> None:
         have = where[int(last)] if isinstance(where, list) and last.isdigit() else where.get(last)
         if have != op["value"]:
             raise KubeError(422, "Invalid", f"test operation failed at {op['path']}")
-    elif kind == "add":
+    elif kind in ("add", "replace"):
+        if kind == "replace" and (isinstance(where, list) or last not in where):
+            raise KubeError(422, "Invalid", f"nothing to replace at {op['path']}")
         if isinstance(where, list):
             where.insert(len(where) if last == "-" else int(last), op["value"])
         else:
             where[last] = op["value"]
     elif kind == "remove":
-        del where[int(last) if isinstance(where, list) else last]
+        try:
+            del where[int(last) if isinstance(where, list) else last]
+        except (KeyError, IndexError):
+            raise KubeError(422, "Invalid", f"nothing to remove at {op['path']}") from None
     else:
         raise NotImplementedError(kind)
 
@@ -248,3 +279,42 @@ def context(kube: FakeKube, shards: Shards, clock: ManualClock, **timings: float
         clock=clock,
         timings=Timings(**timings),
     )
+
+
+@dataclass
+class World:
+    """The stand-ins for one test: two configured shards ``s1`` and ``s2``, and a manual clock."""
+
+    kube: FakeKube = field(default_factory=FakeKube)
+    shards: Shards = field(default_factory=lambda: Shards({"s1": ShardStub(), "s2": ShardStub()}))
+    clock: ManualClock = field(default_factory=ManualClock)
+
+    def ctx(self) -> OperatorContext:
+        return context(
+            self.kube,
+            self.shards,
+            self.clock,
+            unreachable_retry=UNREACHABLE_RETRY,
+            error_retry=ERROR_RETRY,
+            resync=RESYNC,
+        )
+
+    def state(self, make: Callable[..., S], res: Resource, obj: Object) -> S:
+        """A run's state for ``obj`` as the API now holds it (stored first, so writes find it)."""
+        stored = self.kube.put(res, obj)
+        return make(ctx=self.ctx(), resource=res, obj=copy.deepcopy(stored), logger=log)
+
+    def stored(self, res: Resource, name: str) -> Object:
+        found = self.kube.find(res, name, NS)
+        assert found is not None, f"no {res.kind} {name}"
+        return found
+
+    def stub(self, shard: str = "s1") -> ShardStub:
+        return self.shards.stubs[shard]
+
+
+def condition(obj: Mapping[str, Any], kind: str) -> dict[str, Any]:
+    """The ``kind`` condition of ``obj``'s status (the test fails when there is none)."""
+    found = find_condition((obj.get("status") or {}).get("conditions"), kind)
+    assert found is not None, f"no {kind} condition in {obj.get('status')}"
+    return dict(found)

@@ -6,20 +6,18 @@ in tests/integration/test_operator_controllers.py).
 
 from __future__ import annotations
 
-import copy
+import asyncio
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 import pytest
-from operator_standins import NS, FakeKube, Shards, ShardStub, context, rpc_error
+from operator_standins import ERROR_RETRY, NS, RESYNC, UNREACHABLE_RETRY, World, condition, rpc_error
 
-from nstance.core.clock import ManualClock
-from nstance.operator.conditions import find_condition, is_true
-from nstance.operator.controllers.common import AddFinalizer, ObjectState, RemoveFinalizer, WriteStatus
+from nstance.operator.conditions import is_true
+from nstance.operator.controllers.common import AddFinalizer, RemoveFinalizer, WriteStatus
 from nstance.operator.controllers.machine.choose_instance import ChooseInstance
+from nstance.operator.controllers.machine.correlate_node import CorrelateNode
 from nstance.operator.controllers.machine.create_instance import CreateInstance
 from nstance.operator.controllers.machine.delete_instance import DeleteInstance
 from nstance.operator.controllers.machine.find_owner_machine import FindOwnerMachine
@@ -45,56 +43,16 @@ from nstance.operator.crds.names import (
     SHARD_GROUP_FINALIZER,
     SHARD_REACHABLE,
 )
-from nstance.operator.kube import KubeError, Object, Resource
+from nstance.operator.kube import NODES, KubeError, Object
 from nstance.operator.steps import Done, Requeue
 from nstance.rpc import operator_pb2
 
 log = logging.getLogger("test.controller-steps")
 
-S = TypeVar("S", bound=ObjectState)
-
-UNREACHABLE_RETRY = 7.0
-ERROR_RETRY = 11.0
-RESYNC = 3.0
-
-
-@dataclass
-class World:
-    kube: FakeKube
-    shards: Shards
-    clock: ManualClock
-
-    def state(self, make: Callable[..., S], res: Resource, obj: Object) -> S:
-        """A run's state for ``obj`` as the API now holds it (stored first, so writes find it)."""
-        stored = self.kube.put(res, obj)
-        ctx = context(
-            self.kube,
-            self.shards,
-            self.clock,
-            unreachable_retry=UNREACHABLE_RETRY,
-            error_retry=ERROR_RETRY,
-            resync=RESYNC,
-        )
-        return make(ctx=ctx, resource=res, obj=copy.deepcopy(stored), logger=log)
-
-    def stored(self, res: Resource, name: str) -> Object:
-        found = self.kube.find(res, name, NS)
-        assert found is not None
-        return found
-
-    def stub(self, shard: str = "s1") -> ShardStub:
-        return self.shards.stubs[shard]
-
 
 @pytest.fixture
 def w() -> World:
-    return World(FakeKube(), Shards({"s1": ShardStub(), "s2": ShardStub()}), ManualClock())
-
-
-def condition(obj: Object, kind: str) -> dict[str, Any]:
-    found = find_condition((obj.get("status") or {}).get("conditions"), kind)
-    assert found is not None, f"no {kind} condition in {obj.get('status')}"
-    return dict(found)
+    return World()
 
 
 # --- finalizers and status (every controller) ----------------------------------------------------------
@@ -416,6 +374,42 @@ async def test_refresh_instance_of_a_forgotten_instance_stops_and_of_a_down_shar
     state = w.state(MachineState, NSTANCE_MACHINES, nstance_machine(**created()))
     await RefreshInstance()(state)
     assert state.requeue_after == UNREACHABLE_RETRY
+
+
+async def correlate(state: MachineState) -> None:
+    """Run correlate_node with the state's Node index loaded from the stand-in."""
+    loading = asyncio.create_task(state.ctx.nodes.run())
+    try:
+        await state.ctx.nodes.wait_synced()
+        await CorrelateNode()(state)
+    finally:
+        loading.cancel()
+
+
+async def test_correlate_node_links_the_node_to_the_machine_and_its_owner(w: World) -> None:
+    node = {
+        "metadata": {"name": "node-1"},
+        "spec": {"providerID": "aws:///zone-a/i-9"},
+        "status": {
+            "addresses": [{"type": "InternalIP", "address": "10.0.0.9"}, {"type": "Odd", "address": "x"}]
+        },
+    }
+    w.kube.put(NODES, node)
+    w.kube.put(CAPI_MACHINES, {"metadata": {"name": "m-1", "namespace": NS}, "status": {}})
+    state = w.state(MachineState, NSTANCE_MACHINES, nstance_machine(owner="m-1", **created(providerID="i-9")))
+    await FindOwnerMachine()(state)
+    await correlate(state)
+    assert state.node_name == "node-1"
+    assert w.stored(NSTANCE_MACHINES, "od-1")["spec"]["providerID"] == "aws:///zone-a/i-9"
+    assert state.status_updates["addresses"] == [{"type": "InternalIP", "address": "10.0.0.9"}]
+    assert w.stored(CAPI_MACHINES, "m-1")["status"]["nodeRef"] == {"name": "node-1"}
+
+
+async def test_correlate_node_without_a_node_links_nothing(w: World) -> None:
+    state = w.state(MachineState, NSTANCE_MACHINES, nstance_machine(**created(providerID="i-9")))
+    await correlate(state)
+    assert state.node_name == ""
+    assert w.kube.writes == []
 
 
 async def test_update_status_sets_ready_and_slows_down_once_settled(w: World) -> None:
