@@ -14,6 +14,7 @@ import grpc
 import pytest
 from operator_standins import ERROR_RETRY, NS, RESYNC, UNREACHABLE_RETRY, World, condition, rpc_error
 
+from nstance.core.steps import Done, Requeue
 from nstance.operator.conditions import is_true
 from nstance.operator.controllers.common import AddFinalizer, RemoveFinalizer, WriteStatus
 from nstance.operator.controllers.machine.choose_instance import ChooseInstance
@@ -44,7 +45,6 @@ from nstance.operator.crds.names import (
     SHARD_REACHABLE,
 )
 from nstance.operator.kube import NODES, KubeError, Object
-from nstance.operator.steps import Done, Requeue
 from nstance.rpc import operator_pb2
 
 log = logging.getLogger("test.controller-steps")

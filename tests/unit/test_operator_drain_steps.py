@@ -19,6 +19,7 @@ from operator_standins import NS, FakeKube, Shards, ShardStub, context, rpc_erro
 
 from nstance.core.backoff import Backoff
 from nstance.core.clock import ManualClock
+from nstance.core.steps import Done, run_steps
 from nstance.operator.conditions import find_condition
 from nstance.operator.context import OperatorContext
 from nstance.operator.crds import names
@@ -45,7 +46,6 @@ from nstance.operator.drain.start_drain import StartDrain
 from nstance.operator.drain.state import DeletedState, DrainLedger, DrainState, Outcome
 from nstance.operator.drain_machines import MachineIndex
 from nstance.operator.kube import NODES, PODS, KubeError, Object, Resource
-from nstance.operator.steps import Done, run_steps
 from nstance.operator.sync_kinds import CAPI_MACHINES, NSTANCE_MACHINES
 from nstance.rpc import operator_pb2
 from nstance.testing.waiting import eventually

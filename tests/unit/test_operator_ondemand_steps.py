@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from operator_standins import NS, World, condition
 
+from nstance.core.steps import Done, Requeue
 from nstance.operator.controllers.cluster import ClusterState, EnsureCapiCluster, MarkProvisioned
 from nstance.operator.controllers.ondemand.delete_machine import DeleteMachine
 from nstance.operator.controllers.ondemand.ensure_machine import EnsureMachine, EnsureNstanceMachine
@@ -23,7 +24,6 @@ from nstance.operator.controllers.resources import (
 )
 from nstance.operator.crds.names import KIND_CLUSTER, READY
 from nstance.operator.kube import PODS, KubeError, Object
-from nstance.operator.steps import Done, Requeue
 
 MACHINE = "on-demand-job"
 

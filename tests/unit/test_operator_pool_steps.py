@@ -9,6 +9,7 @@ import grpc
 import pytest
 from operator_standins import ERROR_RETRY, NS, UNREACHABLE_RETRY, World, condition, rpc_error
 
+from nstance.core.steps import Done, Requeue
 from nstance.operator.controllers.machinepool.check_duplicate_group import CheckDuplicateGroup
 from nstance.operator.controllers.machinepool.check_shards import CheckShards
 from nstance.operator.controllers.machinepool.delete_orphan_shard_groups import DeleteOrphanShardGroups
@@ -33,7 +34,6 @@ from nstance.operator.crds.names import (
     READY,
 )
 from nstance.operator.kube import Object
-from nstance.operator.steps import Done, Requeue
 
 
 @pytest.fixture

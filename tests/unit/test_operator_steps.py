@@ -1,4 +1,4 @@
-"""The ordered-steps runner and the controllers' work queue (nstance.operator.steps, controllers.queue)."""
+"""The ordered-steps runner and the controllers' work queue (nstance.core.steps, controllers.queue)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 import pytest
 
 from nstance.core.backoff import Backoff
+from nstance.core.steps import Done, Requeue, StepState, run_steps
 from nstance.operator.controllers.common import merge_diff
 from nstance.operator.controllers.queue import Key, WorkQueue
-from nstance.operator.steps import Done, Requeue, StepState, run_steps
 from nstance.testing.waiting import eventually
 
 log = logging.getLogger("test.steps")

@@ -19,11 +19,11 @@ from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from nstance.core.steps import Done, Requeue, Step, StepState, run_steps
 from nstance.operator.conditions import set_condition
 from nstance.operator.context import OperatorContext
 from nstance.operator.kube import KubeError, Object, Resource
 from nstance.operator.kubecache import CachedKube
-from nstance.operator.steps import Done, Requeue, Step, StepState, run_steps
 
 log = logging.getLogger("nstance.operator.controllers")
 

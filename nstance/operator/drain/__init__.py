@@ -4,7 +4,7 @@ Responsible for (spec "Drain Coordination", reference §5.8, improving §10 item
 
 * Per shard a WatchInstances stream; each event is handled by a task of its own keyed by instance ID
   (``coordinator``), which runs a list of named steps with the same runner as the controllers
-  (``nstance.operator.steps``; the lists are in ``steps``, one file per step):
+  (``nstance.core.steps``; the lists are in ``steps``, one file per step):
 * ``pending_deletion`` (``STEPS``): the Node comes from ``ctx.nodes`` (the watch-fed index, never a
   LIST per event; ``find_node``). No Node → AcknowledgeDrained at once. Otherwise, until the deadline
   (``delete_at``, or now + ``timings.drain_fallback`` when the event has none): cordon (skipped when

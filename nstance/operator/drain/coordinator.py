@@ -26,6 +26,7 @@ from typing import Any, Final
 
 from google.protobuf.empty_pb2 import Empty
 
+from nstance.core.steps import run_steps
 from nstance.operator.context import OperatorContext
 from nstance.operator.controllers.common import ObjectLogger
 from nstance.operator.drain.reasons import STATUS_DELETED, STATUS_PENDING_DELETION
@@ -34,7 +35,6 @@ from nstance.operator.drain.state import DeletedState, DrainLedger, DrainState
 from nstance.operator.drain.steps import ACKNOWLEDGE_AGAIN_STEPS, DELETED_STEPS, STEPS
 from nstance.operator.drain_machines import MachineIndex, machine_index_for
 from nstance.operator.kube import KubeError
-from nstance.operator.steps import run_steps
 from nstance.operator.streams import ShardStreams
 from nstance.rpc import operator_pb2
 

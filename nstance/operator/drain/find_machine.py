@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from nstance.core.steps import Done
 from nstance.operator.drain.state import DeletedState
-from nstance.operator.steps import Done
 
 
 @dataclass(frozen=True)

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from nstance.core.steps import Done
 from nstance.operator.crds import names
 from nstance.operator.drain.machine_status import set_machine_condition
 from nstance.operator.drain.rules import condition_reason
 from nstance.operator.drain.state import DeletedState
-from nstance.operator.steps import Done
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,10 @@ from datetime import datetime
 from enum import StrEnum
 
 from nstance.core.backoff import Backoff
+from nstance.core.steps import StepState
 from nstance.operator.context import OperatorContext
 from nstance.operator.drain_machines import MachineIndex
 from nstance.operator.kube import Object
-from nstance.operator.steps import StepState
 from nstance.rpc import operator_pb2
 
 

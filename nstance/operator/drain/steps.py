@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from nstance.core.steps import Step
 from nstance.operator.drain.acknowledge_drain import AcknowledgeDrain
 from nstance.operator.drain.cordon_node import CordonNode
 from nstance.operator.drain.delete_machine import DeleteMachine
@@ -22,7 +23,6 @@ from nstance.operator.drain.mark_server_deleted import MarkServerDeleted
 from nstance.operator.drain.record_outcome import RecordOutcome
 from nstance.operator.drain.start_drain import StartDrain
 from nstance.operator.drain.state import DeletedState, DrainState
-from nstance.operator.steps import Step
 
 STEPS: Final[tuple[Step[DrainState], ...]] = (
     FindNode(),

@@ -32,11 +32,11 @@ from nstance.core.plan import (
     plan_group,
     plan_on_demand,
 )
+from nstance.core.workqueue import WorkQueue
 from nstance.db import repo
 from nstance.db.rows import InstanceRow
 from nstance.server.reconcile.instances import CreateCancelled, Created, InstanceOps, member_of
 from nstance.server.reconcile.loadbalancers import RECHECK_AFTER, DeregistrationPending
-from nstance.core.workqueue import WorkQueue
 from nstance.server.state.context import ShardContext
 
 log = logging.getLogger(__name__)
