@@ -28,13 +28,13 @@ from google.protobuf.empty_pb2 import Empty
 
 from nstance.core.steps import run_steps
 from nstance.operator.context import OperatorContext
-from nstance.operator.controllers.common import ObjectLogger
 from nstance.operator.drain.reasons import STATUS_DELETED, STATUS_PENDING_DELETION
 from nstance.operator.drain.rules import event_deadline
 from nstance.operator.drain.state import DeletedState, DrainLedger, DrainState
 from nstance.operator.drain.steps import ACKNOWLEDGE_AGAIN_STEPS, DELETED_STEPS, STEPS
 from nstance.operator.drain_machines import MachineIndex, machine_index_for
 from nstance.operator.kube import KubeError
+from nstance.operator.objectlog import ObjectLogger
 from nstance.operator.streams import ShardStreams
 from nstance.rpc import operator_pb2
 
