@@ -39,8 +39,6 @@ from nstance.testing.kubeapi.selectors import (
 from nstance.testing.kubeapi.store import (
     APPLY_PATCH,
     JSON_PATCH,
-    MERGE_PATCH,
-    STRATEGIC_PATCH,
     Store,
     WatchEvent,
 )
@@ -381,9 +379,7 @@ class KubeAPIServer:
         content_type = request.headers.get("Content-Type", "application/json").split(";")[0].strip()
         if "protobuf" in content_type:
             raise errors.unsupported_media_type(content_type, ["application/json", "application/yaml"])
-        if content_type == APPLY_PATCH:
-            raise errors.unsupported_media_type(content_type, [JSON_PATCH, MERGE_PATCH, STRATEGIC_PATCH])
-        if content_type in ("application/yaml", "application/x-yaml"):
+        if content_type in ("application/yaml", "application/x-yaml", APPLY_PATCH):
             import yaml
 
             try:
@@ -410,6 +406,7 @@ class KubeAPIServer:
                 client_of(request.headers.get("User-Agent", "")),
             )
         )
+        manager = _field_manager(request)
         if method == "GET":
             if target.name is None:
                 labels = parse_label_selector(query.get("labelSelector"))
@@ -445,7 +442,7 @@ class KubeAPIServer:
             body = await self._body(request)
             if target.name is None:
                 warnings = _field_validation(query, target, body, "")
-                return _warn(await self._create(target, body, dry_run), warnings)
+                return _warn(await self._create(target, body, dry_run, manager), warnings)
             if target.sub == "eviction":
                 return await self._evict(target, body)
             if target.sub is None and isinstance(body, dict):
@@ -457,7 +454,9 @@ class KubeAPIServer:
                         f"({target.name})"
                     )
                 meta["name"] = target.name
-                return await self._create(_Target(rtype, target.namespace, None, None), body, dry_run)
+                return await self._create(
+                    _Target(rtype, target.namespace, None, None), body, dry_run, manager
+                )
             raise errors.method_not_allowed()
         if target.name is None:
             if method == "DELETE":
@@ -484,7 +483,7 @@ class KubeAPIServer:
                 target,
                 dry_run,
                 lambda: self.store.prepare_update(
-                    rtype, target.namespace, str(target.name), body, target.sub
+                    rtype, target.namespace, str(target.name), body, target.sub, manager
                 ),
             )
             return _warn(response, warnings)
@@ -494,11 +493,15 @@ class KubeAPIServer:
             content_type = request.headers.get("Content-Type", "").split(";")[0].strip()
             body = await self._body(request)
             warnings = _field_validation(query, target, body, content_type)
+            if content_type == APPLY_PATCH:
+                return _warn(await self._apply(request, target, body, dry_run), warnings)
+            if "force" in query:
+                raise errors.unprocessable("force: Forbidden: may not be specified for non-apply patch")
             response = await self._update(
                 target,
                 dry_run,
                 lambda: self.store.prepare_patch(
-                    rtype, target.namespace, str(target.name), content_type, body, target.sub
+                    rtype, target.namespace, str(target.name), content_type, body, target.sub, manager
                 ),
             )
             return _warn(response, warnings)
@@ -543,10 +546,12 @@ class KubeAPIServer:
         )
         await self.admission.validate(configs, request, self._namespace_labels(namespace))
 
-    async def _create(self, target: _Target, body: Any, dry_run: bool) -> web.StreamResponse:
+    async def _create(
+        self, target: _Target, body: Any, dry_run: bool, manager: str | None
+    ) -> web.StreamResponse:
         rtype = target.rtype
         for attempt in range(_WRITE_RETRIES):
-            candidate = self.store.prepare_create(rtype, target.namespace, body)
+            candidate = self.store.prepare_create(rtype, target.namespace, body, manager)
             await self._admit("CREATE", target, candidate, None, dry_run)
             if dry_run:
                 return _json_response(candidate, 201)
@@ -560,6 +565,50 @@ class KubeAPIServer:
                 ):
                     raise
         raise errors.internal("create kept conflicting")  # pragma: no cover - loop always returns or raises
+
+    async def _apply(
+        self, request: web.Request, target: _Target, body: Any, dry_run: bool
+    ) -> web.StreamResponse:
+        """Server-side apply: create the object if it is missing, else merge it for the field manager."""
+        manager = request.query.get("fieldManager", "")
+        if not manager:
+            raise errors.unprocessable(
+                'PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value: '
+                "is required for apply patch"
+            )
+        force = request.query.get("force")
+        if force is not None and force not in ("true", "false"):
+            raise errors.bad_request(f"force: Invalid value: {force!r}: must be true or false")
+        name = str(target.name)
+        for attempt in range(_WRITE_RETRIES):
+            old, new = self.store.prepare_apply(
+                target.rtype,
+                target.namespace,
+                name,
+                body,
+                manager,
+                force=force == "true",
+                subresource=target.sub,
+            )
+            if old is None:
+                await self._admit("CREATE", target, new, None, dry_run)
+                if dry_run:
+                    return _json_response(new, 201)
+                try:
+                    return _json_response(self.store.commit_create(target.rtype, new), 201)
+                except errors.APIError as exc:
+                    if exc.reason != "AlreadyExists" or attempt == _WRITE_RETRIES - 1:
+                        raise
+                    continue
+            await self._admit("UPDATE", target, new, old, dry_run)
+            if dry_run:
+                return _json_response(new)
+            try:
+                return _json_response(self.store.commit_update(target.rtype, old, new))
+            except errors.APIError as exc:
+                if exc.reason != "Conflict" or attempt == _WRITE_RETRIES - 1:
+                    raise
+        raise errors.internal("apply kept conflicting")  # pragma: no cover
 
     async def _update(
         self, target: _Target, dry_run: bool, prepare: Callable[[], tuple[JSON, JSON]]
@@ -786,6 +835,16 @@ class KubeAPIServer:
 
 
 FIELD_VALIDATION = ("Ignore", "Warn", "Strict")
+
+
+def _field_manager(request: web.Request) -> str:
+    """The write's field manager: ``fieldManager``, else the User-Agent up to its first ``/`` (like the
+    real server), at most 128 characters."""
+    explicit = request.query.get("fieldManager")
+    if explicit:
+        return explicit[:128]
+    agent = request.headers.get("User-Agent", "")
+    return agent.split("/", 1)[0][:128] or "unknown"
 
 
 def _field_validation(query: Any, target: _Target, body: Any, content_type: str) -> list[str]:
