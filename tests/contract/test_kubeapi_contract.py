@@ -728,6 +728,56 @@ async def test_server_side_apply_to_the_status_subresource(kube: Kube) -> None:
     assert status == 404, body
 
 
+# ---------------------------------------------------------------------------------------------- scale
+
+
+async def test_scale_subresource_reads_and_writes_the_replicas(kube: Kube) -> None:
+    _status, resources = await kube.raw("GET", WIDGETS)
+    entry = {r["name"]: r for r in resources["resources"]}["widgets/scale"]
+    assert (entry["kind"], entry["group"], entry["version"]) == ("Scale", "autoscaling", "v1")
+    assert sorted(entry["verbs"]) == ["get", "patch", "update"]
+
+    await kube.raw("POST", kube.widgets(), widget("sc", replicas=2))
+    await kube.raw(
+        "PATCH",
+        kube.widgets("sc") + "/status",
+        {"status": {"replicas": 1, "selector": "app=sc"}},
+        content_type=MERGE,
+    )
+    status, scale = await kube.raw("GET", kube.widgets("sc") + "/scale")
+    assert status == 200, scale
+    assert (scale["apiVersion"], scale["kind"]) == ("autoscaling/v1", "Scale")
+    assert scale["metadata"]["name"] == "sc"
+    assert scale["spec"] == {"replicas": 2}
+    assert scale["status"] == {"replicas": 1, "selector": "app=sc"}
+
+    status, scaled = await kube.raw(
+        "PATCH",
+        kube.widgets("sc") + "/scale",
+        {"spec": {"replicas": 5}},
+        content_type=MERGE,
+        query={"fieldManager": "scaler"},
+    )
+    assert status == 200, scaled
+    assert scaled["kind"] == "Scale"
+    assert scaled["spec"] == {"replicas": 5}
+    _status, obj = await kube.raw("GET", kube.widgets("sc"))
+    assert obj["spec"]["replicas"] == 5
+    assert obj["metadata"]["generation"] == 2
+    assert owners(obj)[("scaler", "Update", "scale")] == {"f:spec": {"f:replicas": {}}}
+
+    stale = {**scale, "spec": {"replicas": 1}}
+    status, body = await kube.raw("PUT", kube.widgets("sc") + "/scale", stale)
+    assert status == 409, body
+    status, put = await kube.raw("PUT", kube.widgets("sc") + "/scale", {**scaled, "spec": {"replicas": 1}})
+    assert status == 200, put
+    assert put["spec"] == {"replicas": 1}
+    assert put["metadata"]["resourceVersion"] != scaled["metadata"]["resourceVersion"]
+
+    status, body = await kube.raw("GET", kube.widgets("missing") + "/scale")
+    assert status == 404, body
+
+
 # ---------------------------------------------------------------------------------------------- lists
 
 

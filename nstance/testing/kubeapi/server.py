@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from nstance.testing.kubeapi import discovery, errors, openapi, tables
+from nstance.testing.kubeapi import discovery, errors, openapi, scale, tables
 from nstance.testing.kubeapi.admission import Admission, AdmissionRequest
 from nstance.testing.kubeapi.manifests import load_manifests
 from nstance.testing.kubeapi.metrics import RequestCounter, RequestKey, client_of, verb_of
@@ -41,6 +41,7 @@ from nstance.testing.kubeapi.store import (
     JSON_PATCH,
     Store,
     WatchEvent,
+    patched_document,
 )
 
 JSON = dict[str, Any]
@@ -432,6 +433,8 @@ class KubeAPIServer:
                 fields = parse_field_selector(f"metadata.name={target.name}", rtype.fields, rtype.custom)
                 return await self._watch(request, target, (), fields)
             obj = self.store.get(rtype, target.namespace, target.name)
+            if target.sub == "scale":
+                return _json_response(scale.view(rtype, obj))
             if tables.wants_table(request.headers.get("Accept", "")):
                 meta = {"resourceVersion": obj["metadata"].get("resourceVersion", "")}
                 return _json_response(
@@ -476,6 +479,8 @@ class KubeAPIServer:
             body = await self._body(request)
             if target.sub == "finalize":
                 return _json_response(self.store.finalize_namespace(target.name, body))
+            if target.sub == "scale":
+                return await self._scale(target, dry_run, lambda _current: body, manager)
             if target.sub not in (None, "status"):
                 raise errors.method_not_allowed()
             warnings = _field_validation(query, target, body, "")
@@ -488,9 +493,17 @@ class KubeAPIServer:
             )
             return _warn(response, warnings)
         if method == "PATCH":
+            content_type = request.headers.get("Content-Type", "").split(";")[0].strip()
+            if target.sub == "scale" and content_type != APPLY_PATCH:
+                patch = await self._body(request)
+                return await self._scale(
+                    target,
+                    dry_run,
+                    lambda current: patched_document(current, content_type, patch, strategic=True),
+                    manager,
+                )
             if target.sub not in (None, "status"):
                 raise errors.method_not_allowed()
-            content_type = request.headers.get("Content-Type", "").split(";")[0].strip()
             body = await self._body(request)
             warnings = _field_validation(query, target, body, content_type)
             if content_type == APPLY_PATCH:
@@ -610,17 +623,33 @@ class KubeAPIServer:
                     raise
         raise errors.internal("apply kept conflicting")  # pragma: no cover
 
+    async def _scale(
+        self, target: _Target, dry_run: bool, change: Callable[[JSON], Any], manager: str
+    ) -> web.StreamResponse:
+        """A write of the scale subresource; answers with the object's new ``Scale``."""
+        rtype = target.rtype
+        return await self._update(
+            target,
+            dry_run,
+            lambda: self.store.prepare_scale(rtype, target.namespace, str(target.name), change, manager),
+            view=lambda obj: scale.view(rtype, obj),
+        )
+
     async def _update(
-        self, target: _Target, dry_run: bool, prepare: Callable[[], tuple[JSON, JSON]]
+        self,
+        target: _Target,
+        dry_run: bool,
+        prepare: Callable[[], tuple[JSON, JSON]],
+        view: Callable[[JSON], JSON] = lambda obj: obj,
     ) -> web.StreamResponse:
         rtype = target.rtype
         for attempt in range(_WRITE_RETRIES):
             old, new = prepare()
             await self._admit("UPDATE", target, new, old, dry_run)
             if dry_run:
-                return _json_response(new)
+                return _json_response(view(new))
             try:
-                return _json_response(self.store.commit_update(rtype, old, new))
+                return _json_response(view(self.store.commit_update(rtype, old, new)))
             except errors.APIError as exc:
                 # prepare() re-checks the client's own preconditions, so retrying is always safe.
                 if exc.reason != "Conflict" or attempt == _WRITE_RETRIES - 1:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from nstance.testing.kubeapi import errors, fieldmanager, patches, schema
+from nstance.testing.kubeapi import errors, fieldmanager, patches, scale, schema
 from nstance.testing.kubeapi.resources import Registry, ResourceType, validate_crd
 from nstance.testing.kubeapi.selectors import (
     FieldSelector,
@@ -526,28 +526,7 @@ class Store:
     ) -> tuple[JSON, JSON]:
         """(old, new) for a PATCH of the given content type (server-side apply has ``prepare_apply``)."""
         old = self._view(rtype, self._stored(rtype, namespace, name))
-        try:
-            if content_type == MERGE_PATCH:
-                if not isinstance(patch, dict):
-                    raise errors.bad_request("a merge patch must be a JSON object")
-                patched = patches.merge_patch(old, patch)
-            elif content_type == JSON_PATCH:
-                patched = patches.json_patch(old, patch)
-            elif content_type == STRATEGIC_PATCH and not rtype.custom:
-                if not isinstance(patch, dict):
-                    raise errors.bad_request("a strategic merge patch must be a JSON object")
-                patched = patches.strategic_merge_patch(old, patch)
-            else:
-                raise errors.unsupported_media_type(
-                    content_type, [JSON_PATCH, MERGE_PATCH] + ([] if rtype.custom else [STRATEGIC_PATCH])
-                )
-        except patches.PatchError as exc:
-            if exc.malformed:
-                raise errors.bad_request(str(exc)) from None
-            raise errors.unprocessable(str(exc)) from None
-        if not isinstance(patched, dict):
-            raise errors.bad_request("the patch replaced the whole object with a non-object")
-        patched = copy.deepcopy(patched)  # a merge patch shares untouched parts with ``old``
+        patched = patched_document(old, content_type, patch, strategic=not rtype.custom)
         patched_meta: JSON = patched["metadata"] if isinstance(patched.get("metadata"), dict) else {}
         if patched_meta.get("name") != name:
             raise errors.bad_request(
@@ -614,6 +593,33 @@ class Store:
         if str(merged_meta.get("resourceVersion", "")) != found["metadata"]["resourceVersion"]:
             raise errors.conflict(rtype.group, rtype.plural, name)
         return found, self._build_update(rtype, found, merged, subresource, managed=managed)
+
+    def prepare_scale(
+        self,
+        rtype: ResourceType,
+        namespace: str | None,
+        name: str,
+        change: Callable[[JSON], Any],
+        manager: str | None = None,
+    ) -> tuple[JSON, JSON]:
+        """(old, new) for a write of the ``scale`` subresource: ``change`` turns the object's current
+        ``Scale`` into the written one, whose ``spec.replicas`` lands at the CRD's specReplicasPath."""
+        old = self._view(rtype, self._stored(rtype, namespace, name))
+        written = change(scale.view(rtype, old))
+        if not isinstance(written, dict):
+            raise errors.bad_request("the body of a Scale write must be a JSON object")
+        written_meta: JSON = written["metadata"] if isinstance(written.get("metadata"), dict) else {}
+        if str(written_meta.get("resourceVersion") or old["metadata"]["resourceVersion"]) != str(
+            old["metadata"]["resourceVersion"]
+        ):
+            raise errors.conflict(rtype.group, rtype.plural, name)
+        new = scale.with_replicas(rtype, old, scale.replicas_of(written))
+        new = self._build_update(rtype, old, new, None)
+        if manager:
+            managed = self._record(rtype, old, new, manager, "scale")
+            if managed:
+                new["metadata"]["managedFields"] = managed
+        return old, new
 
     def _record(
         self, rtype: ResourceType, old: JSON | None, new: JSON, manager: str, subresource: str | None
@@ -1218,3 +1224,29 @@ def _apply_conflict(
         for c in conflicts
     ]
     return errors.APIError(409, "Conflict", message, details)
+
+
+def patched_document(doc: JSON, content_type: str, patch: Any, *, strategic: bool) -> JSON:
+    """``doc`` with a JSON, merge or (when the kind allows it) strategic merge patch applied; a new object."""
+    try:
+        if content_type == MERGE_PATCH:
+            if not isinstance(patch, dict):
+                raise errors.bad_request("a merge patch must be a JSON object")
+            patched = patches.merge_patch(doc, patch)
+        elif content_type == JSON_PATCH:
+            patched = patches.json_patch(doc, patch)
+        elif content_type == STRATEGIC_PATCH and strategic:
+            if not isinstance(patch, dict):
+                raise errors.bad_request("a strategic merge patch must be a JSON object")
+            patched = patches.strategic_merge_patch(doc, patch)
+        else:
+            raise errors.unsupported_media_type(
+                content_type, [JSON_PATCH, MERGE_PATCH] + ([STRATEGIC_PATCH] if strategic else [])
+            )
+    except patches.PatchError as exc:
+        if exc.malformed:
+            raise errors.bad_request(str(exc)) from None
+        raise errors.unprocessable(str(exc)) from None
+    if not isinstance(patched, dict):
+        raise errors.bad_request("the patch replaced the whole object with a non-object")
+    return copy.deepcopy(patched)  # a merge patch shares untouched parts with ``doc``
