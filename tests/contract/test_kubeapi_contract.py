@@ -604,7 +604,7 @@ async def test_merge_json_and_strategic_patches(kube: Kube) -> None:
     assert cm.data == {"a": "1", "b": "2"}
 
 
-# ---------------------------------------------------------------------------------------------- server-side apply
+# ----------------------------------------------------------------------------------------- server-side apply
 
 APPLY = "application/apply-patch+yaml"
 
@@ -684,6 +684,14 @@ async def test_server_side_apply_creates_merges_and_reports_conflicts(kube: Kube
     assert body["message"] == (
         f'Apply failed with 1 conflict: conflict with "gamma" using {GROUP}/v1: .spec.size'
     )
+
+    # A keyed list its last item's owner drops goes away altogether.
+    status, emptied = await kube.raw(
+        "PATCH", path, widget("ssa"), content_type=APPLY, query={"fieldManager": "beta"}
+    )
+    assert status == 200, emptied
+    assert "ports" not in emptied["spec"]
+    assert ("beta", "Apply", "") in owners(emptied)
 
     # force on a non-apply patch is refused.
     status, body = await kube.raw(

@@ -377,6 +377,7 @@ def apply(
     for path in sorted(previous - kept, key=len):  # a list item goes before its fields
         if not any(p[: len(path)] == path for p in kept):
             _remove(merged, path)
+            _prune(merged, path[:-1])
     merged = _merge(merged, _scoped(applied, scope), schema)
     if previous != applied_set:
         touched.add(key)
@@ -409,6 +410,13 @@ def _remove(obj: Any, path: Path) -> None:
     elif kind == "v" and isinstance(parent, list):
         value = json.loads(rest)
         parent[:] = [item for item in parent if item != value]
+
+
+def _prune(obj: Any, path: Path) -> None:
+    """Drop the containers along ``path`` that a removal left empty (like the real server's removal)."""
+    while len(path) > 1 and _value_at(obj, path) in ({}, []):
+        _remove(obj, path)
+        path = path[:-1]
 
 
 def _merge(live: Any, applied: Any, schema: JSON | None) -> Any:

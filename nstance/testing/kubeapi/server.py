@@ -1,9 +1,11 @@
 """The HTTP face of the Kubernetes API emulator: aiohttp routes, watch streams, and the server lifecycle.
 
-``KubeAPIServer`` serves discovery, CRUD, patches, status/eviction/finalize subresources and watches over
-plain HTTP on 127.0.0.1, with JSON only (no protobuf, no Table output, no authentication, no server-side
-apply). It runs validating admission webhooks between computing and storing a write. Object semantics
-live in ``store.Store``; this module must not implement them itself, only translate HTTP to store calls.
+``KubeAPIServer`` serves discovery, OpenAPI v3, CRUD, patches (server-side apply included), the
+status/scale/eviction/finalize subresources, Table output and watches over plain HTTP on 127.0.0.1, with
+JSON only (no protobuf, no authentication). It names each write's field manager (``fieldManager``, else the
+User-Agent's product token) and runs validating admission webhooks between computing and storing a write.
+Object semantics live in ``store.Store``; this module must not implement them itself, only translate HTTP
+to store calls.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ from nstance.testing.kubeapi.selectors import (
 from nstance.testing.kubeapi.store import (
     APPLY_PATCH,
     JSON_PATCH,
+    MERGE_PATCH,
+    STRATEGIC_PATCH,
     Store,
     WatchEvent,
     patched_document,
@@ -494,7 +498,11 @@ class KubeAPIServer:
             return _warn(response, warnings)
         if method == "PATCH":
             content_type = request.headers.get("Content-Type", "").split(";")[0].strip()
-            if target.sub == "scale" and content_type != APPLY_PATCH:
+            if target.sub == "scale":
+                if content_type == APPLY_PATCH:  # a documented limit of the emulator
+                    raise errors.unsupported_media_type(
+                        content_type, [JSON_PATCH, MERGE_PATCH, STRATEGIC_PATCH]
+                    )
                 patch = await self._body(request)
                 return await self._scale(
                     target,
