@@ -48,7 +48,8 @@ from nstance.server.leadership.leaderterm import LeaderTerm
 from nstance.server.reconcile.cacherepair import CacheRepair
 from nstance.server.reconcile.gc import gc_cycle
 from nstance.server.reconcile.images import ImageService
-from nstance.server.reconcile.instances import InstanceOps, status_of
+from nstance.server.reconcile.instances import InstanceOps
+from nstance.server.reconcile.members import status_of
 from nstance.server.reconcile.reconciler import Reconciler
 from nstance.server.reconcile.recovery import rebuild_cache, sync_provider
 from nstance.server.shard.api import (
