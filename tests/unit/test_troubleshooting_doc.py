@@ -41,7 +41,7 @@ QUOTED_MESSAGES: list[tuple[str, str]] = [
     ("config not loaded: ", "nstance/server/net/http.py"),
     ("standby; leader: ", "nstance/server/net/http.py"),
     ("cannot listen on shard.bind.", "nstance/server/app.py"),
-    ("recovery failed: ", "nstance/server/shard/shard.py"),
+    ("recovery failed: ", "nstance/server/leadership/session.py"),
     ("but it was non-empty before", "nstance/server/state/configstate.py"),
     ("keeping the last good config: ", "nstance/server/state/confighealth.py"),
     ("refusing to write a new one holding only this change", "nstance/server/state/dynamic_groups.py"),
@@ -49,7 +49,7 @@ QUOTED_MESSAGES: list[tuple[str, str]] = [
     ("scaled down to fit the open-file limit (raise LimitNOFILE)", "nstance/server/app.py"),
     ("(shard.limits.max_group_size)", "nstance/config/limits.py"),
     ("(shard.limits.max_groups_per_tenant)", "nstance/config/limits.py"),
-    ("gc cycle failed: ", "nstance/server/shard/shard.py"),
+    ("gc cycle failed: ", "nstance/server/leadership/session.py"),
     # config validation
     ("invalid configuration (", "nstance/config/errors.py"),
     ("invalid JSONC: ", "nstance/config/jsonc.py"),
