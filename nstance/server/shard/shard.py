@@ -37,7 +37,10 @@ from nstance.pki.operator_record import operator_record, operator_record_key
 from nstance.providers.features import instance_type_check
 from nstance.server.agents.hub import AgentHub
 from nstance.server.leadership import session as leader_session
+from nstance.server.leadership.leadernet import LeaderAddress
 from nstance.server.leadership.session import LeaderSession
+from nstance.server.reconcile.cacherepair import CacheRepair
+from nstance.server.reconcile.images import ImageService
 from nstance.server.reconcile.instances import InstanceOps
 from nstance.server.reconcile.members import status_of
 from nstance.server.reconcile.reconciler import Reconciler
@@ -87,9 +90,6 @@ class Shard:
             resync_interval=resync_interval,
             metrics_interval=METRICS_INTERVAL,
         )
-        self.images = self.session.images
-        self.leader_net = self.session.leader_net
-        self.cache_repair = self.session.cache_repair
         #: This server's edits of groups.jsonc: concurrent UpsertGroup/DeleteGroup calls share writes.
         self._groups = GroupsWriter(ctx.store, ctx.config, self._apply_change, fault_point=ctx.fault_point)
         #: On-demand creates under way by instance id: ((tenant, group), task).
@@ -136,6 +136,18 @@ class Shard:
     def reconciler(self) -> Reconciler | None:
         """The current leadership's reconciler (None while not leading)."""
         return self.session.reconciler
+
+    @property
+    def images(self) -> ImageService:
+        return self.session.images
+
+    @property
+    def leader_net(self) -> LeaderAddress:
+        return self.session.leader_net
+
+    @property
+    def cache_repair(self) -> CacheRepair:
+        return self.session.cache_repair
 
     def on_instance_changed(self, tenant: str, group: str) -> None:
         """Something about an instance of this group changed (health, drain ack): reconcile it."""
