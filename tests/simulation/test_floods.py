@@ -15,7 +15,7 @@ import pytest
 from nstance.config import editing
 from nstance.db import repo
 from nstance.server.identity.agentreg import AgentRegistration
-from nstance.simulation import floods, world
+from nstance.simulation import cloud, floods
 from nstance.simulation.run import run_seed
 
 pytestmark = pytest.mark.slow
@@ -47,7 +47,7 @@ def test_without_size_limits_a_flood_is_caught_growing_groups(monkeypatch: pytes
     limit (the server would otherwise be asked for a million VMs) and so is the account's quota."""
     monkeypatch.setattr(editing, "check_upsert", lambda *args, **kwargs: None)
     monkeypatch.setattr(floods, "OVER_LIMIT_SIZES", (floods.MAX_GROUP_SIZE + 1,))
-    monkeypatch.setattr(world, "QUOTA_FACTOR", 1)  # the quota at the limit itself: one VM more is caught
+    monkeypatch.setattr(cloud, "QUOTA_FACTOR", 1)  # the quota at the limit itself: one VM more is caught
     problems = run_seed(0, fault_kinds=FLOODS).problems
     assert any(p.startswith("t=") and "UpsertGroup" in p and "was accepted" in p for p in problems), problems
     assert any("groups.jsonc holds size" in p for p in problems), problems
