@@ -228,8 +228,8 @@ QUOTED_MESSAGES: list[tuple[str, str]] = [
     ("StaticGroupKept", "nstance/operator/controllers/shardgroup/delete_group.py"),
     ("CreateInstanceFailed", "nstance/operator/controllers/machine/create_instance.py"),
     ("cannot change while the group is static (defined in the shard config)", "nstance/operator/webhook.py"),
-    ("NstanceDrainBlocked", "nstance/operator/drain.py"),
-    ("NstanceDrainTimeout", "nstance/operator/drain.py"),
+    ("NstanceDrainBlocked", "nstance/operator/drain/reasons.py"),
+    ("NstanceDrainTimeout", "nstance/operator/drain/reasons.py"),
     # nstance-admin
     ("--servers is required (or set", "nstance/admin/client.py"),
     ("or use --all-shards (known shards: ", "nstance/admin/client.py"),

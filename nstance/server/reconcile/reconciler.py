@@ -31,13 +31,13 @@ from nstance.core.plan import (
     plan_group,
     plan_on_demand,
 )
+from nstance.core.workqueue import WorkQueue
 from nstance.db import repo
 from nstance.db.rows import InstanceRow
 from nstance.server.reconcile import members as group_members
 from nstance.server.reconcile.create import CreateCancelled, Created
 from nstance.server.reconcile.instances import InstanceOps
 from nstance.server.reconcile.loadbalancers import RECHECK_AFTER, DeregistrationPending
-from nstance.server.reconcile.workqueue import WorkQueue
 from nstance.server.state.context import ShardContext
 
 log = logging.getLogger(__name__)
