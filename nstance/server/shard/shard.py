@@ -60,9 +60,6 @@ from nstance.server.state.groupwriter import GroupsWriter
 
 log = logging.getLogger(__name__)
 
-#: Seconds between refreshes of the instance gauges, read when a shard is built and given to its
-#: leader session (the simulation sets it here to slow them down).
-METRICS_INTERVAL = leader_session.METRICS_INTERVAL
 #: Lifetime of a renewed operator certificate (a year, as registration issues by default).
 OPERATOR_CERT_TTL = timedelta(hours=8760)
 
@@ -75,6 +72,7 @@ class Shard:
         ctx: ShardContext,
         *,
         resync_interval: float = 60.0,
+        metrics_interval: float = leader_session.METRICS_INTERVAL,
     ) -> None:
         self.ctx = ctx
         self.events: Events = ctx.events
@@ -88,7 +86,7 @@ class Shard:
             self.ops,
             on_config_change=self._apply_change,
             resync_interval=resync_interval,
-            metrics_interval=METRICS_INTERVAL,
+            metrics_interval=metrics_interval,
         )
         #: This server's edits of groups.jsonc: concurrent UpsertGroup/DeleteGroup calls share writes.
         self._groups = GroupsWriter(ctx.store, ctx.config, self._apply_change, fault_point=ctx.fault_point)
