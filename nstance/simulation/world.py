@@ -45,7 +45,6 @@ from nstance.objectstore.memory import MemoryObjectStore
 from nstance.pki.ca import create_ca
 from nstance.providers.base import ProviderUnavailable
 from nstance.providers.sim import SimProvider
-from nstance.server.shard import shard as shard_module
 from nstance.server.state import records as records_module
 from nstance.server.state.events import InstanceEventData
 from nstance.server.state.provisioning import ShardIdentity
@@ -257,15 +256,12 @@ def deterministic(seed: int, clock: ManualClock) -> Iterator[None]:
         now_ms=lambda: int(clock.now().timestamp() * 1000), randbytes=ids.randbytes
     )
     records_module.LIST_WORKERS = 1
-    saved_metrics = shard_module.METRICS_INTERVAL
-    shard_module.METRICS_INTERVAL = 60.0  # gauges nobody reads here; every 5 s costs a tenth of a run
     try:
         yield
     finally:
         backoff_module.set_default_rng_source(None)
         ids_module._default_generator = saved_ids
         records_module.LIST_WORKERS = saved_workers
-        shard_module.METRICS_INTERVAL = saved_metrics
         random.setstate(saved_state)
 
 
