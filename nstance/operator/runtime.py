@@ -43,7 +43,6 @@ while stopping.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import ipaddress
 import logging
 import os
@@ -65,9 +64,12 @@ from kubernetes_asyncio.config.config_exception import ConfigException
 
 from nstance.core.backoff import Backoff
 from nstance.core.clock import Clock, SystemClock
+from nstance.operator import handlers
 from nstance.operator.config import ConfigMapSource, ConfigSource, FileSource
 from nstance.operator.context import OperatorContext
+from nstance.operator.controllers.cluster import ensure_cluster
 from nstance.operator.crds import names
+from nstance.operator.drain import DrainCoordinator
 from nstance.operator.health import HealthServer, OperatorMetrics
 from nstance.operator.identity import IdentityManager
 from nstance.operator.kube import PODS, Kube, KubeError, load_configuration
@@ -77,6 +79,7 @@ from nstance.operator.nodes import NodeIndex
 from nstance.operator.renewal import CertificateRenewer
 from nstance.operator.settings import OperatorSettings, SettingsError, WebhookSettings
 from nstance.operator.shards import ShardSet
+from nstance.operator.sync import SyncManager
 from nstance.pki.serial import random_serial
 
 log = logging.getLogger(__name__)
@@ -243,41 +246,15 @@ class NotKopfTasks(Collection[asyncio.Task[Any]]):
 
 
 def _default_register(registry: kopf.OperatorRegistry) -> None:
-    try:
-        module = importlib.import_module("nstance.operator.handlers")
-    except ImportError as exc:
-        log.warning("nstance.operator.handlers is not available (%s); kopf runs without handlers", exc)
-        return
-    module.register(registry)
+    handlers.register(registry)
 
 
 async def _default_ensure_cluster(ctx: OperatorContext) -> None:
-    try:
-        module = importlib.import_module("nstance.operator.controllers.cluster")
-    except ImportError as exc:
-        log.warning(
-            "nstance.operator.controllers.cluster is not available (%s); not ensuring the Cluster", exc
-        )
-        return
-    await module.ensure_cluster(ctx)
+    await ensure_cluster(ctx)
 
 
 def _default_components() -> list[tuple[str, ComponentFactory]]:
-    found: list[tuple[str, ComponentFactory]] = []
-    for module_name, class_name, label in (
-        ("nstance.operator.sync", "SyncManager", "sync manager"),
-        ("nstance.operator.drain", "DrainCoordinator", "drain coordinator"),
-    ):
-        try:
-            module = importlib.import_module(module_name)
-            factory = getattr(module, class_name)
-        except (ImportError, AttributeError) as exc:
-            log.warning(
-                "%s.%s is not available (%s); running without the %s", module_name, class_name, exc, label
-            )
-            continue
-        found.append((label, factory))
-    return found
+    return [("sync manager", SyncManager), ("drain coordinator", DrainCoordinator)]
 
 
 # --- bounded stopping ------------------------------------------------------------------------------

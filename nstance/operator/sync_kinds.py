@@ -1,4 +1,5 @@
-"""API addresses (``kube.Resource``) of the custom kinds the sync manager and drain coordinator touch.
+"""API addresses (``kube.Resource``) of the kinds the operator reads and writes: the sync manager, the
+drain coordinator, the read cache and (through ``controllers.resources``) the controllers.
 
 Responsible for naming them once, from ``crds.names``. Must not hold behaviour or talk to the API.
 """

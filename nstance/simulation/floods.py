@@ -54,7 +54,8 @@ from nstance.server.agents.hub import HealthReport
 from nstance.server.shard.api import InstanceRequest
 
 if TYPE_CHECKING:
-    from nstance.simulation.world import Incarnation, World
+    from nstance.simulation.servers import Incarnation
+    from nstance.simulation.world import World
 
 #: ``shard.limits.max_group_size`` in the simulated shard's config (the operator asks for 0-4).
 MAX_GROUP_SIZE = 8
@@ -162,7 +163,7 @@ class FloodNemesis:
             return
         what, call = attempt
         try:
-            await world._call_leader(call)
+            await world.call_leader(call)
         except NstanceError:
             return
         if what:
@@ -293,7 +294,7 @@ class FloodNemesis:
 
     def _check_groups_document(self) -> None:
         world = self.world
-        from nstance.simulation.world import SHARD
+        from nstance.simulation.scenario import SHARD
 
         try:
             raw, _ = world.base_store.get(f"shard/{SHARD}/groups.jsonc")

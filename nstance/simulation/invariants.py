@@ -28,7 +28,9 @@ from nstance.objectstore.scoped import ScopedObjectStore
 from nstance.providers.base import InstanceStatus
 from nstance.server.state import records
 from nstance.server.state.configstate import ConfigState
-from nstance.simulation.world import SHARD, TENANT, AgentState, World
+from nstance.simulation.agents import AgentState
+from nstance.simulation.scenario import SHARD, TENANT
+from nstance.simulation.world import World
 
 
 def desired_sizes(world: World, cache: Path) -> dict[str, int]:

@@ -26,7 +26,8 @@ from nstance.core.clock import Clock
 from nstance.simulation.loop import VirtualTimeLoop
 
 if TYPE_CHECKING:
-    from nstance.simulation.world import Incarnation, World
+    from nstance.simulation.servers import Incarnation
+    from nstance.simulation.world import World
 
 #: Seconds after which an agent's stream to a stopped server breaks: gRPC keepalive pings every 20 s
 #: and gives up after 10 s without an answer (``nstance.agent.channels``).

@@ -20,14 +20,8 @@ from pathlib import Path
 
 from nstance.simulation.invariants import check_end_state
 from nstance.simulation.loop import VirtualTimeLoop
-from nstance.simulation.world import (
-    World,
-    _owner_of,
-    _task_factory,
-    deterministic,
-    scratch_root,
-    template_database,
-)
+from nstance.simulation.servers import owner_of, task_factory, template_database
+from nstance.simulation.world import World, deterministic, scratch_root
 
 LOG_LINES = 400
 
@@ -82,7 +76,7 @@ def run_seed(
     """Simulate one seed and check its invariants.
 
     Tests may tamper with the end state (``before_check``) or narrow the faults to some kinds
-    (``fault_kinds``, from ``world.FAULT_KINDS``).
+    (``fault_kinds``, from ``scenario.FAULT_KINDS``).
     """
     started = time.perf_counter()
     root = _root()
@@ -95,8 +89,8 @@ def run_seed(
     saved_level, saved_handlers = logger.level, logger.handlers[:]
     logger.handlers[:] = [handler]
     logger.setLevel(logging.INFO if verbose else logging.WARNING)
-    loop = VirtualTimeLoop(world.clock, owner_of=_owner_of)
-    loop.set_task_factory(_task_factory)
+    loop = VirtualTimeLoop(world.clock, owner_of=owner_of)
+    loop.set_task_factory(task_factory)
     problems: list[str] = []
     try:
         with deterministic(seed, world.clock):

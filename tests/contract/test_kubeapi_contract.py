@@ -70,7 +70,14 @@ WIDGET_CRD: dict[str, Any] = {
                 "name": "v1",
                 "served": True,
                 "storage": True,
-                "subresources": {"status": {}},
+                "subresources": {
+                    "status": {},
+                    "scale": {
+                        "specReplicasPath": ".spec.replicas",
+                        "statusReplicasPath": ".status.replicas",
+                        "labelSelectorPath": ".status.selector",
+                    },
+                },
                 "additionalPrinterColumns": [
                     {"name": "Size", "type": "integer", "jsonPath": ".spec.size"},
                     {"name": "Shards", "type": "string", "jsonPath": ".spec.shards"},
@@ -93,6 +100,20 @@ WIDGET_CRD: dict[str, Any] = {
                                     "tier": {"type": "string", "default": "standard"},
                                     "vars": {"type": "object", "additionalProperties": {"type": "string"}},
                                     "extra": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+                                    "replicas": {"type": "integer", "minimum": 0},
+                                    "ports": {
+                                        "type": "array",
+                                        "x-kubernetes-list-type": "map",
+                                        "x-kubernetes-list-map-keys": ["name"],
+                                        "items": {
+                                            "type": "object",
+                                            "required": ["name"],
+                                            "properties": {
+                                                "name": {"type": "string"},
+                                                "port": {"type": "integer"},
+                                            },
+                                        },
+                                    },
                                 },
                             },
                             "status": {
@@ -100,6 +121,7 @@ WIDGET_CRD: dict[str, Any] = {
                                 "properties": {
                                     "ready": {"type": "boolean"},
                                     "replicas": {"type": "integer"},
+                                    "selector": {"type": "string"},
                                 },
                             },
                         },
@@ -396,7 +418,9 @@ async def test_create_fills_server_metadata_and_answers_201(kube: Kube) -> None:
     assert meta["generation"] == 1
     assert meta["namespace"] == kube.ns
     assert int(meta["resourceVersion"]) > 0
-    assert "managedFields" not in meta or kube.emulator is None
+    # Ownership is recorded for ordinary writes too, named after the User-Agent's product token.
+    assert [m["operation"] for m in meta["managedFields"]] == ["Update"]
+    assert meta["managedFields"][0]["manager"] == "Python"
     assert created["spec"]["tier"] == "standard"  # schema default applied
 
     status, second = await kube.raw("POST", kube.widgets(), widget("w2"))
@@ -585,6 +609,188 @@ async def test_merge_json_and_strategic_patches(kube: Kube) -> None:
     await kube.core.create_namespaced_config_map(kube.ns, {"metadata": {"name": "smp"}, "data": {"a": "1"}})
     cm = await kube.core.patch_namespaced_config_map("smp", kube.ns, {"data": {"b": "2"}})  # strategic merge
     assert cm.data == {"a": "1", "b": "2"}
+
+
+# ----------------------------------------------------------------------------------------- server-side apply
+
+APPLY = "application/apply-patch+yaml"
+
+
+def owners(obj: dict[str, Any]) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """managedFields by (manager, operation, subresource) -> fieldsV1."""
+    return {
+        (m["manager"], m["operation"], m.get("subresource", "")): m["fieldsV1"]
+        for m in obj["metadata"].get("managedFields", [])
+    }
+
+
+async def test_server_side_apply_creates_merges_and_reports_conflicts(kube: Kube) -> None:
+    path = kube.widgets("ssa")
+    first = widget("ssa", size=1, ports=[{"name": "a", "port": 1}])
+    status, created = await kube.raw(
+        "PATCH", path, first, content_type=APPLY, query={"fieldManager": "alpha"}
+    )
+    assert status == 201, created
+    assert created["spec"]["size"] == 1
+    assert owners(created)[("alpha", "Apply", "")] == {
+        "f:spec": {
+            "f:ports": {'k:{"name":"a"}': {".": {}, "f:name": {}, "f:port": {}}},
+            "f:shards": {},
+            "f:size": {},
+        }
+    }
+
+    status, body = await kube.raw("PATCH", path, first, content_type=APPLY)
+    assert status == 422, body
+    assert "fieldManager: Required value" in body["message"]
+
+    # Another manager changing alpha's field is a conflict naming the field and the owner.
+    second = {**widget("ssa", size=2), "spec": {"size": 2, "ports": [{"name": "b", "port": 2}]}}
+    status, body = await kube.raw("PATCH", path, second, content_type=APPLY, query={"fieldManager": "beta"})
+    assert status == 409, body
+    assert body["reason"] == "Conflict"
+    assert body["message"] == 'Apply failed with 1 conflict: conflict with "alpha": .spec.size'
+    assert body["details"]["causes"] == [
+        {"reason": "FieldManagerConflict", "message": 'conflict with "alpha"', "field": ".spec.size"}
+    ]
+
+    # The same value is no conflict: both own it.
+    same = {**second, "spec": {"size": 1}}
+    status, shared = await kube.raw("PATCH", path, same, content_type=APPLY, query={"fieldManager": "beta"})
+    assert status == 200, shared
+    assert "f:size" in owners(shared)[("beta", "Apply", "")]["f:spec"]
+    assert "f:size" in owners(shared)[("alpha", "Apply", "")]["f:spec"]
+
+    # force takes the field over; map lists merge by key.
+    query = {"fieldManager": "beta", "force": "true"}
+    status, forced = await kube.raw("PATCH", path, second, content_type=APPLY, query=query)
+    assert status == 200, forced
+    assert forced["spec"]["size"] == 2
+    assert forced["spec"]["ports"] == [{"name": "a", "port": 1}, {"name": "b", "port": 2}]
+    assert "f:size" not in owners(forced)[("alpha", "Apply", "")]["f:spec"]
+
+    # A field its applier drops is removed unless someone else owns it.
+    status, dropped = await kube.raw(
+        "PATCH", path, widget("ssa"), content_type=APPLY, query={"fieldManager": "alpha"}
+    )
+    assert status == 200, dropped["message"]
+    assert dropped["spec"]["ports"] == [{"name": "b", "port": 2}]
+    assert dropped["spec"]["size"] == 2
+
+    # An ordinary update gives its manager the fields it changed; applying over them conflicts "using".
+    status, updated = await kube.raw(
+        "PATCH", path, {"spec": {"size": 3}}, content_type=MERGE, query={"fieldManager": "gamma"}
+    )
+    assert status == 200, updated
+    assert owners(updated)[("gamma", "Update", "")] == {"f:spec": {"f:size": {}}}
+    assert "f:size" not in owners(updated)[("beta", "Apply", "")]["f:spec"]
+    status, body = await kube.raw(
+        "PATCH", path, widget("ssa", size=4), content_type=APPLY, query={"fieldManager": "alpha"}
+    )
+    assert status == 409, body
+    assert body["message"] == (
+        f'Apply failed with 1 conflict: conflict with "gamma" using {GROUP}/v1: .spec.size'
+    )
+
+    # A keyed list its last item's owner drops goes away altogether.
+    status, emptied = await kube.raw(
+        "PATCH", path, widget("ssa"), content_type=APPLY, query={"fieldManager": "beta"}
+    )
+    assert status == 200, emptied
+    assert "ports" not in emptied["spec"]
+    assert ("beta", "Apply", "") in owners(emptied)
+
+    # force on a non-apply patch is refused.
+    status, body = await kube.raw(
+        "PATCH", path, {"spec": {"size": 3}}, content_type=MERGE, query={"fieldManager": "g", "force": "true"}
+    )
+    assert status == 422, body
+
+
+async def test_server_side_apply_to_the_status_subresource(kube: Kube) -> None:
+    await kube.raw("POST", kube.widgets(), widget("ssa-status"))
+    applied = {**widget("ssa-status"), "status": {"replicas": 3}}
+    status, body = await kube.raw(
+        "PATCH",
+        kube.widgets("ssa-status") + "/status",
+        applied,
+        content_type=APPLY,
+        query={"fieldManager": "ctl"},
+    )
+    assert status == 200, body
+    assert body["status"] == {"replicas": 3}
+    assert owners(body)[("ctl", "Apply", "status")] == {"f:status": {"f:replicas": {}}}
+
+    # Status in an apply to the main resource is ignored, like in an update.
+    status, main = await kube.raw(
+        "PATCH",
+        kube.widgets("ssa-status"),
+        {**applied, "status": {"replicas": 9}},
+        content_type=APPLY,
+        query={"fieldManager": "other"},
+    )
+    assert status == 200, main
+    assert main["status"] == {"replicas": 3}
+    assert "f:status" not in owners(main)[("other", "Apply", "")]
+
+    status, body = await kube.raw(
+        "PATCH",
+        kube.widgets("nothing") + "/status",
+        applied,
+        content_type=APPLY,
+        query={"fieldManager": "ctl"},
+    )
+    assert status == 404, body
+
+
+# ---------------------------------------------------------------------------------------------- scale
+
+
+async def test_scale_subresource_reads_and_writes_the_replicas(kube: Kube) -> None:
+    _status, resources = await kube.raw("GET", WIDGETS)
+    entry = {r["name"]: r for r in resources["resources"]}["widgets/scale"]
+    assert (entry["kind"], entry["group"], entry["version"]) == ("Scale", "autoscaling", "v1")
+    assert sorted(entry["verbs"]) == ["get", "patch", "update"]
+
+    await kube.raw("POST", kube.widgets(), widget("sc", replicas=2))
+    await kube.raw(
+        "PATCH",
+        kube.widgets("sc") + "/status",
+        {"status": {"replicas": 1, "selector": "app=sc"}},
+        content_type=MERGE,
+    )
+    status, scale = await kube.raw("GET", kube.widgets("sc") + "/scale")
+    assert status == 200, scale
+    assert (scale["apiVersion"], scale["kind"]) == ("autoscaling/v1", "Scale")
+    assert scale["metadata"]["name"] == "sc"
+    assert scale["spec"] == {"replicas": 2}
+    assert scale["status"] == {"replicas": 1, "selector": "app=sc"}
+
+    status, scaled = await kube.raw(
+        "PATCH",
+        kube.widgets("sc") + "/scale",
+        {"spec": {"replicas": 5}},
+        content_type=MERGE,
+        query={"fieldManager": "scaler"},
+    )
+    assert status == 200, scaled
+    assert scaled["kind"] == "Scale"
+    assert scaled["spec"] == {"replicas": 5}
+    _status, obj = await kube.raw("GET", kube.widgets("sc"))
+    assert obj["spec"]["replicas"] == 5
+    assert obj["metadata"]["generation"] == 2
+    assert owners(obj)[("scaler", "Update", "scale")] == {"f:spec": {"f:replicas": {}}}
+
+    stale = {**scale, "spec": {"replicas": 1}}
+    status, body = await kube.raw("PUT", kube.widgets("sc") + "/scale", stale)
+    assert status == 409, body
+    status, put = await kube.raw("PUT", kube.widgets("sc") + "/scale", {**scaled, "spec": {"replicas": 1}})
+    assert status == 200, put
+    assert put["spec"] == {"replicas": 1}
+    assert put["metadata"]["resourceVersion"] != scaled["metadata"]["resourceVersion"]
+
+    status, body = await kube.raw("GET", kube.widgets("missing") + "/scale")
+    assert status == 404, body
 
 
 # ---------------------------------------------------------------------------------------------- lists

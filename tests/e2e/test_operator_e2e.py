@@ -456,11 +456,14 @@ async def test_an_on_demand_pod_gets_its_own_vm_which_goes_with_the_pod(system: 
         )
 
         async def created() -> dict[str, Any] | None:
+            # The instance ID is written before CreateInstance (crash safety) and replaced when the
+            # shard asks for another kind prefix: only the InstanceCreated condition makes it final.
             machine = await kube.get(MACHINES, "on-demand-batch-job", ns)
             status = (machine or {}).get("status") or {}
-            if not status.get("instanceID") or not status.get("shard"):
+            conditions = status.get("conditions") or []
+            if not any(c.get("type") == "InstanceCreated" and c.get("status") == "True" for c in conditions):
                 return None
-            return status
+            return status if status.get("instanceID") and status.get("shard") else None
 
         status = await eventually(
             created, what="an NstanceMachine with an instance", log=log, within=60, every=0.2

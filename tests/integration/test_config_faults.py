@@ -19,7 +19,7 @@ from test_shard_cloud_features import Harness
 from nstance.config import GroupUpdate, apply_upsert
 from nstance.core.errors import FailedPrecondition, InvalidArgument
 from nstance.objectstore.base import ObjectNotFound
-from nstance.server.shard import shard as shard_module
+from nstance.server.leadership import session as session_module
 from nstance.server.state.dynamic_groups import edit_dynamic_groups
 from nstance.testing.waiting import eventually
 
@@ -33,7 +33,7 @@ def gauge(h: Harness, name: str, **labels: str) -> float | None:
 
 @pytest.fixture
 def h(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
-    monkeypatch.setattr(shard_module, "CONFIG_CHECK_INTERVAL", 0.05)
+    monkeypatch.setattr(session_module, "CONFIG_CHECK_INTERVAL", 0.05)
     harness = Harness(tmp_path, size=1)
     config = harness.state.snapshot().config  # type: ignore[union-attr]
     edit_dynamic_groups(

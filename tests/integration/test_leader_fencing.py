@@ -22,9 +22,9 @@ from test_shard_gc import KEY, Harness
 from nstance.core.errors import Unavailable
 from nstance.db import repo
 from nstance.providers.base import ProviderInstance
+from nstance.server.leadership import session as session_module
 from nstance.server.reconcile.gc import gc_cycle
 from nstance.server.reconcile.recovery import sync_provider
-from nstance.server.shard import shard as shard_module
 from nstance.server.state.fencing import NotLeader
 from nstance.testing.waiting import eventually
 
@@ -64,7 +64,7 @@ class HourBackoff:
 async def test_a_recovery_that_is_retrying_stops_at_once_when_leadership_is_lost(
     h: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(shard_module, "Backoff", HourBackoff)
+    monkeypatch.setattr(session_module, "Backoff", HourBackoff)
     failures = 0
 
     def unavailable(prefix: str = "") -> list[str]:

@@ -21,6 +21,7 @@ import pytest
 from google.protobuf.empty_pb2 import Empty
 
 from nstance.core.ids import parse_puid
+from nstance.core.steps import Requeue
 from nstance.operator import handlers
 from nstance.operator.conditions import find_condition, is_true
 from nstance.operator.context import OperatorContext, ShardNotConfigured, Timings
@@ -41,7 +42,6 @@ from nstance.operator.controllers.resources import (
 from nstance.operator.crds import names
 from nstance.operator.kube import EVENTS, NODES, PODS, Kube, Object, load_configuration
 from nstance.operator.nodes import NodeIndex
-from nstance.operator.steps import Requeue
 from nstance.rpc import operator_pb2, operator_pb2_grpc
 from nstance.testing.kubeapi import KubeAPIServer
 from nstance.testing.operatorproc import capi_machine_pool

@@ -44,7 +44,8 @@ from nstance.pki.peer import PeerIdentity, verify_client_certificate
 from nstance.providers.sim import SimProvider
 from nstance.rpc import operator_pb2, operator_pb2_grpc, registration_pb2, registration_pb2_grpc
 from nstance.server.identity.interceptors import ServerInterceptor, current_peer
-from nstance.server.identity.registration import Registrar, operator_nonce_key
+from nstance.server.identity.operatorreg import operator_nonce_key
+from nstance.server.identity.registration import Registrar
 from nstance.server.identity.tls import server_credentials
 from nstance.server.services.registration import RegistrationServicer
 from nstance.server.shard.build import build_shard

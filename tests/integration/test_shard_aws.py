@@ -88,7 +88,7 @@ def _harness(tmp_path: Path, aws: dict[str, Any]) -> Harness:
         clock=clock,
     )
     # The leader IP is an address in the VPC, not on this test machine: treat it as configured.
-    h.shard.leader_net = LeaderAddress(h.ctx, bindable=lambda _ip: True)
+    h.shard.session.leader_net = LeaderAddress(h.ctx, bindable=lambda _ip: True)
     return h
 
 

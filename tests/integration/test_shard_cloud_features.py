@@ -415,9 +415,9 @@ async def test_the_leader_picks_up_a_groups_change_it_was_not_told_about(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Found by the simulation: a groups.jsonc write whose answer was lost left the leader on the old size."""
-    from nstance.server.shard import shard as shard_module
+    from nstance.server.leadership import session as session_module
 
-    monkeypatch.setattr(shard_module, "CONFIG_CHECK_INTERVAL", 0.05)
+    monkeypatch.setattr(session_module, "CONFIG_CHECK_INTERVAL", 0.05)
     h = Harness(tmp_path, size=1)
     try:
         await h.shard.start_leading()

@@ -23,7 +23,7 @@ from nstance.core.ids import new_instance_id
 from nstance.pki.keys import generate_private_key, public_key_to_pem
 from nstance.pki.nonce import operator_nonce_claims
 from nstance.rpc import registration_pb2
-from nstance.server.identity.registration import operator_nonce_key
+from nstance.server.identity.operatorreg import operator_nonce_key
 from nstance.testing.jwtforge import (
     b64json,
     b64url,

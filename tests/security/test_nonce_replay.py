@@ -21,7 +21,7 @@ from nstance.pki.keys import generate_private_key, private_key_to_pem, public_ke
 from nstance.pki.nonce import operator_nonce_claims
 from nstance.pki.peer import PeerIdentity, verify_client_certificate
 from nstance.rpc import agent_pb2, operator_pb2_grpc, registration_pb2
-from nstance.server.identity.registration import operator_nonce_key
+from nstance.server.identity.operatorreg import operator_nonce_key
 from nstance.testing.identities import ClientIdentity
 from nstance.testing.securityshard import CALL_TIMEOUT, CLUSTER, TENANT_A, TENANT_B, SecurityShard
 from nstance.testing.waiting import eventually

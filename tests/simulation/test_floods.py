@@ -14,8 +14,8 @@ import pytest
 
 from nstance.config import editing
 from nstance.db import repo
-from nstance.server.identity.registration import Registrar
-from nstance.simulation import floods, world
+from nstance.server.identity.agentreg import AgentRegistration
+from nstance.simulation import cloud, floods
 from nstance.simulation.run import run_seed
 
 pytestmark = pytest.mark.slow
@@ -47,7 +47,7 @@ def test_without_size_limits_a_flood_is_caught_growing_groups(monkeypatch: pytes
     limit (the server would otherwise be asked for a million VMs) and so is the account's quota."""
     monkeypatch.setattr(editing, "check_upsert", lambda *args, **kwargs: None)
     monkeypatch.setattr(floods, "OVER_LIMIT_SIZES", (floods.MAX_GROUP_SIZE + 1,))
-    monkeypatch.setattr(world, "QUOTA_FACTOR", 1)  # the quota at the limit itself: one VM more is caught
+    monkeypatch.setattr(cloud, "QUOTA_FACTOR", 1)  # the quota at the limit itself: one VM more is caught
     problems = run_seed(0, fault_kinds=FLOODS).problems
     assert any(p.startswith("t=") and "UpsertGroup" in p and "was accepted" in p for p in problems), problems
     assert any("groups.jsonc holds size" in p for p in problems), problems
@@ -58,9 +58,9 @@ def test_without_size_limits_a_flood_is_caught_growing_groups(monkeypatch: pytes
 def test_a_replayed_registration_that_succeeds_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """The guard removed: the claim no longer requires an unregistered row, so a nonce read from a
     registered VM's user data registers a second key for it."""
-    original = Registrar._claim_many
+    original = AgentRegistration._claim_many
 
-    def forgetful(self: Registrar, requests: list[Any]) -> list[repo.AgentClaim]:
+    def forgetful(self: AgentRegistration, requests: list[Any]) -> list[repo.AgentClaim]:
         out = []
         for request, claim in zip(requests, original(self, requests), strict=True):
             if not claim.claimed:
@@ -71,6 +71,6 @@ def test_a_replayed_registration_that_succeeds_is_caught(monkeypatch: pytest.Mon
             out.append(claim)
         return out
 
-    monkeypatch.setattr(Registrar, "_claim_many", forgetful)
+    monkeypatch.setattr(AgentRegistration, "_claim_many", forgetful)
     problems = [p for seed in SEEDS for p in run_seed(seed, fault_kinds=FLOODS).problems]
     assert any("a replay of the nonce of registered instance" in p for p in problems), problems

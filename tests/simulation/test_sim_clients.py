@@ -30,7 +30,7 @@ async def test_a_call_cut_off_by_the_server_fails_instead_of_ending_the_client()
         await inner
 
     with pytest.raises(ProviderUnavailable, match="s1#1 dropped the call"):
-        await World._call_leader(_world(), served)
+        await World.call_leader(_world(), served)
 
 
 async def test_stopping_the_client_itself_still_stops_it() -> None:
@@ -40,7 +40,7 @@ async def test_stopping_the_client_itself_still_stops_it() -> None:
         started.set()
         await asyncio.sleep(3600)
 
-    call = asyncio.ensure_future(World._call_leader(_world(), served))
+    call = asyncio.ensure_future(World.call_leader(_world(), served))
     await started.wait()
     call.cancel()
     with pytest.raises(asyncio.CancelledError):

@@ -20,8 +20,8 @@ from nstance.config import GroupUpdate
 from nstance.db.models import Instance
 from nstance.server.leadership.election import Elector
 from nstance.server.reconcile import brake as brake_module
-from nstance.server.reconcile import reconciler as reconciler_module
-from nstance.server.reconcile.instances import member_of
+from nstance.server.reconcile import members as members_module
+from nstance.server.reconcile.members import member_of
 from nstance.server.shard.api import GroupView
 from nstance.server.shard.shard import Shard
 from nstance.server.state import context as context_module
@@ -71,7 +71,7 @@ def test_replacing_healthy_instances_after_a_failover_is_caught(monkeypatch: pyt
     def no_floor(row: Instance, **_: Any) -> Any:
         return member_of(row)
 
-    monkeypatch.setattr(reconciler_module, "member_of", no_floor)
+    monkeypatch.setattr(members_module, "member_of", no_floor)
     result = run_seed(2)
     assert any("for missed health reports, but its agent was alive" in p for p in result.problems)
 
@@ -166,7 +166,7 @@ def test_blips_around_failovers_replace_nothing() -> None:
 
 def test_without_the_silence_floor_blips_around_failovers_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """The guard removed: silence counted from the last report whoever received it."""
-    monkeypatch.setattr(reconciler_module, "member_of", lambda row, **_: member_of(row))
+    monkeypatch.setattr(members_module, "member_of", lambda row, **_: member_of(row))
     problems = [p for r in _class_results(BLIPS) for p in r.problems]
     assert any("for missed health reports, but its agent was alive" in p for p in problems), problems
 
@@ -205,7 +205,7 @@ def test_a_failing_seed_prints_the_command_that_reproduces_it(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("PYTHONHASHSEED", "0")  # already fixed: the command line does not re-execute
-    monkeypatch.setattr(reconciler_module, "member_of", lambda row, **_: member_of(row))
+    monkeypatch.setattr(members_module, "member_of", lambda row, **_: member_of(row))
 
     code = cli.main(["--seed", "2"])
 

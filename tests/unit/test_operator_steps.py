@@ -1,4 +1,4 @@
-"""The ordered-steps runner and the controllers' work queue (nstance.operator.steps, controllers.queue)."""
+"""The ordered-steps runner and the controllers' work queue (nstance.core.steps, controllers.queue)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 import pytest
 
 from nstance.core.backoff import Backoff
+from nstance.core.steps import Done, Requeue, StepState, run_steps
 from nstance.operator.controllers.common import merge_diff
 from nstance.operator.controllers.queue import Key, WorkQueue
-from nstance.operator.steps import Done, Requeue, StepState, run_steps
 from nstance.testing.waiting import eventually
 
 log = logging.getLogger("test.steps")
@@ -216,6 +216,31 @@ async def test_the_earliest_delayed_mark_wins_and_a_mark_now_replaces_it() -> No
         await reconciler.wait_calls(2)
         await queue.wait_idle()
         assert queue.pending == 0
+    finally:
+        await queue.stop()
+
+
+async def test_a_mark_during_a_run_drops_the_delay_that_run_asks_for() -> None:
+    release = asyncio.Event()
+    calls: list[Key] = []
+
+    async def reconcile(key: Key) -> float | None:
+        calls.append(key)
+        if len(calls) == 1:
+            await release.wait()
+            return 60.0  # superseded: the object changed while this run was going
+        return None
+
+    queue = WorkQueue("test", reconcile, workers=1)
+    queue.start()
+    try:
+        queue.enqueue(KEY)
+        await eventually(lambda: len(calls) == 1, within=5, what="the first run")
+        queue.enqueue(KEY)
+        release.set()
+        await eventually(lambda: len(calls) == 2, within=5, what="the run the mark asked for")
+        await queue.wait_idle()
+        assert queue.pending == 0  # no 60 s run left behind
     finally:
         await queue.stop()
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from nstance.core.backoff import Backoff
-from nstance.server.reconcile.workqueue import WorkQueue
+from nstance.core.workqueue import WorkQueue
 from nstance.testing.waiting import eventually
 
 
@@ -176,3 +176,37 @@ async def test_at_most_background_limit_background_keys_run_at_once() -> None:
 def test_background_limit_must_be_positive() -> None:
     with pytest.raises(ValueError, match="background_limit"):
         WorkQueue[str](background_limit=0)
+
+
+async def test_cancel_drops_a_pending_schedule_but_not_a_mark_made() -> None:
+    queue: WorkQueue[str] = WorkQueue()
+    queue.add_after("later", 60.0)
+    queue.add_after("both", 60.0)
+    queue.add("both")
+    assert queue.keys == {"later", "both"}
+    queue.cancel("later")
+    queue.cancel("both")
+    queue.cancel("never-scheduled")
+    assert queue.scheduled == {}
+    assert queue.keys == {"both"}
+    assert len(queue) == 1
+    await queue.close()
+
+
+async def test_rerun_pending_tells_a_handler_it_was_marked_during_its_run() -> None:
+    queue: WorkQueue[str] = WorkQueue()
+    seen: list[tuple[bool, bool, set[str]]] = []
+
+    async def handler(key: str) -> None:
+        before = queue.rerun_pending(key)
+        if not seen:
+            queue.add(key)  # a mark while in progress
+        seen.append((before, queue.rerun_pending(key), queue.keys))
+
+    queue.add("g")
+    task = asyncio.create_task(queue.run(handler, workers=1))
+    await eventually(lambda: len(seen) == 2 and idle(queue), within=10, what="the second run to finish")
+    await queue.close()
+    await task
+    assert seen == [(False, True, {"g"}), (False, False, {"g"})]
+    assert queue.keys == set()

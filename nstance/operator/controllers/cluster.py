@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import urlsplit
 
+from nstance.core.steps import Step, run_steps
 from nstance.operator.conditions import is_true
 from nstance.operator.context import OperatorContext
 from nstance.operator.controllers.common import (
-    ObjectLogger,
     ObjectState,
     object_logger,
     reconcile_object,
@@ -31,7 +31,7 @@ from nstance.operator.controllers.common import (
 from nstance.operator.controllers.resources import CAPI_CLUSTERS, NSTANCE_CLUSTERS, infrastructure_ref
 from nstance.operator.crds.names import KIND_CLUSTER, READY
 from nstance.operator.kube import KubeError, Object, Resource
-from nstance.operator.steps import Step, run_steps
+from nstance.operator.objectlog import ObjectLogger
 
 log = logging.getLogger(__name__)
 

@@ -15,24 +15,18 @@ Must not: hold controller-specific policy, or call shard servers.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from nstance.core.steps import Done, Requeue, Step, StepState, run_steps
 from nstance.operator.conditions import set_condition
 from nstance.operator.context import OperatorContext
 from nstance.operator.kube import KubeError, Object, Resource
 from nstance.operator.kubecache import CachedKube
-from nstance.operator.steps import Done, Requeue, Step, StepState, run_steps
+from nstance.operator.objectlog import ObjectLogger
 
 log = logging.getLogger("nstance.operator.controllers")
-
-
-class ObjectLogger(logging.LoggerAdapter[logging.Logger]):
-    """Prefixes every message with ``Kind namespace/name``."""
-
-    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
-        return f"{(self.extra or {}).get('object', '')}: {msg}", kwargs
 
 
 def object_logger(kind: str, namespace: str, name: str) -> ObjectLogger:

@@ -14,6 +14,10 @@ under bursts and restarts:
 * ``observe`` marks a key only when the object's *trigger* (for example its generation and deletion
   state) differs from the last one seen, so an object's own status writes do not cause reconciles.
 
+The keys themselves live in the level-triggered queue every program shares
+(``nstance.core.workqueue``): coalescing, one worker per key, delayed marks. This module adds what a
+controller needs on top: triggers, failure backoff, requeue-after, ``wait_idle``, names and logging.
+
 We use this instead of kopf's change handlers because kopf supports a single finalizer name per
 operator, while each Nstance kind has its own (wire-compatible with upstream); kopf still does the
 listing, watching, reconnecting and the admission webhook.
@@ -28,6 +32,7 @@ import logging
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 
+from nstance.core import workqueue
 from nstance.core.backoff import Backoff
 
 Key = tuple[str, str]
@@ -37,12 +42,6 @@ Reconcile = Callable[[Key], Awaitable[float | None]]
 """Reconcile one key; return seconds until it should run again, or None."""
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Timer:
-    deadline: float
-    handle: asyncio.TimerHandle
 
 
 @dataclass
@@ -57,11 +56,7 @@ class WorkQueue:
     """Failures logged without a traceback (API refusals and the like); others are logged with one."""
 
     def __post_init__(self) -> None:
-        self._ready: asyncio.Queue[Key] = asyncio.Queue()
-        self._queued: set[Key] = set()
-        self._active: set[Key] = set()
-        self._dirty: set[Key] = set()
-        self._timers: dict[Key, _Timer] = {}
+        self._keys: workqueue.WorkQueue[Key] = workqueue.WorkQueue()
         self._seen: dict[Key, Hashable] = {}
         self._failures: dict[Key, int] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -73,37 +68,14 @@ class WorkQueue:
     # --- marking ------------------------------------------------------------------------------
 
     def enqueue(self, key: Key, after: float = 0.0) -> None:
-        """Reconcile ``key`` now (``after`` = 0) or after ``after`` seconds (earliest request wins)."""
+        """Reconcile ``key`` now (``after`` = 0) or after ``after`` seconds (earliest request wins).
+
+        A mark now replaces a pending delayed run."""
         if after > 0:
-            self._enqueue_later(key, after)
+            self._keys.add_after(key, after)
             return
-        self._cancel_timer(key)
-        if key in self._active:
-            self._dirty.add(key)
-        elif key not in self._queued:
-            self._queued.add(key)
-            self._idle.clear()
-            self._ready.put_nowait(key)
-
-    def _enqueue_later(self, key: Key, after: float) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + after
-        timer = self._timers.get(key)
-        if timer is not None:
-            if timer.deadline <= deadline:
-                return
-            timer.handle.cancel()
-        self._idle.clear()
-        self._timers[key] = _Timer(deadline, loop.call_later(after, self._fire, key))
-
-    def _fire(self, key: Key) -> None:
-        self._timers.pop(key, None)
-        self.enqueue(key)
-
-    def _cancel_timer(self, key: Key) -> None:
-        timer = self._timers.pop(key, None)
-        if timer is not None:
-            timer.handle.cancel()
+        self._keys.cancel(key)
+        self._keys.add(key)
 
     def observe(self, key: Key, trigger: Hashable) -> None:
         """Enqueue ``key`` if ``trigger`` differs from the last one observed for it."""
@@ -116,23 +88,23 @@ class WorkQueue:
         """The object is gone: drop its trigger, backoff and pending delayed run."""
         self._seen.pop(key, None)
         self._failures.pop(key, None)
-        self._cancel_timer(key)
+        self._keys.cancel(key)
 
     # --- running ------------------------------------------------------------------------------
 
     @property
     def pending(self) -> int:
         """Keys queued, running or waiting for a delayed run."""
-        return len(self._queued | self._active | set(self._timers))
+        return len(self._keys.keys)
 
     @property
     def busy(self) -> bool:
         """Whether a key is queued or being reconciled now."""
-        return bool(self._queued or self._active)
+        return bool(len(self._keys) or self._keys.in_progress)
 
     async def wait_idle(self) -> None:
         """Return once nothing is queued or running (delayed runs do not count)."""
-        while self._queued or self._active:
+        while self.busy:
             self._idle.clear()
             await self._idle.wait()
 
@@ -143,8 +115,7 @@ class WorkQueue:
             self._tasks.append(asyncio.create_task(self._work(), name=f"{self.name}-worker-{index}"))
 
     async def stop(self) -> None:
-        for key in list(self._timers):
-            self._cancel_timer(key)
+        await self._keys.close()
         tasks, self._tasks = self._tasks, []
         for task in tasks:
             task.cancel()
@@ -152,36 +123,41 @@ class WorkQueue:
 
     async def _work(self) -> None:
         while True:
-            key = await self._ready.get()
-            self._queued.discard(key)
-            self._active.add(key)
-            after: float | None = None
+            key = await self._keys.get()
+            if key is None:
+                return
             try:
-                self.reconciles += 1
-                after = await self.reconcile(key)
-                self._failures.pop(key, None)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                attempt = self._failures.get(key, 0)
-                self._failures[key] = attempt + 1
-                after = self.backoff.delay(attempt)
-                log.warning(
-                    "%s %s/%s: reconcile failed (%s: %s); retrying in %.1fs",
-                    self.name,
-                    key[0],
-                    key[1],
-                    type(exc).__name__,
-                    exc,
-                    after,
-                    exc_info=not isinstance(exc, self.expected) or log.isEnabledFor(logging.DEBUG),
-                )
+                await self._run(key)
             finally:
-                self._active.discard(key)
-            if key in self._dirty:
-                self._dirty.discard(key)
-                self.enqueue(key)
-            elif after is not None:
-                self.enqueue(key, after)
-            if not self._queued and not self._active:
-                self._idle.set()
+                self._keys.done(key)
+                if not self.busy:
+                    self._idle.set()
+
+    async def _run(self, key: Key) -> None:
+        """Reconcile ``key`` once and decide when it runs again: at once when it was marked meanwhile
+        (a pending delayed run is dropped), else after the delay it asked for or its failure backoff."""
+        after: float | None = None
+        try:
+            self.reconciles += 1
+            after = await self.reconcile(key)
+            self._failures.pop(key, None)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            attempt = self._failures.get(key, 0)
+            self._failures[key] = attempt + 1
+            after = self.backoff.delay(attempt)
+            log.warning(
+                "%s %s/%s: reconcile failed (%s: %s); retrying in %.1fs",
+                self.name,
+                key[0],
+                key[1],
+                type(exc).__name__,
+                exc,
+                after,
+                exc_info=not isinstance(exc, self.expected) or log.isEnabledFor(logging.DEBUG),
+            )
+        if self._keys.rerun_pending(key):
+            self._keys.cancel(key)  # ``done`` queues it again now
+        elif after is not None:
+            self.enqueue(key, after)

@@ -1,7 +1,9 @@
 """The Kubernetes resources the controllers read and write, as ``kube.Resource`` values.
 
-Built from the wire names in ``nstance.operator.crds.names`` so there is one spelling of every group,
-version and plural. Must not: hold behaviour.
+The kinds every part of the operator uses are defined once in ``nstance.operator.sync_kinds`` (outside
+this package, so the read cache and the sync manager need not import the controllers) and named here
+again for the controllers; the CAPI Cluster, the cluster-name label and infrastructure references are
+the controllers' own. Must not: hold behaviour.
 """
 
 from __future__ import annotations
@@ -10,21 +12,28 @@ from typing import Final
 
 from nstance.operator.crds import names
 from nstance.operator.kube import Resource
+from nstance.operator.sync_kinds import (
+    CAPI_MACHINE_POOLS,
+    CAPI_MACHINES,
+    NSTANCE_CLUSTERS,
+    NSTANCE_MACHINE_POOLS,
+    NSTANCE_MACHINES,
+    NSTANCE_SHARD_GROUPS,
+)
 
-NSTANCE_CLUSTERS: Final = Resource(names.GROUP, names.VERSION, names.NSTANCE_CLUSTERS, names.KIND_CLUSTER)
-NSTANCE_MACHINE_POOLS: Final = Resource(
-    names.GROUP, names.VERSION, names.NSTANCE_MACHINE_POOLS, names.KIND_MACHINE_POOL
-)
-NSTANCE_SHARD_GROUPS: Final = Resource(
-    names.GROUP, names.VERSION, names.NSTANCE_SHARD_GROUPS, names.KIND_SHARD_GROUP
-)
-NSTANCE_MACHINES: Final = Resource(names.GROUP, names.VERSION, names.NSTANCE_MACHINES, names.KIND_MACHINE)
+__all__ = [
+    "CAPI_CLUSTERS",
+    "CAPI_CLUSTER_NAME_LABEL",
+    "CAPI_MACHINES",
+    "CAPI_MACHINE_POOLS",
+    "NSTANCE_CLUSTERS",
+    "NSTANCE_MACHINES",
+    "NSTANCE_MACHINE_POOLS",
+    "NSTANCE_SHARD_GROUPS",
+    "infrastructure_ref",
+]
 
 CAPI_CLUSTERS: Final = Resource(names.CAPI_GROUP, names.CAPI_VERSION, names.CLUSTERS, names.CAPI_KIND_CLUSTER)
-CAPI_MACHINE_POOLS: Final = Resource(
-    names.CAPI_GROUP, names.CAPI_VERSION, names.MACHINE_POOLS, names.CAPI_KIND_MACHINE_POOL
-)
-CAPI_MACHINES: Final = Resource(names.CAPI_GROUP, names.CAPI_VERSION, names.MACHINES, names.CAPI_KIND_MACHINE)
 
 CAPI_CLUSTER_NAME_LABEL: Final = "cluster.x-k8s.io/cluster-name"
 """Label Cluster API puts on every object of a cluster (value at most 63 characters)."""

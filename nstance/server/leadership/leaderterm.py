@@ -1,11 +1,11 @@
 """The tasks of one leadership term, cancelled together the moment leadership is lost.
 
-``Shard.start_leading`` enrols itself (recovery, with its retries) and every loop it starts (reconciler,
+``LeaderSession.start`` enrols itself (recovery, with its retries) and every loop it starts (reconciler,
 GC, config check, image refresh, metrics) in a ``LeaderTerm``. When leadership is lost, ``cancel`` stops
 them all at once: none of them runs on until its next iteration or its next fence check. Writes that
 were already past their fence are the only ones that can still land, and those are bounded by the
 election's margin between the end of our lease and a follower's takeover. At an orderly shutdown
-while still leading, the tasks instead get ``shard.shutdown_timeout`` to finish (``Shard.stop_leading``).
+while still leading, the tasks instead get ``shard.shutdown_timeout`` to finish (``LeaderSession.stop``).
 """
 
 from __future__ import annotations

@@ -24,7 +24,6 @@ from nstance.core.ids import GroupKey
 from nstance.core.plan import (
     Action,
     GroupPlan,
-    Member,
     PlanInput,
     Reason,
     next_on_demand_wakeup,
@@ -32,11 +31,13 @@ from nstance.core.plan import (
     plan_group,
     plan_on_demand,
 )
+from nstance.core.workqueue import WorkQueue
 from nstance.db import repo
 from nstance.db.rows import InstanceRow
-from nstance.server.reconcile.instances import CreateCancelled, Created, InstanceOps, member_of
+from nstance.server.reconcile import members as group_members
+from nstance.server.reconcile.create import CreateCancelled, Created
+from nstance.server.reconcile.instances import InstanceOps
 from nstance.server.reconcile.loadbalancers import RECHECK_AFTER, DeregistrationPending
-from nstance.server.reconcile.workqueue import WorkQueue
 from nstance.server.state.context import ShardContext
 
 log = logging.getLogger(__name__)
@@ -161,19 +162,6 @@ class Reconciler:
         """
         return self.leading_since + (self._silence_limit() or timedelta(0))
 
-    def _seen_since(self, instance_id: str, seen_since: datetime) -> datetime:
-        """``seen_since`` for one instance: later for a row that came back from a repaired record.
-
-        While its record was unreadable the instance had no active cache row, so this leader refused
-        its agent's streams: it could not report before the row came back (``recheck_unreadable``).
-        Its silence counts from then plus one missed-report window (the agent's reconnect), as after
-        a takeover - never from a health timestamp the repaired record or an old row carried.
-        """
-        rejoined = self._ops.rejoined.get(instance_id)
-        if rejoined is None:
-            return seen_since
-        return max(seen_since, rejoined + (self._silence_limit() or timedelta(0)))
-
     def check_health_after(self, key: GroupKey) -> None:
         """Reconcile ``key`` once the silence limit has passed (an earlier schedule is kept)."""
         limit = self._silence_limit()
@@ -183,24 +171,6 @@ class Reconciler:
     def _ondemand_age(self) -> timedelta | None:
         snapshot = self._ctx.config.snapshot()
         return snapshot.config.shard.expiry.ondemand_age if snapshot is not None else None
-
-    def _members(
-        self, tenant: str, group: str, now: datetime, seen_since: datetime, term: datetime
-    ) -> tuple[list[InstanceRow], list[Member], list[Member]]:
-        """The group's active rows and the planner's view of its managed and on-demand ones (a thread)."""
-        with self._ctx.db.read_connection() as session:
-            rows = repo.list_active_instances(session, tenant=tenant, group_key=group)
-        managed = [
-            member_of(row, seen_since=self._seen_since(row.id, seen_since), now=now, term_start=term)
-            for row in rows
-            if not row.on_demand
-        ]
-        on_demand = [
-            member_of(row, seen_since=self._seen_since(row.id, seen_since), now=now, term_start=term)
-            for row in rows
-            if row.on_demand
-        ]
-        return rows, managed, on_demand
 
     async def reconcile(self, key: GroupKey) -> None:
         """Bring one group toward its wanted state (level-triggered: safe to call any time)."""
@@ -216,7 +186,15 @@ class Reconciler:
         term = self.leading_since
         async with self._reads:  # 1,000s of rows: off the loop, and few at a time (the GIL is shared)
             all_rows, members, on_demand = await asyncio.to_thread(
-                self._members, tenant, group, now, seen_since, term
+                group_members.read_group,
+                ctx.db,
+                tenant,
+                group,
+                now=now,
+                seen_since=seen_since,
+                term=term,
+                rejoined=self._ops.rejoined,
+                silence_limit=self._silence_limit(),
             )
         by_id = {row.id: row for row in all_rows}
         spec = self._spec(merged)

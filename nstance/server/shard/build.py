@@ -23,6 +23,7 @@ from nstance.pki.ca import CertificateAuthority
 from nstance.providers.base import Provider
 from nstance.secrets.base import SecretStore
 from nstance.server.identity.registration import Registrar
+from nstance.server.leadership.session import METRICS_INTERVAL
 from nstance.server.shard.shard import Shard
 from nstance.server.state.configstate import ConfigState
 from nstance.server.state.context import Leadership, ShardContext
@@ -61,6 +62,7 @@ def build_shard(
     degraded: Degradations | None = None,
     faults: Callable[[str], None] | None = None,
     resync_interval: float = 60.0,
+    metrics_interval: float = METRICS_INTERVAL,
 ) -> BuiltShard:
     """Put one shard together (see the module docstring); nothing starts until leadership is won."""
     ctx = ShardContext(
@@ -82,6 +84,6 @@ def build_shard(
         degraded=degraded if degraded is not None else Degradations(),
         faults=faults,
     )
-    shard = Shard(ctx, resync_interval=resync_interval)
+    shard = Shard(ctx, resync_interval=resync_interval, metrics_interval=metrics_interval)
     registrar = Registrar(ctx, db_writer=shard.ops.db_writer, events=shard)
     return BuiltShard(ctx=ctx, shard=shard, registrar=registrar)

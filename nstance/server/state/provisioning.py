@@ -3,7 +3,7 @@
 ``prepare_instance`` turns a group's merged config into a ``CreateRequest`` plus what the record and
 the SQLite row need. It asks about subnet capacity through the given check, and fetches
 ``userdata.source: url`` content with a timeout (in a worker thread). Writing the intent and calling
-the provider is the job of ``nstance.server.reconcile.instances``, so that the crash-safe ordering
+the provider is the job of ``nstance.server.reconcile.create``, so that the crash-safe ordering
 lives in one place.
 """
 

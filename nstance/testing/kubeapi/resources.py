@@ -171,6 +171,7 @@ SUBRESOURCE_DISCOVERY: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
     "status": ("", "", "", ("get", "patch", "update")),
     "eviction": ("Eviction", "policy", "v1", ("create",)),
     "finalize": ("", "", "", ("update",)),
+    "scale": ("Scale", "autoscaling", "v1", ("get", "patch", "update")),
 }
 
 _VERSION_RE = re.compile(r"^v(\d+)(?:(alpha|beta)(\d+))?$")
@@ -280,7 +281,10 @@ def crd_resource_types(crd: JSON) -> list[ResourceType]:
                 custom=True,
                 storage_version=storage,
                 unconditional_update=False,
-                extra={"printerColumns": list(version.get("additionalPrinterColumns") or [])},
+                extra={
+                    "printerColumns": list(version.get("additionalPrinterColumns") or []),
+                    "scale": (version.get("subresources") or {}).get("scale") or {},
+                },
             )
         )
     return result

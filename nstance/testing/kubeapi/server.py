@@ -1,9 +1,11 @@
 """The HTTP face of the Kubernetes API emulator: aiohttp routes, watch streams, and the server lifecycle.
 
-``KubeAPIServer`` serves discovery, CRUD, patches, status/eviction/finalize subresources and watches over
-plain HTTP on 127.0.0.1, with JSON only (no protobuf, no Table output, no authentication, no server-side
-apply). It runs validating admission webhooks between computing and storing a write. Object semantics
-live in ``store.Store``; this module must not implement them itself, only translate HTTP to store calls.
+``KubeAPIServer`` serves discovery, OpenAPI v3, CRUD, patches (server-side apply included), the
+status/scale/eviction/finalize subresources, Table output and watches over plain HTTP on 127.0.0.1, with
+JSON only (no protobuf, no authentication). It names each write's field manager (``fieldManager``, else the
+User-Agent's product token) and runs validating admission webhooks between computing and storing a write.
+Object semantics live in ``store.Store``; this module must not implement them itself, only translate HTTP
+to store calls.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from nstance.testing.kubeapi import discovery, errors, openapi, tables
+from nstance.testing.kubeapi import discovery, errors, openapi, scale, tables
 from nstance.testing.kubeapi.admission import Admission, AdmissionRequest
 from nstance.testing.kubeapi.manifests import load_manifests
 from nstance.testing.kubeapi.metrics import RequestCounter, RequestKey, client_of, verb_of
@@ -43,6 +45,7 @@ from nstance.testing.kubeapi.store import (
     STRATEGIC_PATCH,
     Store,
     WatchEvent,
+    patched_document,
 )
 
 JSON = dict[str, Any]
@@ -381,9 +384,7 @@ class KubeAPIServer:
         content_type = request.headers.get("Content-Type", "application/json").split(";")[0].strip()
         if "protobuf" in content_type:
             raise errors.unsupported_media_type(content_type, ["application/json", "application/yaml"])
-        if content_type == APPLY_PATCH:
-            raise errors.unsupported_media_type(content_type, [JSON_PATCH, MERGE_PATCH, STRATEGIC_PATCH])
-        if content_type in ("application/yaml", "application/x-yaml"):
+        if content_type in ("application/yaml", "application/x-yaml", APPLY_PATCH):
             import yaml
 
             try:
@@ -410,6 +411,7 @@ class KubeAPIServer:
                 client_of(request.headers.get("User-Agent", "")),
             )
         )
+        manager = _field_manager(request)
         if method == "GET":
             if target.name is None:
                 labels = parse_label_selector(query.get("labelSelector"))
@@ -435,6 +437,8 @@ class KubeAPIServer:
                 fields = parse_field_selector(f"metadata.name={target.name}", rtype.fields, rtype.custom)
                 return await self._watch(request, target, (), fields)
             obj = self.store.get(rtype, target.namespace, target.name)
+            if target.sub == "scale":
+                return _json_response(scale.view(rtype, obj))
             if tables.wants_table(request.headers.get("Accept", "")):
                 meta = {"resourceVersion": obj["metadata"].get("resourceVersion", "")}
                 return _json_response(
@@ -445,7 +449,7 @@ class KubeAPIServer:
             body = await self._body(request)
             if target.name is None:
                 warnings = _field_validation(query, target, body, "")
-                return _warn(await self._create(target, body, dry_run), warnings)
+                return _warn(await self._create(target, body, dry_run, manager), warnings)
             if target.sub == "eviction":
                 return await self._evict(target, body)
             if target.sub is None and isinstance(body, dict):
@@ -457,7 +461,9 @@ class KubeAPIServer:
                         f"({target.name})"
                     )
                 meta["name"] = target.name
-                return await self._create(_Target(rtype, target.namespace, None, None), body, dry_run)
+                return await self._create(
+                    _Target(rtype, target.namespace, None, None), body, dry_run, manager
+                )
             raise errors.method_not_allowed()
         if target.name is None:
             if method == "DELETE":
@@ -477,6 +483,8 @@ class KubeAPIServer:
             body = await self._body(request)
             if target.sub == "finalize":
                 return _json_response(self.store.finalize_namespace(target.name, body))
+            if target.sub == "scale":
+                return await self._scale(target, dry_run, lambda _current: body, manager)
             if target.sub not in (None, "status"):
                 raise errors.method_not_allowed()
             warnings = _field_validation(query, target, body, "")
@@ -484,21 +492,37 @@ class KubeAPIServer:
                 target,
                 dry_run,
                 lambda: self.store.prepare_update(
-                    rtype, target.namespace, str(target.name), body, target.sub
+                    rtype, target.namespace, str(target.name), body, target.sub, manager
                 ),
             )
             return _warn(response, warnings)
         if method == "PATCH":
+            content_type = request.headers.get("Content-Type", "").split(";")[0].strip()
+            if target.sub == "scale":
+                if content_type == APPLY_PATCH:  # a documented limit of the emulator
+                    raise errors.unsupported_media_type(
+                        content_type, [JSON_PATCH, MERGE_PATCH, STRATEGIC_PATCH]
+                    )
+                patch = await self._body(request)
+                return await self._scale(
+                    target,
+                    dry_run,
+                    lambda current: patched_document(current, content_type, patch, strategic=True),
+                    manager,
+                )
             if target.sub not in (None, "status"):
                 raise errors.method_not_allowed()
-            content_type = request.headers.get("Content-Type", "").split(";")[0].strip()
             body = await self._body(request)
             warnings = _field_validation(query, target, body, content_type)
+            if content_type == APPLY_PATCH:
+                return _warn(await self._apply(request, target, body, dry_run), warnings)
+            if "force" in query:
+                raise errors.unprocessable("force: Forbidden: may not be specified for non-apply patch")
             response = await self._update(
                 target,
                 dry_run,
                 lambda: self.store.prepare_patch(
-                    rtype, target.namespace, str(target.name), content_type, body, target.sub
+                    rtype, target.namespace, str(target.name), content_type, body, target.sub, manager
                 ),
             )
             return _warn(response, warnings)
@@ -543,10 +567,12 @@ class KubeAPIServer:
         )
         await self.admission.validate(configs, request, self._namespace_labels(namespace))
 
-    async def _create(self, target: _Target, body: Any, dry_run: bool) -> web.StreamResponse:
+    async def _create(
+        self, target: _Target, body: Any, dry_run: bool, manager: str | None
+    ) -> web.StreamResponse:
         rtype = target.rtype
         for attempt in range(_WRITE_RETRIES):
-            candidate = self.store.prepare_create(rtype, target.namespace, body)
+            candidate = self.store.prepare_create(rtype, target.namespace, body, manager)
             await self._admit("CREATE", target, candidate, None, dry_run)
             if dry_run:
                 return _json_response(candidate, 201)
@@ -561,17 +587,77 @@ class KubeAPIServer:
                     raise
         raise errors.internal("create kept conflicting")  # pragma: no cover - loop always returns or raises
 
+    async def _apply(
+        self, request: web.Request, target: _Target, body: Any, dry_run: bool
+    ) -> web.StreamResponse:
+        """Server-side apply: create the object if it is missing, else merge it for the field manager."""
+        manager = request.query.get("fieldManager", "")
+        if not manager:
+            raise errors.unprocessable(
+                'PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value: '
+                "is required for apply patch"
+            )
+        force = request.query.get("force")
+        if force is not None and force not in ("true", "false"):
+            raise errors.bad_request(f"force: Invalid value: {force!r}: must be true or false")
+        name = str(target.name)
+        for attempt in range(_WRITE_RETRIES):
+            old, new = self.store.prepare_apply(
+                target.rtype,
+                target.namespace,
+                name,
+                body,
+                manager,
+                force=force == "true",
+                subresource=target.sub,
+            )
+            if old is None:
+                await self._admit("CREATE", target, new, None, dry_run)
+                if dry_run:
+                    return _json_response(new, 201)
+                try:
+                    return _json_response(self.store.commit_create(target.rtype, new), 201)
+                except errors.APIError as exc:
+                    if exc.reason != "AlreadyExists" or attempt == _WRITE_RETRIES - 1:
+                        raise
+                    continue
+            await self._admit("UPDATE", target, new, old, dry_run)
+            if dry_run:
+                return _json_response(new)
+            try:
+                return _json_response(self.store.commit_update(target.rtype, old, new))
+            except errors.APIError as exc:
+                if exc.reason != "Conflict" or attempt == _WRITE_RETRIES - 1:
+                    raise
+        raise errors.internal("apply kept conflicting")  # pragma: no cover
+
+    async def _scale(
+        self, target: _Target, dry_run: bool, change: Callable[[JSON], Any], manager: str
+    ) -> web.StreamResponse:
+        """A write of the scale subresource; answers with the object's new ``Scale``."""
+        rtype = target.rtype
+        return await self._update(
+            target,
+            dry_run,
+            lambda: self.store.prepare_scale(rtype, target.namespace, str(target.name), change, manager),
+            view=lambda obj: scale.view(rtype, obj),
+        )
+
     async def _update(
-        self, target: _Target, dry_run: bool, prepare: Callable[[], tuple[JSON, JSON]]
+        self,
+        target: _Target,
+        dry_run: bool,
+        prepare: Callable[[], tuple[JSON, JSON]],
+        view: Callable[[JSON], JSON] = lambda obj: obj,
     ) -> web.StreamResponse:
         rtype = target.rtype
         for attempt in range(_WRITE_RETRIES):
             old, new = prepare()
             await self._admit("UPDATE", target, new, old, dry_run)
             if dry_run:
-                return _json_response(new)
+                return _json_response(view(new))
             try:
-                return _json_response(self.store.commit_update(rtype, old, new))
+                return _json_response(view(self.store.commit_update(rtype, old, new)))
             except errors.APIError as exc:
                 # prepare() re-checks the client's own preconditions, so retrying is always safe.
                 if exc.reason != "Conflict" or attempt == _WRITE_RETRIES - 1:
@@ -786,6 +872,16 @@ class KubeAPIServer:
 
 
 FIELD_VALIDATION = ("Ignore", "Warn", "Strict")
+
+
+def _field_manager(request: web.Request) -> str:
+    """The write's field manager: ``fieldManager``, else the User-Agent up to its first ``/`` (like the
+    real server), at most 128 characters."""
+    explicit = request.query.get("fieldManager")
+    if explicit:
+        return explicit[:128]
+    agent = request.headers.get("User-Agent", "")
+    return agent.split("/", 1)[0][:128] or "unknown"
 
 
 def _field_validation(query: Any, target: _Target, body: Any, content_type: str) -> list[str]:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from nstance.testing.kubeapi import errors, patches, schema
+from nstance.testing.kubeapi import errors, fieldmanager, patches, scale, schema
 from nstance.testing.kubeapi.resources import Registry, ResourceType, validate_crd
 from nstance.testing.kubeapi.selectors import (
     FieldSelector,
@@ -268,8 +268,13 @@ class Store:
 
     # ----------------------------------------------------------------------------- create
 
-    def prepare_create(self, rtype: ResourceType, namespace: str | None, body: Any) -> JSON:
-        """Validate and complete a new object (uid, timestamps, generation); not stored yet."""
+    def prepare_create(
+        self, rtype: ResourceType, namespace: str | None, body: Any, manager: str | None = None
+    ) -> JSON:
+        """Validate and complete a new object (uid, timestamps, generation); not stored yet.
+
+        ``manager`` (the request's field manager) is recorded in ``managedFields`` as owning every field.
+        """
         if not isinstance(body, dict):
             raise errors.bad_request(f"the body of a {rtype.kind} create must be a JSON object")
         obj = copy.deepcopy(body)
@@ -330,6 +335,8 @@ class Store:
             obj.pop("status", None)
         self._defaults_on_create(rtype, obj)
         obj = self._validate(rtype, obj, None)
+        if manager:
+            obj["metadata"]["managedFields"] = self._record(rtype, None, obj, manager, None)
         return obj
 
     def commit_create(self, rtype: ResourceType, obj: JSON) -> JSON:
@@ -470,7 +477,13 @@ class Store:
     # ----------------------------------------------------------------------------- update / patch
 
     def prepare_update(
-        self, rtype: ResourceType, namespace: str | None, name: str, body: Any, subresource: str | None = None
+        self,
+        rtype: ResourceType,
+        namespace: str | None,
+        name: str,
+        body: Any,
+        subresource: str | None = None,
+        manager: str | None = None,
     ) -> tuple[JSON, JSON]:
         """(old, new) for a PUT; raises 409 on a stale resourceVersion."""
         if not isinstance(body, dict):
@@ -499,7 +512,7 @@ class Store:
                     )
                 ],
             )
-        return old, self._build_update(rtype, old, copy.deepcopy(body), subresource)
+        return old, self._build_update(rtype, old, copy.deepcopy(body), subresource, manager)
 
     def prepare_patch(
         self,
@@ -509,30 +522,11 @@ class Store:
         content_type: str,
         patch: Any,
         subresource: str | None = None,
+        manager: str | None = None,
     ) -> tuple[JSON, JSON]:
-        """(old, new) for a PATCH of the given content type."""
+        """(old, new) for a PATCH of the given content type (server-side apply has ``prepare_apply``)."""
         old = self._view(rtype, self._stored(rtype, namespace, name))
-        try:
-            if content_type == MERGE_PATCH:
-                if not isinstance(patch, dict):
-                    raise errors.bad_request("a merge patch must be a JSON object")
-                patched = patches.merge_patch(old, patch)
-            elif content_type == JSON_PATCH:
-                patched = patches.json_patch(old, patch)
-            elif content_type == STRATEGIC_PATCH and not rtype.custom:
-                if not isinstance(patch, dict):
-                    raise errors.bad_request("a strategic merge patch must be a JSON object")
-                patched = patches.strategic_merge_patch(old, patch)
-            else:
-                raise errors.unsupported_media_type(
-                    content_type, [JSON_PATCH, MERGE_PATCH] + ([] if rtype.custom else [STRATEGIC_PATCH])
-                )
-        except patches.PatchError as exc:
-            if exc.malformed:
-                raise errors.bad_request(str(exc)) from None
-            raise errors.unprocessable(str(exc)) from None
-        if not isinstance(patched, dict):
-            raise errors.bad_request("the patch replaced the whole object with a non-object")
+        patched = patched_document(old, content_type, patch, strategic=not rtype.custom)
         patched_meta: JSON = patched["metadata"] if isinstance(patched.get("metadata"), dict) else {}
         if patched_meta.get("name") != name:
             raise errors.bad_request(
@@ -541,9 +535,117 @@ class Store:
             )
         if str(patched_meta.get("resourceVersion", "")) not in ("", old["metadata"]["resourceVersion"]):
             raise errors.conflict(rtype.group, rtype.plural, name)
-        return old, self._build_update(rtype, old, patched, subresource)
+        return old, self._build_update(rtype, old, patched, subresource, manager)
 
-    def _build_update(self, rtype: ResourceType, old: JSON, new: JSON, subresource: str | None) -> JSON:
+    def prepare_apply(
+        self,
+        rtype: ResourceType,
+        namespace: str | None,
+        name: str,
+        applied: Any,
+        manager: str,
+        *,
+        force: bool,
+        subresource: str | None = None,
+    ) -> tuple[JSON | None, JSON]:
+        """(old, new) for a server-side apply by ``manager``; old is None when the apply creates the object.
+
+        Raises 409 Conflict naming each field another manager owns that the apply would change, unless
+        ``force`` (then the fields change owner)."""
+        found = self.find(rtype, namespace, name)
+        if found is None and subresource is not None:
+            raise errors.not_found(rtype.group, rtype.plural, name)
+        if not isinstance(applied, dict):
+            raise errors.bad_request("the applied configuration must be an object")
+        applied_meta: JSON = applied["metadata"] if isinstance(applied.get("metadata"), dict) else {}
+        if applied_meta.get("name", name) != name:
+            raise errors.bad_request(
+                f"the name of the object ({applied_meta.get('name')}) "
+                f"does not match the name on the URL ({name})"
+            )
+        if applied.get("apiVersion") != rtype.api_version or applied.get("kind") != rtype.kind:
+            raise errors.bad_request(
+                f"the applied configuration must have apiVersion {rtype.api_version} and kind {rtype.kind}"
+            )
+        scope: tuple[str, ...] | None = ("f:status",) if subresource == "status" else None
+        if subresource is None and rtype.has_status:
+            applied = {k: v for k, v in applied.items() if k != "status"}
+        try:
+            merged, managed = fieldmanager.apply(
+                found,
+                applied,
+                manager=manager,
+                schema=fieldmanager.object_schema(rtype.schema),
+                force=force,
+                api_version=rtype.api_version,
+                now=self.now(),
+                subresource=subresource or "",
+                scope=scope,
+            )
+        except fieldmanager.ApplyConflict as exc:
+            raise _apply_conflict(rtype, name, exc.conflicts) from None
+        merged.setdefault("metadata", {})["name"] = name
+        if found is None:
+            created = self.prepare_create(rtype, namespace, merged)
+            created["metadata"]["managedFields"] = managed
+            return None, created
+        merged_meta = merged["metadata"]
+        if str(merged_meta.get("resourceVersion", "")) != found["metadata"]["resourceVersion"]:
+            raise errors.conflict(rtype.group, rtype.plural, name)
+        return found, self._build_update(rtype, found, merged, subresource, managed=managed)
+
+    def prepare_scale(
+        self,
+        rtype: ResourceType,
+        namespace: str | None,
+        name: str,
+        change: Callable[[JSON], Any],
+        manager: str | None = None,
+    ) -> tuple[JSON, JSON]:
+        """(old, new) for a write of the ``scale`` subresource: ``change`` turns the object's current
+        ``Scale`` into the written one, whose ``spec.replicas`` lands at the CRD's specReplicasPath."""
+        old = self._view(rtype, self._stored(rtype, namespace, name))
+        written = change(scale.view(rtype, old))
+        if not isinstance(written, dict):
+            raise errors.bad_request("the body of a Scale write must be a JSON object")
+        written_meta: JSON = written["metadata"] if isinstance(written.get("metadata"), dict) else {}
+        if str(written_meta.get("resourceVersion") or old["metadata"]["resourceVersion"]) != str(
+            old["metadata"]["resourceVersion"]
+        ):
+            raise errors.conflict(rtype.group, rtype.plural, name)
+        new = scale.with_replicas(rtype, old, scale.replicas_of(written))
+        new = self._build_update(rtype, old, new, None)
+        if manager:
+            managed = self._record(rtype, old, new, manager, "scale")
+            if managed:
+                new["metadata"]["managedFields"] = managed
+        return old, new
+
+    def _record(
+        self, rtype: ResourceType, old: JSON | None, new: JSON, manager: str, subresource: str | None
+    ) -> list[JSON]:
+        return fieldmanager.record_update(
+            old,
+            new,
+            manager=manager,
+            schema=fieldmanager.object_schema(rtype.schema),
+            api_version=rtype.api_version,
+            now=self.now(),
+            subresource=subresource or "",
+        )
+
+    def _build_update(
+        self,
+        rtype: ResourceType,
+        old: JSON,
+        new: JSON,
+        subresource: str | None,
+        manager: str | None = None,
+        *,
+        managed: list[JSON] | None = None,
+    ) -> JSON:
+        """The object an update of ``old`` stores. Field ownership: ``managed`` when given (an apply),
+        else ``manager`` gains what it changed, else ownership stays as it was."""
         old_meta = old["metadata"]
         if subresource == "status":
             result = copy.deepcopy(old)
@@ -587,6 +689,14 @@ class Store:
         new = self._validate(rtype, new, old)
         if _strip(new, status=rtype.has_status) != _strip(old, status=rtype.has_status):
             new["metadata"]["generation"] = int(old_meta.get("generation", 1)) + 1
+        if managed is not None:
+            new["metadata"]["managedFields"] = managed
+        elif manager:
+            new["metadata"]["managedFields"] = self._record(rtype, old, new, manager, subresource)
+        elif "managedFields" in old_meta:
+            new["metadata"]["managedFields"] = copy.deepcopy(old_meta["managedFields"])
+        if not new["metadata"].get("managedFields"):
+            new["metadata"].pop("managedFields", None)
         return new
 
     def commit_update(self, rtype: ResourceType, old: JSON, new: JSON) -> JSON:
@@ -1097,3 +1207,46 @@ def _decode_continue(token: str) -> tuple[int, tuple[str, str]]:
         raise errors.bad_request(
             "continue key is not valid: the token must be the metadata.continue value of an earlier list"
         ) from None
+
+
+def _apply_conflict(
+    rtype: ResourceType, name: str, conflicts: list[fieldmanager.Conflict]
+) -> errors.APIError:
+    """409 Conflict for an apply, in the real server's words (one cause per field)."""
+    lines = [f"{c.describe()}: {fieldmanager.readable(c.path)}" for c in conflicts]
+    count = f"{len(conflicts)} conflict" + ("s" if len(conflicts) != 1 else "")
+    message = f"Apply failed with {count}: " + ("\n".join(lines) if len(lines) > 1 else lines[0])
+    details: JSON = {"name": name, "kind": rtype.plural, "causes": []}
+    if rtype.group:
+        details["group"] = rtype.group
+    details["causes"] = [
+        {"reason": "FieldManagerConflict", "message": c.describe(), "field": fieldmanager.readable(c.path)}
+        for c in conflicts
+    ]
+    return errors.APIError(409, "Conflict", message, details)
+
+
+def patched_document(doc: JSON, content_type: str, patch: Any, *, strategic: bool) -> JSON:
+    """``doc`` with a JSON, merge or (when the kind allows it) strategic merge patch applied; a new object."""
+    try:
+        if content_type == MERGE_PATCH:
+            if not isinstance(patch, dict):
+                raise errors.bad_request("a merge patch must be a JSON object")
+            patched = patches.merge_patch(doc, patch)
+        elif content_type == JSON_PATCH:
+            patched = patches.json_patch(doc, patch)
+        elif content_type == STRATEGIC_PATCH and strategic:
+            if not isinstance(patch, dict):
+                raise errors.bad_request("a strategic merge patch must be a JSON object")
+            patched = patches.strategic_merge_patch(doc, patch)
+        else:
+            raise errors.unsupported_media_type(
+                content_type, [JSON_PATCH, MERGE_PATCH] + ([STRATEGIC_PATCH] if strategic else [])
+            )
+    except patches.PatchError as exc:
+        if exc.malformed:
+            raise errors.bad_request(str(exc)) from None
+        raise errors.unprocessable(str(exc)) from None
+    if not isinstance(patched, dict):
+        raise errors.bad_request("the patch replaced the whole object with a non-object")
+    return copy.deepcopy(patched)  # a merge patch shares untouched parts with ``doc``

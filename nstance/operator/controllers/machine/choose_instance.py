@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nstance.core.ids import new_puid
+from nstance.core.steps import Requeue
 from nstance.operator.controllers.common import list_everywhere, spec
 from nstance.operator.controllers.machine.placement import (
     NoShard,
@@ -21,7 +22,6 @@ from nstance.operator.controllers.machine.placement import (
 from nstance.operator.controllers.machine.reasons import MachineReason
 from nstance.operator.controllers.machine.state import MachineState
 from nstance.operator.crds.names import READY
-from nstance.operator.steps import Requeue
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nstance.core.ids import new_puid
+from nstance.core.steps import Requeue
 from nstance.operator.conditions import find_condition, is_true
 from nstance.operator.controllers.common import spec, status
 from nstance.operator.controllers.machine.placement import expected_kind
@@ -19,7 +20,6 @@ from nstance.operator.controllers.machine.reasons import INSTANCE_CREATED, Machi
 from nstance.operator.controllers.machine.state import MachineState
 from nstance.operator.controllers.shardcalls import Failure, ShardCallError, call
 from nstance.operator.crds.names import READY, SHARD_REACHABLE
-from nstance.operator.steps import Requeue
 from nstance.rpc import operator_pb2
 
 MAX_KIND_RETRIES = 2

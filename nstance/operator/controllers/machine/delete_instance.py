@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from nstance.core.steps import Requeue
 from nstance.operator.conditions import is_true
 from nstance.operator.controllers.common import status
 from nstance.operator.controllers.machine.state import MachineState
 from nstance.operator.controllers.shardcalls import Failure, ShardCallError, call
 from nstance.operator.crds.names import SERVER_DELETED
-from nstance.operator.steps import Requeue
 from nstance.rpc import operator_pb2
 
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from nstance.core.steps import Done
 from nstance.operator.conditions import is_true
 from nstance.operator.controllers.machine.reasons import INSTANCE_CREATED, READY_STATUSES, MachineReason
 from nstance.operator.controllers.machine.state import MachineState
 from nstance.operator.controllers.shardcalls import Failure, ShardCallError, call
 from nstance.operator.crds.names import READY, SHARD_REACHABLE
-from nstance.operator.steps import Done
 from nstance.rpc import operator_pb2
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nstance.operator.context import OperatorContext
-from nstance.operator.controllers.common import ObjectLogger, ObjectState, spec
+from nstance.operator.controllers.common import ObjectState, spec
 from nstance.operator.kube import Object, Resource
+from nstance.operator.objectlog import ObjectLogger
 
 
 @dataclass

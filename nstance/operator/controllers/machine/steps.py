@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from nstance.core.steps import Step
 from nstance.operator.controllers.common import AddFinalizer, RemoveFinalizer
 from nstance.operator.controllers.machine.choose_instance import ChooseInstance
 from nstance.operator.controllers.machine.correlate_node import CorrelateNode
@@ -21,7 +22,6 @@ from nstance.operator.controllers.machine.state import MachineState
 from nstance.operator.controllers.machine.update_status import UpdateStatus
 from nstance.operator.controllers.machine.validate_spec import StopIfServerDeleted, ValidateSpec
 from nstance.operator.crds.names import MACHINE_FINALIZER
-from nstance.operator.steps import Step
 
 STEPS: Final[tuple[Step[MachineState], ...]] = (
     AddFinalizer(MACHINE_FINALIZER),

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from nstance.core.steps import Done
 from nstance.operator.conditions import is_true
 from nstance.operator.controllers.common import status
 from nstance.operator.controllers.machine.reasons import MachineReason
 from nstance.operator.controllers.machine.state import MachineState
 from nstance.operator.crds.models import InvalidResource, NstanceMachine
 from nstance.operator.crds.names import READY, SERVER_DELETED
-from nstance.operator.steps import Done
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from nstance.core.steps import Done
 from nstance.operator.controllers.common import list_everywhere, meta, spec
 from nstance.operator.controllers.machinepool.reasons import PoolReason
 from nstance.operator.controllers.machinepool.state import PoolState
 from nstance.operator.crds.names import GROUP_LABEL, READY
-from nstance.operator.steps import Done
 
 
 def _age_key(pool: Mapping[str, Any]) -> tuple[str, str, str]:

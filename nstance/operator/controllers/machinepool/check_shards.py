@@ -11,12 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nstance.core.distribution import distribute_replicas
+from nstance.core.steps import Done, Requeue
 from nstance.operator.controllers.common import spec
 from nstance.operator.controllers.machinepool.reasons import PoolReason
 from nstance.operator.controllers.machinepool.state import PoolState
 from nstance.operator.crds.models import InvalidResource, NstanceMachinePool
 from nstance.operator.crds.names import READY
-from nstance.operator.steps import Done, Requeue
 
 
 def desired_replicas(machine_pool: dict[str, object] | None) -> int:

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from nstance.core.steps import Requeue
 from nstance.operator.controllers.common import list_everywhere, meta
 from nstance.operator.controllers.machinepool.check_duplicate_group import group_owner
 from nstance.operator.controllers.machinepool.reasons import PoolReason
 from nstance.operator.controllers.machinepool.state import PoolState
 from nstance.operator.controllers.shardcalls import Failure, ShardCallError, call
 from nstance.operator.crds.names import GROUP_LABEL, READY
-from nstance.operator.steps import Requeue
 from nstance.rpc import operator_pb2
 
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from nstance.core.steps import Requeue
 from nstance.operator.controllers.common import controller_uid, is_deleting, meta
 from nstance.operator.controllers.machinepool.reasons import PoolReason
 from nstance.operator.controllers.machinepool.state import PoolState
 from nstance.operator.controllers.resources import NSTANCE_SHARD_GROUPS
 from nstance.operator.crds.names import GROUP_LABEL, READY
-from nstance.operator.steps import Requeue
 
 
 @dataclass(frozen=True)

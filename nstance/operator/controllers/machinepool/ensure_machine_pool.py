@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from nstance.core.steps import Done, Requeue
 from nstance.operator.controllers.common import meta
 from nstance.operator.controllers.machinepool.reasons import PoolReason
 from nstance.operator.controllers.machinepool.state import PoolState
@@ -29,7 +30,6 @@ from nstance.operator.crds.names import (
     READY,
 )
 from nstance.operator.kube import KubeError
-from nstance.operator.steps import Done, Requeue
 
 LABEL_VALUE_MAX = 63
 

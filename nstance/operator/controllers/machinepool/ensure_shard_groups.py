@@ -18,13 +18,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from nstance.core.steps import Requeue
 from nstance.operator.controllers.common import controller_uid, is_deleting, merge_diff, meta, spec
 from nstance.operator.controllers.machinepool.reasons import PoolReason
 from nstance.operator.controllers.machinepool.state import PoolState
 from nstance.operator.controllers.resources import NSTANCE_SHARD_GROUPS
 from nstance.operator.crds.names import GROUP_LABEL, READY, SHARD_LABEL, shard_group_name
 from nstance.operator.kube import KubeError, Object, owner_reference
-from nstance.operator.steps import Requeue
 
 
 def shard_group_spec(pool: Mapping[str, Any], shard: str, size: int) -> dict[str, Any]:

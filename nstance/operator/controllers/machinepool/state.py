@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from nstance.operator.context import OperatorContext
-from nstance.operator.controllers.common import ObjectLogger, ObjectState, meta, spec
+from nstance.operator.controllers.common import ObjectState, meta, spec
 from nstance.operator.kube import Object, Resource
+from nstance.operator.objectlog import ObjectLogger
 
 
 @dataclass

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from nstance.core.steps import Step
 from nstance.operator.controllers.common import AddFinalizer, RemoveFinalizer
 from nstance.operator.controllers.machinepool.check_duplicate_group import CheckDuplicateGroup
 from nstance.operator.controllers.machinepool.check_shards import CheckShards
@@ -21,7 +22,6 @@ from nstance.operator.controllers.machinepool.ensure_shard_groups import EnsureS
 from nstance.operator.controllers.machinepool.state import PoolState
 from nstance.operator.controllers.machinepool.update_status import UpdateStatus
 from nstance.operator.crds.names import MACHINE_POOL_FINALIZER
-from nstance.operator.steps import Step
 
 STEPS: Final[tuple[Step[PoolState], ...]] = (
     CheckDuplicateGroup(),

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from nstance.core.steps import Done, Requeue
 from nstance.operator.controllers.common import spec
 from nstance.operator.controllers.ondemand.state import PodState
 from nstance.operator.controllers.resources import (
@@ -23,7 +24,6 @@ from nstance.operator.controllers.resources import (
 )
 from nstance.operator.crds.names import GROUP_LABEL, KIND_MACHINE
 from nstance.operator.kube import KubeError, Resource, owner_reference
-from nstance.operator.steps import Done, Requeue
 
 LABEL_VALUE_MAX = 63
 

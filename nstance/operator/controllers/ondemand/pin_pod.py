@@ -13,11 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from nstance.core.steps import Done, Requeue
 from nstance.operator.controllers.common import meta, spec, status
 from nstance.operator.controllers.ondemand.names import HOSTNAME_LABEL, SCHEDULING_GATE, has_gate
 from nstance.operator.controllers.ondemand.state import PodState
 from nstance.operator.kube import KubeError
-from nstance.operator.steps import Done, Requeue
 
 
 def pin_patch(pod: Mapping[str, Any], node: str) -> list[dict[str, Any]]:

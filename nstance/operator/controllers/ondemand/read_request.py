@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nstance.core.ids import identifier_problem
+from nstance.core.steps import Done
 from nstance.operator.controllers.ondemand.names import on_demand_group, on_demand_instance_type
 from nstance.operator.controllers.ondemand.state import PodState
-from nstance.operator.steps import Done
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nstance.operator.context import OperatorContext
-from nstance.operator.controllers.common import ObjectLogger, ObjectState
+from nstance.operator.controllers.common import ObjectState
 from nstance.operator.controllers.ondemand.names import machine_name
 from nstance.operator.kube import Object, Resource
+from nstance.operator.objectlog import ObjectLogger
 
 
 @dataclass

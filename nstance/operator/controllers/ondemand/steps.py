@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from nstance.core.steps import Step
 from nstance.operator.controllers.common import AddFinalizer, RemoveFinalizer
 from nstance.operator.controllers.ondemand.delete_machine import DeleteMachine
 from nstance.operator.controllers.ondemand.ensure_machine import EnsureMachine, EnsureNstanceMachine
@@ -16,7 +17,6 @@ from nstance.operator.controllers.ondemand.pin_pod import PinPod
 from nstance.operator.controllers.ondemand.read_request import ReadRequest
 from nstance.operator.controllers.ondemand.state import PodState
 from nstance.operator.crds.names import ONDEMAND_POD_FINALIZER
-from nstance.operator.steps import Step
 
 STEPS: Final[tuple[Step[PodState], ...]] = (
     ReadRequest(),

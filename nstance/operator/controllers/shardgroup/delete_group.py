@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from nstance.core.steps import Requeue
 from nstance.operator.controllers.shardcalls import Failure, ShardCallError, call
 from nstance.operator.controllers.shardgroup.reasons import ShardGroupReason
 from nstance.operator.controllers.shardgroup.state import ShardGroupState
 from nstance.operator.crds.names import READY, SHARD_REACHABLE
-from nstance.operator.steps import Requeue
 from nstance.rpc import operator_pb2
 
 

@@ -21,13 +21,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from nstance.core.steps import Requeue
 from nstance.operator.conditions import find_condition, is_true, timestamp
 from nstance.operator.controllers.common import generation, spec, status
 from nstance.operator.controllers.shardcalls import Failure, ShardCallError, call
 from nstance.operator.controllers.shardgroup.reasons import ShardGroupReason
 from nstance.operator.controllers.shardgroup.state import ShardGroupState
 from nstance.operator.crds.names import CONFIG_VALID, READY, SHARD_REACHABLE
-from nstance.operator.steps import Requeue
 from nstance.rpc import operator_pb2
 
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from nstance.core.steps import Done
 from nstance.operator.controllers.shardgroup.reasons import ShardGroupReason
 from nstance.operator.controllers.shardgroup.state import ShardGroupState
 from nstance.operator.crds.models import InvalidResource, NstanceShardGroup
 from nstance.operator.crds.names import CONFIG_VALID, READY
-from nstance.operator.steps import Done
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,6 @@
-"""The ordered-steps runner every operator controller uses (FoundationDB-style subreconcilers).
+"""The ordered-steps runner (FoundationDB-style subreconcilers): every operator controller and the drain
+coordinator are lists of steps it runs. It lives beside the work queue (``core.workqueue``) because it
+knows nothing of Kubernetes or shards.
 
 A controller is a tuple of small steps (``STEPS`` for the live object, ``DELETE_STEPS`` once it is being
 deleted). Each step looks at the current state, does at most one kind of I/O, and either returns (the

@@ -1,9 +1,11 @@
-"""A level-triggered work queue of keys (one per group) that never drops work.
+"""A level-triggered work queue of keys that never drops work: the server's reconciler (one key per
+group) and every operator controller (one key per object) run on it.
 
 ``add(key)`` marks a key dirty. A dirty key is handed to exactly one worker at a time; marks that arrive
 while it is being processed coalesce into one more run after the current one finishes, so a burst of
 events costs at most two reconciles and nothing is lost. ``add_after`` schedules a mark (retries with
-backoff, drain deadlines, expiry); an earlier schedule for the same key wins over a later one.
+backoff, drain deadlines, expiry); an earlier schedule for the same key wins over a later one, and
+``cancel`` drops a pending schedule (the operator does so when a mark now replaces a delayed run).
 
 Keys marked with ``background=True`` (the periodic resync of every group) wait behind every other
 dirty key: with 10,000 groups a resync queues 10,000 keys, and a group whose size was just changed
@@ -12,8 +14,10 @@ Strict priority: background keys run when no other key is waiting (foreground ma
 key, so they cannot outrun the workers for long), and at most ``background_limit`` of them at a
 time, so a changed group finds an idle worker and the CPU is not taken by a resync in full swing.
 
-There is no capacity limit: the set of keys is bounded by the number of groups. The queue does no work
-itself; ``run`` drives a handler with ``workers`` concurrent tasks until ``close``.
+There is no capacity limit: the set of keys is bounded by the number of groups (or objects). The queue
+does no work itself; ``run`` drives a handler with ``workers`` concurrent tasks until ``close``, or a
+caller drives ``get``/``done`` itself (the operator's controller queue, which adds triggers, failure
+backoff and requeue-after on top).
 """
 
 from __future__ import annotations
@@ -70,6 +74,15 @@ class WorkQueue(Generic[K]):
         """Keys with a pending ``add_after`` mark, and when it is due (event-loop time)."""
         return {key: due for key, (due, _) in self._timers.items()}
 
+    @property
+    def keys(self) -> set[K]:
+        """Every key the queue still owes a run: waiting, in progress or scheduled."""
+        return set(self._queued) | self._processing | set(self._timers)
+
+    def rerun_pending(self, key: K) -> bool:
+        """Whether ``key``, now in progress, was marked again (``done`` queues it once more)."""
+        return key in self._redo
+
     def add(self, key: K, *, background: bool = False) -> None:
         """Mark ``key`` dirty now; ``background`` keys wait until no other key does."""
         if self._closed:
@@ -101,6 +114,12 @@ class WorkQueue(Generic[K]):
             existing[1].cancel()
         handle = loop.call_at(due, self._fire, key)
         self._timers[key] = (due, handle)
+
+    def cancel(self, key: K) -> None:
+        """Drop ``key``'s pending ``add_after`` mark, if any (a mark already made stays)."""
+        timer = self._timers.pop(key, None)
+        if timer is not None:
+            timer[1].cancel()
 
     def _fire(self, key: K) -> None:
         self._timers.pop(key, None)

@@ -1,0 +1,102 @@
+"""Reading the ``instances`` table: lookups, listings and counts, all plain SQL returning ``InstanceRow``.
+
+The reconciler's, GC's and provider sync's listings and every per-request instance lookup run here,
+on a ``Bind`` (a Session or a plain read connection); a deleted row is returned only where a function
+says so. Listings are oldest first (``created_at``, then ``id``), which the scale-down victim order
+and the tests rely on.
+
+Must not write: every change to an instance row lives in ``instance_lifecycle``, ``instance_restore``
+or ``agent_registration``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nstance.db.models import INACTIVE_PROVIDER_STATUSES, RECORD_FAILED
+from nstance.db.repo._sql import Bind, plain
+from nstance.db.rows import INSTANCES, InstanceRow
+
+
+def _instances(bind: Bind, where: str, params: tuple[Any, ...] = ()) -> list[InstanceRow]:
+    """Instance rows matching ``where`` (plain SQL, with its ORDER BY), as ``InstanceRow``."""
+    cursor = plain(bind).execute(f"SELECT {INSTANCES.columns} FROM instances WHERE {where}", params)
+    return [INSTANCES.row(values) for values in cursor.fetchall()]
+
+
+def get_instance(bind: Bind, instance_id: str) -> InstanceRow | None:
+    """The instance row with this id (deleted rows included), or None."""
+    found = _instances(bind, "id = ?", (instance_id,))
+    return found[0] if found else None
+
+
+def get_instance_by_nonce(bind: Bind, nonce: str) -> InstanceRow | None:
+    """The instance row created with this registration JWT, or None."""
+    found = _instances(bind, "nonce = ?", (nonce,))  # unique
+    return found[0] if found else None
+
+
+_ACTIVE = "deleted_at IS NULL AND (provider_status IS NULL OR provider_status NOT IN ({}))".format(
+    ", ".join(f"'{status}'" for status in INACTIVE_PROVIDER_STATUSES)
+)
+_OLDEST_FIRST = " ORDER BY created_at, id"
+
+
+def list_active_instances(
+    bind: Bind,
+    *,
+    tenant: str | None = None,
+    group_key: str | None = None,
+    managed_only: bool = False,
+) -> list[InstanceRow]:
+    """Instances not deleted and not being deleted by the provider, oldest first.
+
+    ``managed_only`` leaves out on-demand instances (the reconciler counts only managed ones).
+    """
+    where = _ACTIVE
+    params: tuple[str, ...] = ()
+    if tenant is not None:
+        where += " AND tenant = ?"
+        params += (tenant,)
+    if group_key is not None:
+        where += " AND group_key = ?"
+        params += (group_key,)
+    if managed_only:
+        where += " AND on_demand = 0"
+    return _instances(bind, where + _OLDEST_FIRST, params)
+
+
+def list_instances(bind: Bind, *, include_deleted: bool = False) -> list[InstanceRow]:
+    """Every instance row (deleted ones only when asked), oldest first."""
+    where = "1" if include_deleted else "deleted_at IS NULL"
+    return _instances(bind, where + _OLDEST_FIRST)
+
+
+def get_instances(bind: Bind, instance_ids: list[str]) -> list[InstanceRow]:
+    """The rows with these ids (unknown ids are left out), oldest first."""
+    if not instance_ids:
+        return []
+    unique = list(dict.fromkeys(instance_ids))
+    marks = ", ".join("?" for _ in unique)
+    return _instances(bind, f"id IN ({marks}){_OLDEST_FIRST}", tuple(unique))
+
+
+def live_instance_ids(bind: Bind) -> set[str]:
+    """The ids of every instance row not soft-deleted (one column, no row objects)."""
+    return {iid for (iid,) in plain(bind).execute("SELECT id FROM instances WHERE deleted_at IS NULL")}
+
+
+def count_instances(bind: Bind) -> dict[tuple[str, str, str], int]:
+    """Live instances counted by (tenant, group, state) with one aggregate query (for metrics)."""
+    sql = (
+        "SELECT tenant, group_key, CASE WHEN drain_started_at IS NOT NULL THEN 'draining' "
+        f"WHEN record_state = '{RECORD_FAILED}' THEN 'failed' ELSE coalesce(provider_status, 'pending') END "
+        "AS state, count(*) FROM instances WHERE deleted_at IS NULL GROUP BY tenant, group_key, state"
+    )
+    return {(t, g, str(st)): int(n) for t, g, st, n in plain(bind).execute(sql).fetchall()}
+
+
+def groups_with_managed_instances(bind: Bind) -> set[tuple[str, str]]:
+    """(tenant, group) of every group that still has a live managed instance."""
+    sql = "SELECT DISTINCT tenant, group_key FROM instances WHERE deleted_at IS NULL AND on_demand = 0"
+    return {(t, g) for t, g in plain(bind).execute(sql).fetchall()}

@@ -1,0 +1,280 @@
+"""Agent registration: a single-use nonce and a public key in, an agent certificate out (shard leader only).
+
+The nonce (kind ``agent``, this cluster, this shard) is consumed by one conditional SQLite UPDATE
+(``repo.claim_agent_registration``; the claims of one event-loop turn share one transaction on the
+shard's database writer, ``writebatch``), so of any number of concurrent or replayed registrations
+exactly one succeeds; the others get ALREADY_EXISTS and change nothing. The winner's certificate
+facts are then written to the instance record in object storage (compare-and-swap); if that write
+fails, the SQLite claim is undone (guarded by the certificate serial) and the agent gets
+UNAVAILABLE, so it can retry with the same nonce. A registration is reported to the shard through
+``RegistrationEvents``. Renewal is ``renewal``; operators are ``operatorreg``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import ipaddress
+import logging
+from concurrent.futures import Executor
+from datetime import datetime
+from typing import NamedTuple, Protocol
+
+from nstance.core.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    Unauthenticated,
+    Unavailable,
+)
+from nstance.core.ids import parse_puid
+from nstance.db import repo
+from nstance.db.rows import InstanceRow
+from nstance.pki.certs import IssuedCertificate
+from nstance.pki.nonce import NonceClaims, verify_nonce
+from nstance.server.identity import issuing
+from nstance.server.identity.writebatch import WriteBatcher
+from nstance.server.state import records
+from nstance.server.state.context import ShardContext
+from nstance.server.state.records import InstanceRecord
+
+log = logging.getLogger(__name__)
+
+MAX_HOSTNAME_LENGTH = 253
+
+
+class RegistrationEvents(Protocol):
+    """Told of every successful agent registration (the shard: judge the agent's health from now on)."""
+
+    def agent_registered(self, tenant: str, group: str, instance_id: str) -> None: ...
+
+
+def _check_reported(private_ipv4: str, private_ipv6: str, hostname: str) -> None:
+    """Refuse agent-reported addresses that are not what their field says (before anything is claimed)."""
+    if private_ipv4:
+        try:
+            ipaddress.IPv4Address(private_ipv4)
+        except ValueError:
+            raise InvalidArgument(f"private_ipv4 {private_ipv4!r} is not an IPv4 address") from None
+    if private_ipv6:
+        try:
+            ipaddress.IPv6Address(private_ipv6)
+        except ValueError:
+            raise InvalidArgument(f"private_ipv6 {private_ipv6!r} is not an IPv6 address") from None
+    if hostname and (
+        len(hostname) > MAX_HOSTNAME_LENGTH
+        or not hostname.isprintable()
+        or any(c.isspace() for c in hostname)
+    ):
+        raise InvalidArgument(
+            f"hostname {hostname[:64]!r} is not a host name (printable, no spaces, "
+            f"at most {MAX_HOSTNAME_LENGTH} characters)"
+        )
+
+
+class _ClaimRequest(NamedTuple):
+    """One agent registration's claim, as queued for the database writer."""
+
+    nonce_jwt: str
+    claims: NonceClaims
+    pem: str
+    issued: IssuedCertificate
+    now: datetime
+    reported: tuple[str, str, str]
+
+
+class AgentRegistration:
+    """Registers agents of one shard (see the module docstring)."""
+
+    def __init__(self, ctx: ShardContext, *, db_writer: Executor, events: RegistrationEvents | None) -> None:
+        self.ctx = ctx
+        self._events = events
+        self._db_writer = db_writer
+        # Claims that reach the writer in one loop turn share one job and one transaction.
+        self._claims: WriteBatcher[_ClaimRequest, repo.AgentClaim] = WriteBatcher(
+            self._db_writer, self._claim_many
+        )
+
+    async def register_agent(
+        self,
+        *,
+        nonce_jwt: str,
+        public_key_pem: bytes,
+        private_ipv4: str,
+        private_ipv6: str,
+        hostname: str,
+    ) -> IssuedCertificate:
+        """Exchange an agent nonce for an agent certificate (CN = instance id, O = tenant)."""
+        ctx = self.ctx
+        ctx.fence()
+        claims = verify_nonce(
+            nonce_jwt,
+            ctx.nonce_key.public_key(),
+            expected_kind="agent",
+            cluster_id=ctx.identity.cluster_id,
+            shard=ctx.identity.shard,
+            clock=ctx.clock,
+        )
+        instance_id = claims.sub
+        try:
+            parse_puid(instance_id)
+        except InvalidArgument as exc:
+            raise Unauthenticated(
+                f"registration nonce subject {instance_id!r} is not an instance id: {exc}"
+            ) from None
+        _check_reported(private_ipv4, private_ipv6, hostname)
+        # The certificate is signed before the claim (the claim stores its serial); the JWT's tenant is
+        # the one the claim requires the row to have. A key refused here still reports a problem with
+        # the nonce's row first, as the documented order of checks says.
+        try:
+            issued = issuing.issue(
+                ctx, public_key_pem, client_id=instance_id, tenant=claims.tenant, role="agent"
+            )
+        except InvalidArgument:
+            await self._explain_unclaimed(nonce_jwt, claims, refused_key=True)
+            raise
+        pem = issuing.canonical_pem(issued)
+
+        ctx.fence()
+        now = ctx.clock.now()
+        reported = (private_ipv4, private_ipv6, hostname)
+        claim = await self._claims.submit(_ClaimRequest(nonce_jwt, claims, pem, issued, now, reported))
+        if not claim.claimed:
+            await self._explain_unclaimed(nonce_jwt, claims, refused_key=False)
+        # The claim is ours: finish (record, or undo) even if the client goes away meanwhile, so a
+        # cancelled call never leaves SQLite and the record disagreeing.
+        await issuing.uncancellable(
+            self._finish_agent(claims.tenant, instance_id, pem, issued, now, reported)
+        )
+        log.info(
+            "agent registered",
+            extra={"instance_id": instance_id, "tenant": claims.tenant, "cert_serial": issued.serial_hex},
+        )
+        if self._events is not None:
+            try:
+                self._events.agent_registered(claims.tenant, claim.group_key, instance_id)
+            except Exception:  # the registration is done; a failing listener must not undo the reply
+                log.exception("agent %s: telling the shard of its registration failed", instance_id)
+        return issued
+
+    async def _explain_unclaimed(self, nonce_jwt: str, claims: NonceClaims, *, refused_key: bool) -> None:
+        """Raise why the nonce's row cannot be claimed; with ``refused_key``, return if nothing is wrong."""
+        row = await asyncio.to_thread(self._read_instance, nonce_jwt)
+        self._check_instance(row, claims)
+        assert row is not None  # _check_instance refuses None
+        if row.registered_at is not None or not refused_key:
+            raise self._replayed(claims.sub)
+
+    @staticmethod
+    def _replayed(instance_id: str) -> AlreadyExists:
+        return AlreadyExists(
+            f"registration nonce already used: instance {instance_id} is already registered, and a "
+            "nonce registers one agent once (a registered agent renews with RenewAgentCertificate)"
+        )
+
+    async def _finish_agent(
+        self,
+        tenant: str,
+        instance_id: str,
+        pem: str,
+        issued: IssuedCertificate,
+        now: datetime,
+        reported: tuple[str, str, str],
+    ) -> None:
+        """After the claim (it stored the reported addresses): write the instance record; undo on failure."""
+        ctx = self.ctx
+        ip4, ip6, hostname = reported
+        loop = asyncio.get_running_loop()
+        self.ctx.fault_point("after-registration-claim")
+        try:
+            ctx.fence()
+            await asyncio.to_thread(
+                records.modify_record,
+                ctx.store,
+                tenant,
+                instance_id,
+                lambda rec: self._registered_record(rec, pem, issued, now, ip4, ip6, hostname),
+            )
+        except Exception as exc:
+            undone = await loop.run_in_executor(self._db_writer, self._unclaim, instance_id, issued, now)
+            log.warning(
+                "agent %s: registration not recorded in object storage (%s); nonce claim %s",
+                instance_id,
+                exc,
+                "undone" if undone else "NOT undone",
+            )
+            if isinstance(exc, NotFound):
+                raise FailedPrecondition(
+                    f"instance {instance_id} has no record in object storage; it cannot register"
+                ) from exc
+            raise Unavailable(
+                f"could not record the registration of instance {instance_id} ({exc}); "
+                "retry with the same nonce"
+            ) from exc
+
+    def _read_instance(self, nonce_jwt: str) -> InstanceRow | None:
+        with self.ctx.db.read_connection() as session:
+            return repo.get_instance_by_nonce(session, nonce_jwt)
+
+    def _check_instance(self, row: InstanceRow | None, claims: NonceClaims) -> None:
+        if row is None:
+            raise NotFound(
+                f"instance {claims.sub} has no pending registration on shard {self.ctx.identity.shard} "
+                "(unknown nonce: the instance was never created here or has been purged)"
+            )
+        if row.id != claims.sub or row.tenant != claims.tenant:
+            raise Unauthenticated(
+                f"registration nonce names instance {claims.sub} of tenant {claims.tenant!r}, "
+                f"but it was issued to instance {row.id} of tenant {row.tenant!r}"
+            )
+        if row.deleted_at is not None:
+            raise FailedPrecondition(f"instance {row.id} has been deleted; it cannot register")
+
+    def _claim_many(self, requests: list[_ClaimRequest]) -> list[repo.AgentClaim]:
+        """The claims of one batch, each its own conditional UPDATE, in one transaction (DB writer)."""
+        with self.ctx.db.write_connection() as conn:
+            return [
+                repo.claim_agent_registration(
+                    conn,
+                    nonce=r.nonce_jwt,
+                    instance_id=r.claims.sub,
+                    tenant=r.claims.tenant,
+                    public_key_pem=r.pem,
+                    cert_serial=r.issued.serial_hex,
+                    cert_expires_at=r.issued.not_after,
+                    now=r.now,
+                    ip4=r.reported[0],
+                    ip6=r.reported[1],
+                    hostname=r.reported[2],
+                )
+                for r in requests
+            ]
+
+    def _unclaim(self, instance_id: str, issued: IssuedCertificate, now: datetime) -> bool:
+        with self.ctx.db.write_connection() as session:
+            return repo.unmark_registered(
+                session, instance_id=instance_id, cert_serial=issued.serial_hex, now=now
+            )
+
+    @staticmethod
+    def _registered_record(
+        rec: InstanceRecord,
+        pem: str,
+        issued: IssuedCertificate,
+        now: datetime,
+        ip4: str,
+        ip6: str,
+        hostname: str,
+    ) -> InstanceRecord:
+        return dataclasses.replace(
+            rec,
+            registered_at=now,
+            public_key_pem=pem,
+            cert_serial=issued.serial_hex,
+            cert_expires_at=issued.not_after,
+            private_ipv4=ip4 or rec.private_ipv4,
+            private_ipv6=ip6 or rec.private_ipv6,
+            hostname=hostname or rec.hostname,
+            last_updated=now,
+        )

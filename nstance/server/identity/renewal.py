@@ -1,0 +1,136 @@
+"""Agent certificate renewal: an agent with its current certificate gets a new one for a new key.
+
+An authenticated agent presenting its *current* certificate (serial equal to the instance's
+``cert_serial``) gets a new certificate; the serial swap in SQLite is a compare-and-swap, so a
+superseded certificate can never renew, and two renewals racing leave exactly one winner. The new
+certificate is then written to the instance record; if that fails, the swap is undone and the agent
+retries with the certificate it still holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from datetime import datetime
+
+from nstance.core.errors import PermissionDenied, Unavailable
+from nstance.db import repo
+from nstance.db.rows import InstanceRow
+from nstance.pki.certs import IssuedCertificate
+from nstance.pki.peer import PeerIdentity
+from nstance.server.identity import issuing
+from nstance.server.state import records
+from nstance.server.state.context import ShardContext
+
+log = logging.getLogger(__name__)
+
+
+class AgentRenewal:
+    """Renews agent certificates of one shard (see the module docstring)."""
+
+    def __init__(self, ctx: ShardContext) -> None:
+        self.ctx = ctx
+
+    async def renew_agent(self, peer: PeerIdentity, public_key_pem: bytes) -> IssuedCertificate:
+        """Issue a new agent certificate for the caller's instance, if it presented its current one."""
+        ctx = self.ctx
+        if peer.role != "agent":
+            raise PermissionDenied(f"{peer.role} {peer.client_id!r} may not renew an agent certificate")
+        ctx.fence()
+        with_row = await asyncio.to_thread(self._read_instance_by_id, peer.client_id)
+        if with_row is None or with_row.deleted_at is not None or with_row.tenant != peer.tenant:
+            raise PermissionDenied(f"instance {peer.client_id} is not an active instance of this shard")
+        if with_row.registered_at is None or not with_row.cert_serial:
+            raise PermissionDenied(f"instance {peer.client_id} has not registered; it cannot renew")
+        current = repo.normalize_serial(with_row.cert_serial)
+        if repo.normalize_serial(peer.serial) != current:
+            raise PermissionDenied(
+                f"certificate serial {peer.serial} is not the current certificate of instance "
+                f"{peer.client_id} (it was superseded by serial {current}); only the newest "
+                "certificate can renew"
+            )
+        issued = issuing.issue(
+            ctx, public_key_pem, client_id=peer.client_id, tenant=peer.tenant, role="agent"
+        )
+        pem = issuing.canonical_pem(issued)
+        old_pem = with_row.instance_pub or ""
+        old_expiry = with_row.cert_expires_at or peer.not_after
+
+        ctx.fence()
+        now = ctx.clock.now()
+        swapped = await asyncio.to_thread(
+            self._swap_certificate, peer.client_id, current, pem, issued.serial_hex, issued.not_after, now
+        )
+        if not swapped:
+            raise PermissionDenied(
+                f"certificate serial {peer.serial} is no longer the current certificate of instance "
+                f"{peer.client_id} (renewed concurrently); only the newest certificate can renew"
+            )
+        undo = (old_pem, current, old_expiry)
+        await issuing.uncancellable(self._finish_renewal(peer, pem, issued, now, undo))
+        log.info(
+            "agent certificate renewed",
+            extra={"instance_id": peer.client_id, "old_serial": current, "cert_serial": issued.serial_hex},
+        )
+        return issued
+
+    async def _finish_renewal(
+        self,
+        peer: PeerIdentity,
+        pem: str,
+        issued: IssuedCertificate,
+        now: datetime,
+        undo: tuple[str, str, datetime],
+    ) -> None:
+        """After the serial swap: write the instance record; swap back if that fails."""
+        ctx = self.ctx
+        try:
+            ctx.fence()
+            await asyncio.to_thread(
+                records.modify_record,
+                ctx.store,
+                peer.tenant,
+                peer.client_id,
+                lambda rec: dataclasses.replace(
+                    rec,
+                    public_key_pem=pem,
+                    cert_serial=issued.serial_hex,
+                    cert_expires_at=issued.not_after,
+                    last_updated=now,
+                ),
+            )
+        except Exception as exc:
+            old_pem, old_serial, old_expiry = undo
+            await asyncio.to_thread(
+                self._swap_certificate,
+                peer.client_id,
+                issued.serial_hex,
+                old_pem,
+                old_serial,
+                old_expiry,
+                now,
+            )
+            log.warning("agent %s: renewal not recorded in object storage (%s); undone", peer.client_id, exc)
+            raise Unavailable(
+                f"could not record the renewed certificate of instance {peer.client_id} ({exc}); "
+                "retry with the current certificate"
+            ) from exc
+
+    def _read_instance_by_id(self, instance_id: str) -> InstanceRow | None:
+        with self.ctx.db.read_connection() as session:
+            return repo.get_instance(session, instance_id)
+
+    def _swap_certificate(
+        self, instance_id: str, expected: str, pem: str, serial: str, expires_at: datetime, now: datetime
+    ) -> bool:
+        with self.ctx.db.write_connection() as session:
+            return repo.replace_agent_certificate(
+                session,
+                instance_id=instance_id,
+                expected_serial=expected,
+                public_key_pem=pem,
+                cert_serial=serial,
+                cert_expires_at=expires_at,
+                now=now,
+            )
