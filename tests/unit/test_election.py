@@ -474,6 +474,57 @@ async def test_resign_hands_leadership_to_another_server_quickly(
     assert sim.first_leading["b"] - resigned_at <= FREQUENT + GRACE
 
 
+class RenewalLandsDuringRelease(RecordingStore):
+    """A renewal's write waits in its thread and lands just before the release's delete arrives."""
+
+    def __init__(self, inner: ObjectStore, clock: ManualClock) -> None:
+        super().__init__(inner, clock)
+        self.armed = False  # only the write made after arming waits
+        self.entered, self.go, self.landed = threading.Event(), threading.Event(), threading.Event()
+
+    def put_if_match(self, key: str, data: bytes, etag: str | None) -> str:
+        if not self.armed:
+            return super().put_if_match(key, data, etag)
+        self.armed = False
+        self.entered.set()
+        self.go.wait(5)
+        try:
+            return super().put_if_match(key, data, etag)
+        finally:
+            self.landed.set()
+
+    def delete(self, key: str, if_match: str | None = None) -> None:
+        if self.entered.is_set() and not self.landed.is_set():
+            self.go.set()
+            self.landed.wait(5)
+        super().delete(key, if_match)
+
+
+async def test_a_renewal_that_lands_during_the_release_is_released_too(clock: ManualClock) -> None:
+    # The renewal in flight when a leader stops lands between the release's read and its conditional
+    # delete: the lock is still ours (the renewal's content), so it is read again and deleted, instead
+    # of being left fresh for others to wait out for a whole leader timeout.
+    config = LeaderElectionConfig(
+        frequent_interval=ms(200), infrequent_interval=ms(1000), leader_timeout=ms(600)
+    )
+    store = RenewalLandsDuringRelease(MemoryObjectStore(), clock)
+    a = make(store, clock, "a", config=config)
+    await a.step()
+    clock.advance(0.1)
+    await a.step()
+    assert a.is_leader()
+    clock.advance(0.1)  # renewal due
+    store.armed = True
+    renewal = asyncio.create_task(a.step())
+    await eventually(store.entered.is_set, within=10, what="the renewal's write in its thread")
+    renewal.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await renewal
+    await a.resign()
+    assert store.landed.is_set()
+    assert not store.inner.exists(KEY)
+
+
 async def test_resigned_server_leaves_the_lock_alone_for_leader_timeout(
     clock: ManualClock, store: RecordingStore
 ) -> None:

@@ -47,6 +47,7 @@ unconditionally, never compares wall clocks between hosts, and never blocks the 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import math
@@ -72,6 +73,10 @@ RETRY_DELAYS = (0.0, 0.1, 1.0)
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _EPSILON = 1e-6  # float slack when comparing accumulated monotonic times
+
+
+#: Reads and conditional deletes a release tries before leaving the lock to go stale.
+RELEASE_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -550,40 +555,49 @@ class Elector:
                 await self._release()
 
     async def _release(self) -> None:
-        """Delete the lockfile if it holds content this process wrote (conditional delete)."""
-        try:
-            data, etag = await self._call(lambda: self._store.get(self._key))
-        except ObjectNotFound:
+        """Delete the lockfile if it holds content this process wrote (conditional delete).
+
+        A renewal that was in flight when we stopped may land between our read and our delete: the
+        delete then fails its precondition on content that is still ours, so we read again (a few
+        times) rather than leave a fresh lock that others must wait out for a whole leader timeout.
+        """
+        for _attempt in range(RELEASE_ATTEMPTS):
+            try:
+                data, etag = await self._call(lambda: self._store.get(self._key))
+            except ObjectNotFound:
+                return
+            except _StoreError as exc:
+                log.warning(
+                    "%s election: could not read %s to release it (%s); others take over after %gs",
+                    self._name,
+                    self._key,
+                    _describe(exc),
+                    self._timeout,
+                    extra=self._log_fields(),
+                )
+                return
+            if etag != self._own_etag and data != self._attempted:
+                return  # not ours (someone took over, or an earlier run's lock): leave it alone
+            try:
+                await self._call(functools.partial(self._store.delete, self._key, if_match=etag))
+            except ObjectNotFound:
+                return
+            except PreconditionFailed:
+                continue  # changed under us: our own late renewal, or someone else's lock (read again)
+            except _StoreError as exc:
+                log.warning(
+                    "%s election: could not release %s (%s); others take over after %gs",
+                    self._name,
+                    self._key,
+                    _describe(exc),
+                    self._timeout,
+                    extra=self._log_fields(),
+                )
+                return
+            self._leader = None
+            self._seen_etag = None
+            log.info("%s election: released the lock", self._name, extra=self._log_fields(etag=etag))
             return
-        except _StoreError as exc:
-            log.warning(
-                "%s election: could not read %s to release it (%s); others take over after %gs",
-                self._name,
-                self._key,
-                _describe(exc),
-                self._timeout,
-                extra=self._log_fields(),
-            )
-            return
-        if etag != self._own_etag and data != self._attempted:
-            return  # not ours (someone took over, or an earlier run's lock): leave it alone
-        try:
-            await self._call(lambda: self._store.delete(self._key, if_match=etag))
-        except (ObjectNotFound, PreconditionFailed):
-            return  # changed under us: someone else owns it now
-        except _StoreError as exc:
-            log.warning(
-                "%s election: could not release %s (%s); others take over after %gs",
-                self._name,
-                self._key,
-                _describe(exc),
-                self._timeout,
-                extra=self._log_fields(),
-            )
-            return
-        self._leader = None
-        self._seen_etag = None
-        log.info("%s election: released the lock", self._name, extra=self._log_fields(etag=etag))
 
     # -- helpers ---------------------------------------------------------------------------------
 
