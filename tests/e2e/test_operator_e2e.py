@@ -357,11 +357,6 @@ async def test_a_pool_spreads_over_two_shards_scales_and_is_deleted(system: Syst
 
 
 async def test_a_spot_notice_cordons_evicts_acknowledges_and_replaces(system: System) -> None:
-    if system.backend == "real":
-        pytest.skip(
-            "open (issue 18): on the real API server this test passed 3 of 5 runs on a loaded machine and "
-            "timed out twice (waiting for the drain once, at an unrecorded step once); not yet understood"
-        )
     kube = await system.kube()
     log = system.operator_log
     try:
