@@ -43,6 +43,8 @@ class StorageNemeses:
         self.enabled = drawn and self.rng.random() < 1 / 3
         #: instance id -> provider id of VMs that were healthy when storage was damaged.
         self.protected: dict[str, str] = {}
+        #: key -> the last good bytes seen of a record this nemesis damaged.
+        self.good: dict[str, bytes] = {}
         self.strikes = 0
 
     async def run(self, until: float) -> None:
@@ -81,7 +83,11 @@ class StorageNemeses:
         if not keys:
             return
         key = self.rng.choice(keys)
-        original, _ = world.base_store.get(key)
+        current, _ = world.base_store.get(key)
+        if current in DAMAGE and key in self.good:
+            original = self.good[key]  # damaged again before its restore: the person restores the good bytes
+        else:
+            original = self.good[key] = current
         garbage = self.rng.choice(DAMAGE)
         world.base_store.put(key, garbage)
         world.trace(f"nemesis: corrupted {key}")
