@@ -8,23 +8,19 @@ instances on the shard servers. Every test uses its own group names so the shard
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import grpc
-import kopf
 import pytest
-from google.protobuf.empty_pb2 import Empty
+from operator_harness import NS, Operator, ShardEnv, running_operator, shard_servers
 
 from nstance.core.ids import parse_puid
 from nstance.core.steps import Requeue
-from nstance.operator import handlers
 from nstance.operator.conditions import find_condition, is_true
-from nstance.operator.context import OperatorContext, ShardNotConfigured, Timings
+from nstance.operator.context import Timings
 from nstance.operator.controllers.cluster import ensure_cluster
 from nstance.operator.controllers.common import object_logger
 from nstance.operator.controllers.machine.create_instance import CreateInstance
@@ -40,19 +36,12 @@ from nstance.operator.controllers.resources import (
     NSTANCE_SHARD_GROUPS,
 )
 from nstance.operator.crds import names
-from nstance.operator.kube import EVENTS, NODES, PODS, Kube, Object, load_configuration
-from nstance.operator.nodes import NodeIndex
-from nstance.rpc import operator_pb2, operator_pb2_grpc
-from nstance.testing.kubeapi import KubeAPIServer
+from nstance.operator.kube import NODES, PODS, Object
+from nstance.rpc import operator_pb2
 from nstance.testing.operatorproc import capi_machine_pool
-from nstance.testing.shardproc import LocalCluster, ServerProcess, free_port, server_addrs, shard_config
-from nstance.testing.waiting import eventually, eventually_sync
 
 pytestmark = pytest.mark.timeout(120)
 
-ROOT = Path(__file__).resolve().parents[2]
-CRDS = ROOT / "config" / "crd"
-NS = "default"
 SHARDS = ("zone-a", "zone-b")
 FAST = Timings(
     resync=1.0,
@@ -65,216 +54,10 @@ FAST = Timings(
 )
 
 
-def _wake(loop: asyncio.AbstractEventLoop, event: asyncio.Event) -> None:
-    """Set ``event`` from the emulator's thread (store listeners run there)."""
-    loop.call_soon_threadsafe(event.set)
-
-
-# --- shard servers (module scope) ---------------------------------------------------------------------
-
-
-@dataclass
-class ShardEnv:
-    cluster: LocalCluster
-    identity: Path
-    addrs: dict[str, dict[str, str]]
-    processes: dict[str, ServerProcess]
-
-    def instance_records(self, shard: str) -> list[Path]:
-        directory = self.cluster.bucket / "shard" / shard / "instance"
-        return sorted(directory.glob("*.json")) if directory.exists() else []
-
-
 @pytest.fixture(scope="module")
 def shard_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShardEnv]:
-    root = tmp_path_factory.mktemp("operator-ctl")
-    cluster = LocalCluster(root / "bucket")
-    cluster.init()
-    addrs: dict[str, dict[str, str]] = {}
-    processes: dict[str, ServerProcess] = {}
-    for shard in SHARDS:
-        addrs[shard] = server_addrs()
-        cluster.write_config(
-            shard,
-            shard_config(
-                shard=shard,
-                addrs=addrs[shard],
-                provider_options={"latency": "5ms"},
-                groups={"web": {"template": "app", "size": 0}},
-                # A lease long enough that a busy CI machine does not cost a server its leadership.
-                election={"frequent_interval": "200ms", "infrequent_interval": "1s", "leader_timeout": "6s"},
-            ),
-        )
-        processes[shard] = ServerProcess(
-            server_id=f"{shard}-s1",
-            shard=shard,
-            bucket=cluster.bucket,
-            cachedir=root / shard / "cache",
-            health_addr=f"127.0.0.1:{free_port()}",
-            log_path=root / shard / "server.log",
-        ).start()
-    try:
-        for process in processes.values():
-            process.wait_healthy()
-        eventually_sync(
-            lambda: all(p.is_leader() for p in processes.values()), what="the shard servers to lead"
-        )
-        yield ShardEnv(cluster, cluster.operator_identity(root / "operator"), addrs, processes)
-    finally:
-        for process in processes.values():
-            process.stop()
-
-
-class TestShards:
-    """A ShardAccess over grpc.aio mTLS channels; ``take_down`` points a shard at a closed port."""
-
-    __test__ = False
-
-    def __init__(self, identity: Path, addrs: Mapping[str, str]) -> None:
-        self._credentials = grpc.ssl_channel_credentials(
-            root_certificates=(identity / "ca.crt").read_bytes(),
-            private_key=(identity / "identity.key").read_bytes(),
-            certificate_chain=(identity / "identity.crt").read_bytes(),
-        )
-        self._addrs = dict(addrs)
-        self._channels: dict[str, Any] = {}
-        self._ok: dict[str, bool] = {}
-        self.calls: list[tuple[str, bool, str]] = []
-        for shard, addr in self._addrs.items():
-            self._channels[shard] = self._channel(addr)
-        self._never = asyncio.Event()
-
-    def _channel(self, addr: str) -> Any:
-        options = [("grpc.ssl_target_name_override", "nstance-server")]
-        return grpc.aio.secure_channel(addr, self._credentials, options=options)
-
-    def configured(self) -> Sequence[str]:
-        return list(self._addrs)
-
-    def stub(self, shard: str) -> operator_pb2_grpc.OperatorServiceStub:
-        if shard not in self._channels:
-            raise ShardNotConfigured(shard)
-        return operator_pb2_grpc.OperatorServiceStub(self._channels[shard])
-
-    def reachable(self, shard: str) -> bool:
-        return self._ok.get(shard, shard in self._addrs)
-
-    def report(self, shard: str, ok: bool, error: str = "") -> None:
-        self._ok[shard] = ok
-        self.calls.append((shard, ok, error))
-
-    async def wait_changed(self) -> None:
-        await self._never.wait()
-
-    async def take_down(self, shard: str) -> None:
-        old = self._channels[shard]
-        self._channels[shard] = self._channel(f"127.0.0.1:{free_port()}")
-        await old.close()
-
-    async def bring_up(self, shard: str) -> None:
-        old = self._channels[shard]
-        self._channels[shard] = self._channel(self._addrs[shard])
-        await old.close()
-
-    async def close(self) -> None:
-        for channel in self._channels.values():
-            await channel.close()
-
-
-# --- one operator per test ----------------------------------------------------------------------------
-
-
-@dataclass
-class Operator:
-    server: KubeAPIServer
-    kube: Kube
-    ctx: OperatorContext
-    shards: TestShards
-    env: ShardEnv
-    registry: kopf.OperatorRegistry = field(default_factory=kopf.OperatorRegistry)
-
-    async def wait_for(self, check: Callable[[], Awaitable[bool]], what: str, within: float = 20.0) -> None:
-        """Re-check ``check`` after every API change (and every 0.1 s for shard-side state)."""
-        changed = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        unsubscribe = self.server.call(
-            lambda: self.server.store.subscribe(lambda _event: _wake(loop, changed))
-        )
-        try:
-            await eventually(check, within=within, what=what, every=0.1, wake=changed)
-        finally:
-            self.server.call(unsubscribe)
-
-    async def get(self, res: Any, name: str, namespace: str | None = NS) -> Object | None:
-        return await self.kube.get(res, name, namespace)
-
-    async def server_groups(self, shard: str) -> dict[str, operator_pb2.GroupStatus]:
-        reply = await self.shards.stub(shard).ListGroups(Empty(), timeout=5)
-        return {g.key: g for g in reply.groups}
-
-    async def events(self, reason: str, name: str) -> list[Object]:
-        return [
-            e
-            for e in await self.kube.list(EVENTS, NS)
-            if e.get("reason") == reason and (e.get("involvedObject") or {}).get("name") == name
-        ]
-
-
-@contextlib.asynccontextmanager
-async def running_operator(shard_env: ShardEnv, tmp_path: Path) -> AsyncIterator[Operator]:
-    """The emulator plus the operator's kopf registry, run in the caller's task.
-
-    kopf cancels, when it stops, every task created after it started (it takes them for its own), so
-    the operator is started and stopped inside the test's task rather than by an async fixture, whose
-    teardown pytest-asyncio runs in a task of its own.
-    """
-    # The emulator runs on its own loop in a thread: kopf, when it stops, waits for (and then cancels)
-    # every task of this loop created after it started, which would include the emulator's handlers.
-    with KubeAPIServer.in_thread(crds=[CRDS]) as server:
-        configuration = await load_configuration(str(server.write_kubeconfig(tmp_path / "kubeconfig")))
-        kube = Kube.from_configuration(configuration)
-        shards = TestShards(shard_env.identity, {s: a["operator_addr"] for s, a in shard_env.addrs.items()})
-        nodes = NodeIndex(kube, backoff_base=0.1, backoff_cap=0.5)
-        ctx = OperatorContext(
-            namespace=NS,
-            cluster_id="test",
-            tenant="default",
-            kube=kube,
-            shards=shards,
-            nodes=nodes,
-            timings=FAST,
-        )
-        op = Operator(server, kube, ctx, shards, shard_env)
-        handlers.register(op.registry, webhook=False)
-
-        @kopf.on.login(registry=op.registry)
-        def login(**_: Any) -> kopf.ConnectionInfo:
-            return kopf.ConnectionInfo(server=server.url)
-
-        node_task = asyncio.create_task(nodes.run())
-        await ensure_cluster(ctx)
-        stop, ready = asyncio.Event(), asyncio.Event()
-        task = asyncio.create_task(
-            kopf.operator(
-                registry=op.registry,
-                standalone=True,
-                clusterwide=True,
-                stop_flag=stop,
-                ready_flag=ready,
-                memo=kopf.Memo(ctx=ctx),
-            )
-        )
-        try:
-            await asyncio.wait_for(ready.wait(), 15)
-            yield op
-        finally:
-            stop.set()
-            await asyncio.wait_for(task, 20)
-            node_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await node_task
-            await shards.close()
-            await kube.close()
+    with shard_servers(tmp_path_factory.mktemp("operator-ctl"), SHARDS) as env:
+        yield env
 
 
 Start = Callable[[], contextlib.AbstractAsyncContextManager[Operator]]
@@ -282,7 +65,7 @@ Start = Callable[[], contextlib.AbstractAsyncContextManager[Operator]]
 
 @pytest.fixture
 def start(shard_env: ShardEnv, tmp_path: Path) -> Start:
-    return lambda: running_operator(shard_env, tmp_path)
+    return lambda: running_operator(shard_env, tmp_path, FAST)
 
 
 # --- helpers ------------------------------------------------------------------------------------------

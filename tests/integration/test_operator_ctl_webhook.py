@@ -13,7 +13,6 @@ import datetime
 import ipaddress
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Any
 
 import kopf
 import pytest
@@ -21,11 +20,12 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from operator_harness import CRDS, api_changes, connect, kopf_running, operator_context
 
 from nstance.operator import handlers
-from nstance.operator.context import OperatorContext, ShardNotConfigured, Timings
+from nstance.operator.context import ShardNotConfigured, Timings
 from nstance.operator.controllers.resources import NSTANCE_MACHINE_POOLS
-from nstance.operator.kube import Kube, KubeError, load_configuration
+from nstance.operator.kube import Kube, KubeError
 from nstance.operator.nodes import NodeIndex
 from nstance.rpc import operator_pb2_grpc
 from nstance.testing.kubeapi import KubeAPIServer
@@ -34,13 +34,7 @@ from nstance.testing.waiting import eventually
 
 pytestmark = pytest.mark.timeout(60)
 
-CRDS = Path(__file__).resolve().parents[2] / "config" / "crd"
 MANAGED = "test.operator.nstance.dev"
-
-
-def _wake(loop: asyncio.AbstractEventLoop, event: asyncio.Event) -> None:
-    """Set ``event`` from the emulator's thread (store listeners run there)."""
-    loop.call_soon_threadsafe(event.set)
 
 
 class NoShards:
@@ -94,49 +88,20 @@ def serving_certificate(directory: Path) -> tuple[Path, Path]:
 @contextlib.asynccontextmanager
 async def operator_with_webhook(tmp_path: Path) -> AsyncIterator[tuple[KubeAPIServer, Kube]]:
     with KubeAPIServer.in_thread(crds=[CRDS]) as server:
-        kube = Kube.from_configuration(
-            await load_configuration(str(server.write_kubeconfig(tmp_path / "kc")))
-        )
-        ctx = OperatorContext(
-            namespace="default",
-            cluster_id="test",
-            tenant="default",
-            kube=kube,
-            shards=NoShards(),
-            nodes=NodeIndex(kube),
-            timings=Timings(unreachable_retry=5.0),
-        )
+        kube = await connect(server, tmp_path / "kc")
+        ctx = operator_context(kube, NoShards(), Timings(unreachable_retry=5.0), NodeIndex(kube))
         registry = kopf.OperatorRegistry()
         handlers.register(registry)
-
-        @kopf.on.login(registry=registry)
-        def login(**_: Any) -> kopf.ConnectionInfo:
-            return kopf.ConnectionInfo(server=server.url)
-
         cert, key = serving_certificate(tmp_path)
         settings = kopf.OperatorSettings()
         settings.admission.server = kopf.WebhookServer(
             addr="127.0.0.1", host="127.0.0.1", port=free_port(), certfile=str(cert), pkeyfile=str(key)
         )
         settings.admission.managed = MANAGED
-        stop, ready = asyncio.Event(), asyncio.Event()
-        task = asyncio.create_task(
-            kopf.operator(
-                registry=registry,
-                settings=settings,
-                standalone=True,
-                clusterwide=True,
-                stop_flag=stop,
-                ready_flag=ready,
-                memo=kopf.Memo(ctx=ctx),
-            )
-        )
         try:
-            await asyncio.wait_for(ready.wait(), 15)
-            yield server, kube
+            async with kopf_running(registry, server, ctx, settings):
+                yield server, kube
         finally:
-            stop.set()
-            await asyncio.wait_for(task, 20)
             await kube.close()
 
 
@@ -144,18 +109,13 @@ async def wait_for_webhook(server: KubeAPIServer) -> None:
     """Until kopf has written its webhook configuration (re-checked on every API change)."""
     configs = server.registry.lookup("admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations")
     assert configs is not None
-    loop = asyncio.get_running_loop()
-    changed = asyncio.Event()
-    unsubscribe = server.call(lambda: server.store.subscribe(lambda _event: _wake(loop, changed)))
 
     def configured() -> bool:
         found = server.call(lambda: server.store.find(configs, None, MANAGED))
         return bool(found and any(w.get("rules") for w in found.get("webhooks") or []))
 
-    try:
+    with api_changes(server) as changed:
         await eventually(configured, within=15, what="kopf's webhook configuration", wake=changed)
-    finally:
-        server.call(unsubscribe)
 
 
 async def test_a_static_pools_template_cannot_change_but_its_vars_can(tmp_path: Path) -> None:

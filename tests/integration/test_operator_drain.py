@@ -8,11 +8,9 @@ acknowledgement lets the server delete them earlier.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -20,25 +18,22 @@ from typing import Any
 import pytest
 from google.protobuf.empty_pb2 import Empty
 from google.protobuf.timestamp_pb2 import Timestamp
+from operator_harness import NS, Env, emulator
 
 from nstance.operator.config import ShardEndpoint
-from nstance.operator.context import OperatorContext, ShardNotConfigured, Timings
+from nstance.operator.context import ShardNotConfigured, Timings
 from nstance.operator.crds import names
 from nstance.operator.drain import DrainCoordinator, condition_reason, event_deadline, pods_to_drain
-from nstance.operator.kube import EVENTS, NODES, PODS, Kube, Object, load_configuration
-from nstance.operator.nodes import NodeIndex
+from nstance.operator.kube import EVENTS, NODES, PODS, Kube, Object
 from nstance.operator.shards import ShardSet
 from nstance.operator.sync_kinds import CAPI_MACHINES, NSTANCE_MACHINES
 from nstance.rpc import operator_pb2, operator_pb2_grpc
-from nstance.testing.kubeapi import KubeAPIServer
 from nstance.testing.shardproc import LocalCluster, server_addrs, shard_config, start_leader
 from nstance.testing.waiting import eventually
 
 pytestmark = pytest.mark.timeout(120)
 
-REPO = Path(__file__).resolve().parents[2]
 SHARD = "zone-a"
-NS = "default"
 DRAIN_TIMEOUT = 30.0
 TIMINGS = Timings(
     resync=1.0, unreachable_retry=0.5, error_retry=0.5, backoff_base=0.1, backoff_cap=0.5, drain_poll=0.2
@@ -90,50 +85,6 @@ def shard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shard]:
     server.process.stop()
 
 
-@dataclass
-class Env:
-    api: KubeAPIServer
-    kube: Kube
-    ctx: OperatorContext
-    shard_set: ShardSet | None
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)
-
-    def start(self, coordinator: DrainCoordinator) -> None:
-        self.tasks.append(asyncio.create_task(coordinator.run()))
-
-
-@contextlib.asynccontextmanager
-async def emulator(tmp_path: Path, shards: Any, shard_set: ShardSet | None) -> AsyncIterator[Env]:
-    async with KubeAPIServer(crds=[REPO / "config" / "crd"]) as api:
-        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
-        kube = Kube.from_configuration(await load_configuration(str(kubeconfig)))
-        nodes = NodeIndex(kube, backoff_base=0.1, backoff_cap=0.5)
-        ctx = OperatorContext(
-            namespace=NS,
-            cluster_id="test",
-            tenant="default",
-            kube=kube,
-            shards=shards,
-            nodes=nodes,
-            timings=TIMINGS,
-        )
-        env = Env(api, kube, ctx, shard_set)
-        env.tasks.append(asyncio.create_task(nodes.run()))
-        try:
-            yield env
-            for task in env.tasks:
-                assert not task.done(), f"a loop stopped: {task}"
-        finally:
-            for task in env.tasks:
-                task.cancel()
-            for task in env.tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-            if shard_set is not None:
-                await shard_set.close()
-            await kube.close()
-
-
 @pytest.fixture
 async def env(shard: Shard, tmp_path: Path) -> AsyncIterator[Env]:
     identity = shard.identity
@@ -152,7 +103,7 @@ async def env(shard: Shard, tmp_path: Path) -> AsyncIterator[Env]:
             )
         }
     )
-    async with emulator(tmp_path, shard_set, shard_set) as environment:
+    async with emulator(tmp_path, shard_set, shard_set, TIMINGS) as environment:
         yield environment
 
 
@@ -305,7 +256,7 @@ async def test_an_event_after_a_finished_drain_is_acknowledged_again_without_a_s
         instance_id="i-2", provider_instance_id="p-unknown", status="pending_deletion", reason="expiry"
     )
     scripted = ScriptedShard([drain, first, drain, second, lonely])
-    async with emulator(tmp_path, scripted, None) as env:
+    async with emulator(tmp_path, scripted, None, TIMINGS) as env:
         await make_node(env.kube, "node-1", "fake://region/p-1")
         await indexed(env, "p-1")
         coordinator = DrainCoordinator(env.ctx)
