@@ -77,6 +77,19 @@ def operator_context(kube: Kube, shards: ShardAccess, timings: Timings, nodes: N
     )
 
 
+def fast_shard_set(identity: Path) -> ShardSet:
+    """The operator's real shard connections with the operator identity in ``identity``, quick to
+    reconnect; the caller gives it its endpoints (``update``) and closes it."""
+    return ShardSet(
+        (identity / "ca.crt").read_bytes(),
+        (identity / "identity.crt").read_bytes(),
+        (identity / "identity.key").read_bytes(),
+        reconnect_min=0.1,
+        reconnect_max=0.5,
+        grace=0.2,
+    )
+
+
 def fast_nodes(kube: Kube) -> NodeIndex:
     """A Node index that retries a broken watch quickly."""
     return NodeIndex(kube, backoff_base=0.1, backoff_cap=0.5)

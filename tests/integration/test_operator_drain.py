@@ -18,14 +18,13 @@ from typing import Any
 import pytest
 from google.protobuf.empty_pb2 import Empty
 from google.protobuf.timestamp_pb2 import Timestamp
-from operator_harness import NS, Env, emulator
+from operator_harness import NS, Env, emulator, fast_shard_set
 
 from nstance.operator.config import ShardEndpoint
 from nstance.operator.context import ShardNotConfigured, Timings
 from nstance.operator.crds import names
 from nstance.operator.drain import DrainCoordinator, condition_reason, event_deadline, pods_to_drain
 from nstance.operator.kube import EVENTS, NODES, PODS, Kube, Object
-from nstance.operator.shards import ShardSet
 from nstance.operator.sync_kinds import CAPI_MACHINES, NSTANCE_MACHINES
 from nstance.rpc import operator_pb2, operator_pb2_grpc
 from nstance.testing.shardproc import LocalCluster, server_addrs, shard_config, start_leader
@@ -87,15 +86,7 @@ def shard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shard]:
 
 @pytest.fixture
 async def env(shard: Shard, tmp_path: Path) -> AsyncIterator[Env]:
-    identity = shard.identity
-    shard_set = ShardSet(
-        (identity / "ca.crt").read_bytes(),
-        (identity / "identity.crt").read_bytes(),
-        (identity / "identity.key").read_bytes(),
-        reconnect_min=0.1,
-        reconnect_max=0.5,
-        grace=0.2,
-    )
+    shard_set = fast_shard_set(shard.identity)
     shard_set.update(
         {
             SHARD: ShardEndpoint(

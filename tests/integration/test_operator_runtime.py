@@ -33,11 +33,12 @@ from typing import Any
 
 import kopf
 import pytest
+from operator_harness import CRDS, connect
 
 from nstance.core.backoff import Backoff
 from nstance.operator import runtime as runtime_module
 from nstance.operator.context import OperatorContext
-from nstance.operator.kube import CONFIGMAPS, EVENTS, LEASES, SECRETS, Kube, KubeError, load_configuration
+from nstance.operator.kube import CONFIGMAPS, EVENTS, LEASES, SECRETS, Kube, KubeError
 from nstance.operator.runtime import OperatorRuntime, RuntimeOptions
 from nstance.operator.settings import build_settings
 from nstance.pki.nonce import operator_nonce_claims, sign_nonce
@@ -52,7 +53,6 @@ from nstance.testing.shardproc import (
 )
 from nstance.testing.waiting import eventually
 
-ROOT = Path(__file__).resolve().parents[2]
 ELECTION = {"frequent_interval": "200ms", "infrequent_interval": "1s", "leader_timeout": "6s"}
 
 
@@ -77,9 +77,9 @@ def shards(
 
 @pytest.fixture
 async def emulator(tmp_path: Path) -> AsyncIterator[tuple[KubeAPIServer, Kube, Path]]:
-    async with KubeAPIServer(crds=[ROOT / "config" / "crd"]) as server:
-        kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
-        kube = Kube.from_configuration(await load_configuration(str(kubeconfig)))
+    async with KubeAPIServer(crds=[CRDS]) as server:
+        kubeconfig = tmp_path / "kubeconfig"
+        kube = await connect(server, kubeconfig)
         try:
             yield server, kube, kubeconfig
         finally:

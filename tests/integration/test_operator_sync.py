@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from operator_harness import CRDS, NS, connect, fast_shard_set, operator_context
 
 from nstance.operator.config import ShardEndpoint
 from nstance.operator.context import OperatorContext, Timings
 from nstance.operator.crds import names
-from nstance.operator.kube import EVENTS, Kube, Object, load_configuration
+from nstance.operator.kube import EVENTS, Kube, Object
 from nstance.operator.nodes import NodeIndex
 from nstance.operator.shards import ShardSet
 from nstance.operator.sync import SyncManager
@@ -36,10 +37,8 @@ from nstance.testing.waiting import eventually, eventually_sync
 
 pytestmark = pytest.mark.timeout(120)
 
-REPO = Path(__file__).resolve().parents[2]
 SHARDS = ("zone-a", "zone-b")
 SIZES = {"zone-a": 3, "zone-b": 2}
-NS = "default"
 CLUSTER = "test--default"
 TIMINGS = Timings(
     resync=1.0, unreachable_retry=0.5, error_retry=0.5, backoff_base=0.1, backoff_cap=0.5, drain_poll=0.2
@@ -120,28 +119,11 @@ class Env:
 
 @pytest.fixture
 async def env(shards: Shards, tmp_path: Path) -> AsyncIterator[Env]:
-    async with KubeAPIServer(crds=[REPO / "config" / "crd"]) as api:
-        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
-        kube = Kube.from_configuration(await load_configuration(str(kubeconfig)))
-        identity = shards.identity
-        shard_set = ShardSet(
-            (identity / "ca.crt").read_bytes(),
-            (identity / "identity.crt").read_bytes(),
-            (identity / "identity.key").read_bytes(),
-            reconnect_min=0.1,
-            reconnect_max=0.5,
-            grace=0.2,
-        )
+    async with KubeAPIServer(crds=[CRDS]) as api:
+        kube = await connect(api, tmp_path / "kubeconfig")
+        shard_set = fast_shard_set(shards.identity)
         shard_set.update(shards.endpoints(*SHARDS))
-        ctx = OperatorContext(
-            namespace=NS,
-            cluster_id="test",
-            tenant="default",
-            kube=kube,
-            shards=shard_set,
-            nodes=NodeIndex(kube),
-            timings=TIMINGS,
-        )
+        ctx = operator_context(kube, shard_set, TIMINGS, NodeIndex(kube))
         await kube.create(NSTANCE_CLUSTERS, {"metadata": {"name": CLUSTER, "namespace": NS}, "spec": {}}, NS)
         try:
             yield Env(api, kube, shard_set, ctx)
