@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from abc import ABC, abstractmethod
 
 from nstance.operator.drain.reasons import REASON_RETRYING
 from nstance.operator.drain.state import DrainState, Outcome
@@ -21,7 +22,7 @@ UNLISTED = "(unknown: the pods could not be listed)"
 """What a drain reports as left when the deadline passed before the pods could be listed."""
 
 
-class NodePhase:
+class NodePhase(ABC):
     """Base of the Node steps: ``work`` one try; ``__call__`` retries it until it ends the drain."""
 
     name: str
@@ -65,6 +66,6 @@ class NodePhase:
                 )
             return False
 
+    @abstractmethod
     async def work(self, state: DrainState, node: Object) -> bool:
         """One try; True when this phase is over (it may also end the drain: ``state.outcome``)."""
-        raise NotImplementedError
