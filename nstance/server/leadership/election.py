@@ -567,14 +567,7 @@ class Elector:
             except ObjectNotFound:
                 return
             except _StoreError as exc:
-                log.warning(
-                    "%s election: could not read %s to release it (%s); others take over after %gs",
-                    self._name,
-                    self._key,
-                    _describe(exc),
-                    self._timeout,
-                    extra=self._log_fields(),
-                )
+                self._release_failed("read", exc)
                 return
             if etag != self._own_etag and data != self._attempted:
                 return  # not ours (someone took over, or an earlier run's lock): leave it alone
@@ -585,19 +578,23 @@ class Elector:
             except PreconditionFailed:
                 continue  # changed under us: our own late renewal, or someone else's lock (read again)
             except _StoreError as exc:
-                log.warning(
-                    "%s election: could not release %s (%s); others take over after %gs",
-                    self._name,
-                    self._key,
-                    _describe(exc),
-                    self._timeout,
-                    extra=self._log_fields(),
-                )
+                self._release_failed("delete", exc)
                 return
             self._leader = None
             self._seen_etag = None
             log.info("%s election: released the lock", self._name, extra=self._log_fields(etag=etag))
             return
+
+    def _release_failed(self, step: str, exc: _StoreError) -> None:
+        log.warning(
+            "%s election: could not %s %s to release it (%s); others take over after %gs",
+            self._name,
+            step,
+            self._key,
+            _describe(exc),
+            self._timeout,
+            extra=self._log_fields(),
+        )
 
     # -- helpers ---------------------------------------------------------------------------------
 
