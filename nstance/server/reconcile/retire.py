@@ -4,7 +4,7 @@ A delete first confirms that no load balancer still sends the VM traffic (``load
 one drains it, the instance is held as draining and the delete raises ``DeregistrationPending`` for a
 later retry), then marks the record ``deleting`` before the provider call and ``deleted`` after, so
 an interrupted delete is finished by the next leader. A provider call that fails leaves the row
-draining and due (``_keep_deleting``), so this leader retries that same delete. ``drain`` starts the
+draining and due (``_hold_due``), so this leader retries that same delete. ``drain`` starts the
 drain timeout: the row's ``delete_at`` is now plus the group's timeout, watchers are told to drain
 the node, and the planner deletes the instance on the agent's ack or at ``delete_at``.
 ``retire_unlaunched`` retires a row whose create never reached the provider.
@@ -46,9 +46,7 @@ class Retirer:
         ctx = self._ctx
         ctx.fence()
         if row.provider_id and not await self.lbs.release(row):
-            now = ctx.clock.now()
-            with ctx.db.write_connection() as session:
-                repo.start_drain(session, row.id, reason=reason, now=now, delete_at=now)
+            self._hold_due(row, reason)
             raise DeregistrationPending(
                 f"instance {row.id}: a load balancer is still draining it ({reason}); it is deleted once "
                 "deregistration is confirmed"
@@ -61,7 +59,10 @@ class Retirer:
             try:
                 await ctx.provider.delete_instance(row.id, row.provider_id)
             except BaseException:
-                self._keep_deleting(row, reason)
+                # The record already says ``deleting``: the delete stays committed. Left active, the
+                # row could serve again (its agent reconnects) and a later plan would retire another
+                # member, leaving this VM under a ``deleting`` record nothing finishes.
+                self._hold_due(row, reason)
                 raise
             self._ctx.fault_point("after-provider-delete")
             self.lbs.forget(row.id)
@@ -73,14 +74,9 @@ class Retirer:
         self._publish(row, "deleted", reason)
         ctx.metrics.record_retirement(reason)
 
-    def _keep_deleting(self, row: InstanceRow, reason: str) -> None:
-        """A delete whose provider call failed stays committed: held as draining, due now.
-
-        Its record already says ``deleting``, which a next leader finishes. This leader must as well:
-        the row stops counting toward the group and the next reconcile deletes it again. Left
-        active, it could start serving (its agent reconnects) and a later plan would retire another
-        member, leaving this VM running under a ``deleting`` record that nothing finishes.
-        """
+    def _hold_due(self, row: InstanceRow, reason: str) -> None:
+        """Hold a delete that could not finish now as draining and due: the row stops counting toward
+        its group and the group's next reconcile tries that same delete again."""
         now = self._ctx.clock.now()
         with self._ctx.db.write_connection() as session:
             repo.start_drain(session, row.id, reason=reason, now=now, delete_at=now)
