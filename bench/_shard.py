@@ -109,6 +109,17 @@ def bench_config(
     )
 
 
+def sim_of(shard: Shard) -> SimProvider:
+    """The sim provider under a shard's fenced, instrumented provider (the benchmark drives it)."""
+    provider = shard.ctx.provider
+    if isinstance(provider, FencedProvider):  # the context fences every provider call
+        provider = provider.inner
+    assert isinstance(provider, InstrumentedProvider)
+    sim = provider.inner
+    assert isinstance(sim, SimProvider)
+    return sim
+
+
 @contextlib.asynccontextmanager
 async def running_server(
     tmp: Path,
@@ -151,13 +162,7 @@ async def running_server(
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the server did not lead its shard within {lead_timeout:.0f}s")
             await asyncio.sleep(0.005)
-        provider = app.shard.ctx.provider
-        if isinstance(provider, FencedProvider):  # the context fences every provider call
-            provider = provider.inner
-        assert isinstance(provider, InstrumentedProvider)
-        sim = provider.inner
-        assert isinstance(sim, SimProvider)
-        yield Running(app=app, shard=app.shard, sim=sim, cluster=cluster, addrs=addrs, tmp=tmp)
+        yield Running(app=app, shard=app.shard, sim=sim_of(app.shard), cluster=cluster, addrs=addrs, tmp=tmp)
     finally:
         stop.set()
         done, _ = await asyncio.wait({task}, timeout=STOP_TIMEOUT_S)

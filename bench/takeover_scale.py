@@ -53,17 +53,16 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from _shard import SHARD, new_cluster, quiet_logging, scratch_dir, where_tmp
+from _shard import SHARD, new_cluster, quiet_logging, scratch_dir, sim_of, where_tmp
+from _stalls import StallSampler
 
 from nstance.config.cluster import LeaderElectionConfig
 from nstance.core.ids import PuidGenerator
 from nstance.objectstore.file import FileObjectStore
 from nstance.objectstore.scoped import ScopedObjectStore
-from nstance.providers.sim import SimProvider
 from nstance.server.app import ServerApp, ServerOptions, tune_gc
 from nstance.server.leadership.election import encode_lockfile
 from nstance.server.state import records
-from nstance.server.state.metrics import InstrumentedProvider
 from nstance.testing.shardproc import ENCRYPTION_KEY_B64, free_port, shard_config
 
 SIZES = (10_000, 50_000, 100_000)
@@ -225,7 +224,7 @@ async def _wait(predicate: Any, limit: float, what: str, task: asyncio.Task[int]
         await asyncio.sleep(0.01)
 
 
-async def takeover(tmp: Path, n: int) -> dict[str, Any]:
+async def takeover(tmp: Path, n: int, stalls: StallSampler | None = None) -> dict[str, Any]:
     """Run the takeover for the ``n`` records at ``tmp``; the raw measurements."""
     cluster, addrs = new_cluster(tmp)
     groups = {g: {"template": "app", "size": size} for g, size in _group_sizes(n).items()}
@@ -264,10 +263,7 @@ async def takeover(tmp: Path, n: int) -> dict[str, Any]:
     try:
         await _wait(lambda: app.shard is not None, 120, "the server to start", task)
         assert app.shard is not None
-        provider = app.shard.ctx.provider
-        assert isinstance(provider, InstrumentedProvider)
-        sim = provider.inner
-        assert isinstance(sim, SimProvider)
+        sim = sim_of(app.shard)
         cluster_id = app.shard.ctx.identity.cluster_id
         for i, (iid, pid, group, launched) in enumerate(await asyncio.to_thread(_read_vms, tmp)):
             sim.add_existing(
@@ -297,6 +293,8 @@ async def takeover(tmp: Path, n: int) -> dict[str, Any]:
         app.lag_probe.reset()
         await _wait(lambda: bool(app.transitions), 60, "the takeover", task)
         led = app.transitions[0][0]
+        if stalls is not None:
+            stalls.start()
         # The ~10 s before the takeover: a standby with nothing to do. Its largest lag is this
         # machine's scheduling noise (other processes on a shared CPU), the floor for the figure below.
         idle_lag, idle_samples = app.lag_probe.max_lag, app.lag_probe.samples
@@ -315,6 +313,9 @@ async def takeover(tmp: Path, n: int) -> dict[str, Any]:
         frequent = LeaderElectionConfig().frequent_interval.total_seconds()
         await asyncio.sleep(frequent)  # one renewal period more: the lease must survive it
         max_lag, lag_samples = app.lag_probe.max_lag, app.lag_probe.samples
+        if stalls is not None:
+            stalls.stop()
+            print(f"[takeover_scale] {n}: {stalls.report(since=led)}", file=sys.stderr)
         max_lag_at = app.lag_probe.max_at - led
         gc.collect()
         rss_after = rss_bytes()
@@ -417,7 +418,7 @@ def figures(n: int, run: dict[str, Any], baselines: Sequence[float]) -> list[dic
     ]
 
 
-async def bench_size(n: int, baseline_runs: int) -> list[dict[str, Any]]:
+async def bench_size(n: int, baseline_runs: int, stalls: bool = False) -> list[dict[str, Any]]:
     with scratch_dir("nstance-takeover-") as tmp:
         cluster, _ = new_cluster(tmp)  # the bucket and the cluster identity, before the records
         del cluster
@@ -425,7 +426,7 @@ async def bench_size(n: int, baseline_runs: int) -> list[dict[str, Any]]:
         _child("--generate", str(tmp), str(n))
         print(f"[takeover_scale] wrote {n} records in {time.perf_counter() - start:.1f}s", file=sys.stderr)
         baselines = [measure_baseline(tmp, n)]
-        run = await takeover(tmp, n)
+        run = await takeover(tmp, n, StallSampler() if stalls else None)
         baselines += [measure_baseline(tmp, n) for _ in range(max(baseline_runs - 1, 0))]
         print(f"[takeover_scale] {n}: {json.dumps(run)}", file=sys.stderr)
         return figures(n, run, baselines)
@@ -435,6 +436,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="shard takeover at 10k-100k instance records")
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES), help="records per run")
     parser.add_argument("--baseline-runs", type=int, default=BASELINE_RUNS)
+    parser.add_argument(
+        "--stalls", action="store_true", help="print the loop's longest stalls with their stacks (stderr)"
+    )
     parser.add_argument("--generate", nargs=2, metavar=("DIR", "N"), help=argparse.SUPPRESS)
     parser.add_argument("--baseline", metavar="DIR", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -448,7 +452,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("sizes and --baseline-runs must be positive")
     quiet_logging()
     for n in args.sizes:
-        for figure in asyncio.run(bench_size(n, args.baseline_runs)):
+        for figure in asyncio.run(bench_size(n, args.baseline_runs, args.stalls)):
             print(json.dumps(figure, ensure_ascii=False), flush=True)
     return 0
 

@@ -1,0 +1,56 @@
+"""The benchmarks that drive a real server in-process still run, at a toy size.
+
+A benchmark reaches into the server (its provider, its metrics, its election) the way no test does, so
+a restructuring can break it without any test failing: `bench/takeover_scale.py` once stopped at an
+assertion about how the shard wraps its provider, and only `make bench` would have shown it. These run
+each such benchmark as `make bench` does (a child process, JSON lines on stdout) at the smallest size
+that still takes the whole path, and check the figures come out. The figures themselves are not judged
+here: at these sizes on a shared machine they mean nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _run(script: str, *args: str, timeout: float) -> list[dict[str, Any]]:
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        cwd=REPO,
+    )
+    assert done.returncode == 0, f"{script} failed:\n{done.stderr[-3000:]}"
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+@pytest.mark.timeout(240)
+def test_the_takeover_benchmark_runs_a_takeover_end_to_end() -> None:
+    figures = {
+        f["name"]: f for f in _run("takeover_scale.py", "--sizes", "300", "--baseline-runs", "1", timeout=200)
+    }
+    assert set(figures) == {
+        "takeover_scale_300_first_decision_s",
+        "takeover_scale_300_max_loop_lag_s",
+        "takeover_scale_300_lease_losses",
+        "takeover_scale_300_rss_mib_per_10k",
+    }
+    assert figures["takeover_scale_300_first_decision_s"]["value"] > 0
+    assert figures["takeover_scale_300_lease_losses"]["value"] == 0
+
+
+@pytest.mark.timeout(180)
+def test_the_registration_benchmark_registers_every_agent() -> None:
+    figures = _run("registration.py", "--instances", "60", "--workers", "4", timeout=150)
+    assert [f["name"] for f in figures] == ["registration_60_agents_4_clients"]
+    assert figures[0]["value"] > 0
