@@ -271,7 +271,8 @@ class FloodNemesis:
             await inc.api().agents.health(iid, _one_report(iid))
             if not _active(inc, iid):
                 self.problems.append(
-                    f"t={world.now():.2f}: flood: a health stream from deleted instance {iid} was accepted"
+                    f"t={world.now():.2f}: flood: a health stream from {iid}, which the leader does not "
+                    "hold as an active instance, was accepted"
                 )
 
         return "", stream

@@ -55,6 +55,8 @@ from nstance.server.state.events import ErrorEventData
 
 log = logging.getLogger(__name__)
 
+#: Instance rows read per query when sessions are checked against a rebuilt cache.
+REVALIDATE_BATCH = 500
 #: Delays (seconds) between provider checks after an agent's health stream ended.
 FOLLOW_UP_DELAYS = (3.0, 6.0, 12.0, 24.0, 30.0, 30.0, 30.0, 30.0)
 #: Seconds between batched health writes: an agent's reports in between collapse into one row update.
@@ -157,6 +159,14 @@ class AgentSession:
         self.pushing = False
         self.keys_checked = False
         self.spot_seen = False
+        #: The rebuilt cache of a new leadership holds no active instance for this agent: its streams end.
+        self.revoked = False
+
+    def revoke(self) -> None:
+        """End this session: streams waiting for files or key requests wake up and see ``revoked``."""
+        self.revoked = True
+        self._files_ready.set()
+        self._keys_ready.set()
 
     def deliver(self, files: Mapping[str, bytes], commit_hash: str) -> None:
         """Queue files (at most one pending delivery per name) and the commit that applies them."""
@@ -241,12 +251,37 @@ class AgentHub:
             with self._ctx.db.read_connection() as db:
                 row = repo.get_instance(db, instance_id)
             if row is None or row.deleted_at is not None:
-                shard = self._ctx.identity.shard
-                raise NotFound(f"instance {instance_id} is not an active instance of shard {shard}")
+                raise self._not_active(instance_id)
             session = AgentSession(instance_id, row.tenant, row.group_key)
             self.sessions[instance_id] = session
+        elif session.revoked:
+            raise self._not_active(instance_id)
         session.streams += 1
         return session
+
+    def _not_active(self, instance_id: str) -> NotFound:
+        shard = self._ctx.identity.shard
+        return NotFound(f"instance {instance_id} is not an active instance of shard {shard}")
+
+    async def revalidate(self) -> None:
+        """A leadership's cache was just rebuilt: end the sessions of agents it holds no active instance for.
+
+        Sessions outlive a change of leadership on this server (a step down to repair the cache, a lease
+        that lapsed and was won back), and each was opened against the cache as it was then. An instance
+        the rebuilt cache does not hold (its record was deleted or is unreadable) must not go on
+        reporting through a session opened before: its streams end at their next message, and a new
+        stream is refused as for any unknown instance. Rows are read in bulk in a worker thread.
+        """
+        ids = list(self.sessions)
+        rows: dict[str, InstanceRow] = {}
+        for start in range(0, len(ids), REVALIDATE_BATCH):
+            rows.update(await asyncio.to_thread(self._read_rows, ids[start : start + REVALIDATE_BATCH]))
+        for iid in ids:
+            row = rows.get(iid)
+            session = self.sessions.get(iid)
+            if session is not None and (row is None or row.deleted_at is not None):
+                log.warning("instance %s: not active in the rebuilt cache; ending its streams", iid)
+                session.revoke()
 
     def _close(self, session: AgentSession) -> None:
         session.streams -= 1
@@ -267,7 +302,10 @@ class AgentHub:
         session.pushed_hash = None  # a new stream: whatever was pushed before may not have arrived
         try:
             while True:
-                for delivery in await session.next_files():
+                batch = await session.next_files()
+                if session.revoked:
+                    raise self._not_active(instance_id)
+                for delivery in batch:
                     yield delivery
         finally:
             self._close(session)
@@ -279,7 +317,10 @@ class AgentHub:
         session.keys_checked = False
         try:
             while True:
-                yield await session.next_keys()
+                names = await session.next_keys()
+                if session.revoked:
+                    raise self._not_active(instance_id)
+                yield names
         finally:
             self._close(session)
 
@@ -322,6 +363,8 @@ class AgentHub:
         try:
             async for report in reports:
                 self._ctx.fence()
+                if session.revoked:
+                    raise self._not_active(instance_id)
                 self._process(session, report)
         finally:
             session.health_streams -= 1

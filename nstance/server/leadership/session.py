@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 from nstance.core.backoff import Backoff
 from nstance.core.errors import NstanceError
@@ -56,12 +56,15 @@ class LeaderSession:
         ops: InstanceOps,
         *,
         on_config_change: Callable[[ConfigChange], None],
+        on_recovered: Callable[[], Awaitable[None]] | None = None,
         resync_interval: float = 60.0,
         metrics_interval: float = METRICS_INTERVAL,
     ) -> None:
         self.ctx = ctx
         self.ops = ops
         self._on_config_change = on_config_change
+        #: Called once per leadership when the cache has been rebuilt (the agents check their sessions).
+        self._on_recovered = on_recovered
         self._resync_interval = resync_interval
         self._metrics_interval = metrics_interval
         self.images = ImageService(ctx)
@@ -134,6 +137,8 @@ class LeaderSession:
                     report = await sync_provider(ctx, self.ops)
                     groups |= report.groups
                     await self.images.refresh()  # creates need Image.<name> before the first reconcile
+                    if self._on_recovered is not None:
+                        await self._on_recovered()
                     break
                 except Exception as exc:
                     if not isinstance(exc, (NstanceError, OSError)) and not is_corruption(exc):

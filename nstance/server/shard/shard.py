@@ -85,6 +85,7 @@ class Shard:
             ctx,
             self.ops,
             on_config_change=self._apply_change,
+            on_recovered=self.agents.revalidate,
             resync_interval=resync_interval,
             metrics_interval=metrics_interval,
         )
