@@ -12,7 +12,7 @@ while the streams of instances the cache still holds carry on untouched.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -26,13 +26,6 @@ from nstance.testing.waiting import eventually
 pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.fixture
-def h(tmp_path: Path) -> Iterator[Harness]:
-    harness = Harness(tmp_path)
-    yield harness
-    harness.db.close()
-
-
 def _stream(iid: str, gate: asyncio.Event) -> AsyncIterator[HealthReport]:
     async def reports() -> AsyncIterator[HealthReport]:
         yield HealthReport(instance_id=iid, count=1)
@@ -42,7 +35,8 @@ def _stream(iid: str, gate: asyncio.Event) -> AsyncIterator[HealthReport]:
     return reports()
 
 
-async def test_a_stream_of_an_instance_the_rebuilt_cache_lacks_ends_and_others_carry_on(h: Harness) -> None:
+async def test_a_stream_the_rebuilt_cache_has_no_row_for_ends_and_others_carry_on(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
     await h.shard.start_leading()
     try:
         await eventually(lambda: len(h.rows()) == 2, within=10, what="the group's two instances")
@@ -71,3 +65,4 @@ async def test_a_stream_of_an_instance_the_rebuilt_cache_lacks_ends_and_others_c
         await h.shard.agents.health(kept, _stream(kept, gate))
     finally:
         await h.shard.stop_leading(grace=1)
+        h.db.close()

@@ -70,3 +70,37 @@ async def test_a_result_count_mismatch_is_an_error_not_a_wrong_answer() -> None:
         batcher: WriteBatcher[int, int] = WriteBatcher(writer, lambda items: items[:1])
         results = await asyncio.gather(batcher.submit(1), batcher.submit(2), return_exceptions=True)
     assert all(isinstance(r, RuntimeError) for r in results)
+
+
+async def test_writes_submitted_while_a_job_runs_go_out_together_in_the_next_job() -> None:
+    """Group commit: with one job in the writer, the next loop turns' writes wait and share one job."""
+    started, release = threading.Event(), threading.Event()
+    jobs: list[list[int]] = []
+
+    def write_many(items: list[int]) -> list[int]:
+        jobs.append(items)
+        started.set()
+        release.wait(10)
+        return items
+
+    with ThreadPoolExecutor(max_workers=1) as writer:
+        batcher: WriteBatcher[int, int] = WriteBatcher(writer, write_many)
+        first = asyncio.ensure_future(batcher.submit(0))
+        await asyncio.to_thread(started.wait, 10)
+        later = []
+        for i in range(1, 6):  # five loop turns while the first job runs
+            later.append(asyncio.ensure_future(batcher.submit(i)))
+            await asyncio.sleep(0)
+        release.set()
+        assert await first == 0
+        assert await asyncio.gather(*later) == [1, 2, 3, 4, 5]
+    assert jobs == [[0], [1, 2, 3, 4, 5]]
+    assert (batcher.batches, batcher.items) == (2, 6)
+
+
+async def test_a_writer_that_was_shut_down_fails_the_batch_instead_of_leaving_it_waiting() -> None:
+    writer = ThreadPoolExecutor(max_workers=1)
+    writer.shutdown()
+    batcher: WriteBatcher[int, int] = WriteBatcher(writer, lambda items: items)
+    with pytest.raises(RuntimeError, match="shutdown"):
+        await asyncio.wait_for(batcher.submit(1), 5)

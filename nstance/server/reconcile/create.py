@@ -317,8 +317,6 @@ class Creator:
             }
             for p in prepared_list
         ]
-        await asyncio.get_running_loop().run_in_executor(self.db_writer, self._insert_rows, rows, now)
-        self.in_flight.update(ids)
         config_doc = records.config_document(merged)
         recs = [
             records.InstanceRecord(
@@ -338,10 +336,22 @@ class Creator:
             )
             for p in prepared_list
         ]
-        etags = await asyncio.gather(
-            *(asyncio.to_thread(records.write_record, ctx.store, r, create_only=True) for r in recs),
-            return_exceptions=True,
+        # The cache rows and the pending records are written at the same time: both must exist before
+        # the provider is asked for a VM, and neither needs the other (a record without its row is
+        # restored into the cache by recovery; a row without its record is soft-deleted below).
+        self.in_flight.update(ids)
+        insert = asyncio.get_running_loop().run_in_executor(self.db_writer, self._insert_rows, rows, now)
+        writes = (asyncio.to_thread(records.write_record, ctx.store, r, create_only=True) for r in recs)
+        (inserted,), etags = await asyncio.gather(
+            asyncio.gather(insert, return_exceptions=True),
+            asyncio.gather(*writes, return_exceptions=True),
         )
+        if isinstance(inserted, BaseException):
+            self.in_flight.difference_update(ids)
+            await self._intent_abandoned(
+                [r for r, etag in zip(recs, etags, strict=True) if not isinstance(etag, BaseException)], now
+            )
+            raise inserted
         ready: list[tuple[PreparedInstance, str, records.InstanceRecord]] = []
         unwritten: list[str] = []
         for p, etag, r in zip(prepared_list, etags, recs, strict=True):
@@ -358,6 +368,11 @@ class Creator:
             if not ready:
                 raise Unavailable(f"cannot write instance records: {etags[0]}")
         return ready
+
+    async def _intent_abandoned(self, written: list[records.InstanceRecord], now: datetime) -> None:
+        """The cache refused a batch whose records were written: mark those records failed (no VM exists)."""
+        for record in written:
+            await self._mark_record_failed(record.tenant, record.instance_id, now)
 
     async def _launch(
         self,
@@ -420,12 +435,16 @@ class Creator:
         now = ctx.clock.now()
         with ctx.db.write_connection() as session:
             repo.mark_create_failed(session, iid, now=now)
+        await self._mark_record_failed(tenant, iid, now)
+
+    async def _mark_record_failed(self, tenant: str, iid: str, now: datetime) -> None:
+        """Status ``failed`` into the instance's record, if still leading."""
         try:
             # Only a leader writes records: a deposed one leaves the pending record to the next leader,
             # which adopts the VM by tag if the create went through after all, or retires it.
-            ctx.fence()
+            self._ctx.fence()
             await asyncio.to_thread(
-                records.update_record, ctx.store, tenant, iid, status="failed", last_updated=now
+                records.update_record, self._ctx.store, tenant, iid, status="failed", last_updated=now
             )
         except NstanceError as record_exc:
             log.warning("instance %s: cannot mark its record failed: %s", iid, record_exc)
