@@ -270,12 +270,17 @@ class AgentHub:
         that lapsed and was won back), and each was opened against the cache as it was then. An instance
         the rebuilt cache does not hold (its record was deleted or is unreadable) must not go on
         reporting through a session opened before: its streams end at their next message, and a new
-        stream is refused as for any unknown instance. Rows are read in bulk in a worker thread.
+        stream is refused as for any unknown instance. Rows are read in bulk in a worker thread; if they
+        cannot be read the sessions stay as they are (logged), and the leadership goes on.
         """
         ids = list(self.sessions)
         rows: dict[str, InstanceRow] = {}
-        for start in range(0, len(ids), REVALIDATE_BATCH):
-            rows.update(await asyncio.to_thread(self._read_rows, ids[start : start + REVALIDATE_BATCH]))
+        try:
+            for start in range(0, len(ids), REVALIDATE_BATCH):
+                rows.update(await asyncio.to_thread(self._read_rows, ids[start : start + REVALIDATE_BATCH]))
+        except Exception as exc:  # noqa: BLE001 - the leadership goes on; a corrupt cache is repaired apart
+            log.warning("cannot check %d agent sessions against the rebuilt cache: %s", len(ids), exc)
+            return
         for iid in ids:
             row = rows.get(iid)
             session = self.sessions.get(iid)
