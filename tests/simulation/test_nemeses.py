@@ -1,8 +1,10 @@
-"""The storage nemesis itself: what it damages is what a person later repairs."""
+"""The nemeses themselves: what storage damage leaves is what a person repairs, and a blip stays a blip."""
 
 from __future__ import annotations
 
 import asyncio
+import random
+from collections import Counter
 from collections.abc import Coroutine
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, cast
@@ -10,6 +12,8 @@ from typing import TYPE_CHECKING, Any, cast
 import pytest
 
 from nstance.objectstore.memory import MemoryObjectStore
+from nstance.simulation.agents import AgentState
+from nstance.simulation.faults import BLIP_MAX, agent_fault
 from nstance.simulation.nemeses import DAMAGE, StorageNemeses
 
 if TYPE_CHECKING:
@@ -45,3 +49,31 @@ async def test_a_record_damaged_twice_before_its_restore_gets_its_good_bytes_bac
     for restore in spawned:  # the first restore finds the second damage and leaves it
         await restore
     assert store.get(KEY)[0] == GOOD
+
+
+def test_a_blip_never_extends_a_blip_that_is_still_running() -> None:
+    # Seed 948000217 of a sweep: a second blip landed 10 s into a 12 s one and kept the agent away for
+    # 22.7 s, 32 s between two of its reports, past the missed-report window; the server rightly
+    # replaced it, and the check (a blip never causes a replacement) blamed the server.
+    now = [100.0]
+    agent = AgentState(instance_id="app06example", registered=True)
+    lines: list[str] = []
+    world = SimpleNamespace(
+        agents={agent.instance_id: agent},
+        clock=SimpleNamespace(monotonic=lambda: now[0]),
+        stats=Counter(),
+        trace=lines.append,
+    )
+    rng = random.Random(7)
+    agent_fault(cast("World", world), rng, "blip")
+    first_end = agent.blip_until
+    assert now[0] + 1.0 <= first_end <= now[0] + BLIP_MAX
+    now[0] = first_end - 0.5  # still in the first blip
+    agent_fault(cast("World", world), rng, "blip")
+    assert agent.blip_until == first_end
+    assert world.stats["blips"] == 1
+    assert lines[-1].endswith("is still in a blip: no second one")
+    now[0] = first_end + 0.5  # the agent is back: a new blip may start
+    agent_fault(cast("World", world), rng, "blip")
+    assert world.stats["blips"] == 2
+    assert agent.blip_until > first_end
