@@ -8,6 +8,7 @@ record was not written is soft-deleted. The next reconcile creates the group's i
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 from collections.abc import Iterator
 from datetime import datetime
@@ -15,12 +16,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_shard_cloud_features import Harness
+from shard_helpers import no_sleep
+from test_shard_cloud_features import Harness, RecordingSim
 
+from nstance.core.clock import ManualClock
 from nstance.core.errors import Unavailable
 from nstance.objectstore.memory import MemoryObjectStore
 from nstance.server.reconcile.create import Creator
+from nstance.server.reconcile.gc import gc_cycle
 from nstance.server.state import records
+from nstance.testing.waiting import eventually
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -79,3 +84,45 @@ async def test_a_record_that_cannot_be_written_leaves_no_row_and_asks_for_no_vm(
     await h.reconcile()
     assert len(h.vms.requests) == 2
     assert await _statuses(h) == ["running", "running"]
+
+
+async def test_a_registered_instance_whose_provider_id_never_reached_its_record_is_adopted_not_retired(
+    tmp_path: Path,
+) -> None:
+    """Simulation seed 977000442: the record follow-up with the provider id failed (a 409), the agent
+    registered anyway, and the leader then rebuilt its cache from the record while the cloud did not list
+    the new VM yet. The row looked like a create cut off before the provider call: recovery retired it
+    (and GC would have, as a stale pre-insert), and the serving VM was deleted as an orphan once listed.
+    An instance whose agent registered has a VM: it waits for the listing, which adopts it."""
+    clock = ManualClock()
+    h = Harness(
+        tmp_path,
+        size=1,
+        clock=clock,
+        sim=RecordingSim(clock=clock, sleep=no_sleep, not_found_after_create=30),
+    )
+    try:
+        await h.shard.start_leading()
+        await eventually(lambda: len(h.rows()) == 1 and h.rows()[0].provider_id, within=10, what="the VM")
+        await h.shard.stop_leading(grace=1)
+        row = h.rows()[0]
+        # What the failed follow-up left: the pending intent, then the registration written onto it.
+        records.modify_record(
+            h.store,
+            "default",
+            row.id,
+            lambda rec: dataclasses.replace(
+                rec, provider_instance_id="", status="pending", registered_at=clock.now(), cert_serial="01"
+            ),
+        )
+        clock.advance(5)  # the VM is 5 s old: the cloud does not list it yet
+        await h.shard.start_leading()  # the cache is rebuilt from the records
+        assert [r.id for r in h.rows()] == [row.id]
+        assert h.vms.calls["delete_instance"] == 0
+        clock.advance(65)  # listed now, and older than a stale pre-insert (2 x request_timeout): a GC cycle
+        await gc_cycle(h.ctx, h.shard.ops)
+        assert h.vms.calls["delete_instance"] == 0
+        assert h.rows()[0].provider_id == row.provider_id  # adopted from the listing
+        assert await _statuses(h) == ["running"]
+    finally:
+        await h.shard.stop_leading(grace=1)

@@ -17,7 +17,8 @@ by cluster/shard tag and reconciles the three views:
 * a provisioned row whose VM is listed as gone, or missing from the listing for longer than
   ``consistency_grace`` (clouds list new VMs late), is marked deleted, so the reconciler replaces it; a
   pending row whose create is not in flight in this process (it was cut off by a crash or a leadership
-  change) is retired at once - if its VM appears later after all, it is an orphan by then and is deleted.
+  change) is retired at once - if its VM appears later after all, it is an orphan by then and is deleted -
+  unless its agent has registered: then its VM exists, and a later listing adopts it;
   Only rows that existed, with the create state they had, when the listing began are judged by it;
 * status changes (stopped, suspended, ...) are stored, and the affected groups are returned for reconcile.
 """
@@ -315,6 +316,11 @@ async def sync_provider(
         listed_gone = iid in by_instance  # listed with a gone status: no grace, it is gone
         young = since_term(ctx.clock, row.created_at) < consistency_grace
         if row.provider_id is not None and not listed_gone and young:
+            continue
+        if row.provider_id is None and row.registered_at is not None and not listed_gone:
+            # Its agent registered, so its VM exists: the cloud lists it late, or its provider id never
+            # reached the record (a failed follow-up, then the cache rebuilt from the record). A later
+            # sync adopts it from the listing; retiring it now would make a serving VM an orphan.
             continue
         report.gone.append(iid)
         report.groups.add((row.tenant, row.group_key))
