@@ -99,10 +99,13 @@ def fast_nodes(kube: Kube) -> NodeIndex:
 async def kopf_running(
     registry: kopf.OperatorRegistry,
     server: KubeAPIServer,
-    ctx: OperatorContext,
+    ctx: OperatorContext | None = None,
     settings: kopf.OperatorSettings | None = None,
 ) -> AsyncIterator[None]:
     """``registry`` run by kopf against ``server`` in the caller's task until the block ends.
+
+    ``ctx`` goes to the handlers as ``memo.ctx`` (the operator's handlers need it; a bare registry
+    testing the emulator does not).
 
     kopf cancels, when it stops, every task created after it started (it takes them for its own), so
     the operator is started and stopped inside the test's task rather than by an async fixture, whose
@@ -122,7 +125,7 @@ async def kopf_running(
             clusterwide=True,
             stop_flag=stop,
             ready_flag=ready,
-            memo=kopf.Memo(ctx=ctx),
+            memo=kopf.Memo(ctx=ctx) if ctx is not None else None,
         )
     )
     try:

@@ -8,7 +8,6 @@ validating webhook (kopf.WebhookServer over HTTPS with a self-signed certificate
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime
 import ipaddress
 from collections.abc import AsyncIterator, Callable
@@ -22,6 +21,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from kubernetes_asyncio import client, config
+from operator_harness import kopf_running
 
 from nstance.testing.kubeapi import KubeAPIServer
 from nstance.testing.procs import free_port
@@ -85,34 +85,6 @@ def stored_gadget(server: KubeAPIServer, name: str) -> dict[str, Any] | None:
     return server.store.find(rtype, "default", name)
 
 
-@contextlib.asynccontextmanager
-async def running_operator(
-    server: KubeAPIServer, registry: kopf.OperatorRegistry, settings: kopf.OperatorSettings
-) -> AsyncIterator[None]:
-    @kopf.on.login(registry=registry)
-    def login(**_: Any) -> kopf.ConnectionInfo:
-        return kopf.ConnectionInfo(server=server.url)
-
-    stop = asyncio.Event()
-    ready = asyncio.Event()
-    task = asyncio.create_task(
-        kopf.operator(
-            registry=registry,
-            settings=settings,
-            standalone=True,
-            clusterwide=True,
-            stop_flag=stop,
-            ready_flag=ready,
-        )
-    )
-    try:
-        await asyncio.wait_for(ready.wait(), 10)
-        yield
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 15)
-
-
 @pytest.fixture
 async def emulator(tmp_path: Path) -> AsyncIterator[tuple[KubeAPIServer, client.ApiClient]]:
     async with KubeAPIServer() as server:
@@ -148,7 +120,7 @@ async def test_kopf_handlers_finalizer_status_and_deletion(
     settings = kopf.OperatorSettings()
     settings.posting.enabled = True
     custom = client.CustomObjectsApi(api)
-    async with running_operator(server, registry, settings):
+    async with kopf_running(registry, server, settings=settings):
         created = await custom.create_namespaced_custom_object(
             GROUP, "v1", "default", "gadgets", gadget("g1", 3)
         )
@@ -252,7 +224,7 @@ async def test_kopf_managed_validating_webhook_denies_bad_create(
         found = server.store.find(configs, None, "gadgets.kopftest.nstance.dev")
         return bool(found and found.get("webhooks") and found["webhooks"][0].get("rules"))
 
-    async with running_operator(server, registry, settings):
+    async with kopf_running(registry, server, settings=settings):
         await wait_until(server, webhook_configured, "the webhook configuration")
         with pytest.raises(client.ApiException) as denied:
             await custom.create_namespaced_custom_object(GROUP, "v1", "default", "gadgets", gadget("big", 11))
