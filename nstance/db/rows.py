@@ -82,6 +82,16 @@ class InstanceRow(NamedTuple):
     deleted_at: datetime | None
 
     @property
+    def vm_unproven(self) -> bool:
+        """No provider id and no registered agent: nothing shows its create reached the cloud.
+
+        Only such a row may be taken for a create cut off before the provider call. A row whose agent
+        registered has a VM even when its provider id never reached the record (a failed follow-up,
+        then a cache rebuilt from the record): a later listing adopts it.
+        """
+        return self.provider_id is None and self.registered_at is None
+
+    @property
     def health(self) -> dict[str, Any] | None:
         """The last health report's JSON document (parsed on each read), or None."""
         if self.health_json is None:

@@ -55,9 +55,7 @@ async def gc_cycle(ctx: ShardContext, ops: InstanceOps) -> GcReport:
         if row.id in ops.in_flight:
             continue
         age = since_term(ctx.clock, row.created_at)  # monotonic within this leadership
-        # A pre-insert whose agent registered is no pre-insert: its VM exists and the listing adopts it.
-        unlaunched = row.provider_id is None and row.registered_at is None
-        if unlaunched and row.record_state == RECORD_PENDING and age > stale_after:
+        if row.vm_unproven and row.record_state == RECORD_PENDING and age > stale_after:
             await ops.retire_unlaunched(row, Reason.STALE_PRE_INSERT)
             report.stale.append(row.id)
             report.groups.add((row.tenant, row.group_key))

@@ -317,11 +317,8 @@ async def sync_provider(
         young = since_term(ctx.clock, row.created_at) < consistency_grace
         if row.provider_id is not None and not listed_gone and young:
             continue
-        if row.provider_id is None and row.registered_at is not None and not listed_gone:
-            # Its agent registered, so its VM exists: the cloud lists it late, or its provider id never
-            # reached the record (a failed follow-up, then the cache rebuilt from the record). A later
-            # sync adopts it from the listing; retiring it now would make a serving VM an orphan.
-            continue
+        if row.provider_id is None and not row.vm_unproven and not listed_gone:
+            continue  # its agent registered: the VM exists, and a later listing adopts it
         report.gone.append(iid)
         report.groups.add((row.tenant, row.group_key))
         if row.provider_id is None:
