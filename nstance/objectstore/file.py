@@ -84,6 +84,11 @@ def validate_key(key: str) -> str:
 class FileObjectStore:
     """Objects as files under ``root``; see the module docstring for the guarantees."""
 
+    #: Bulk readers (the cache rebuild) run two threads here, not one per slow request as for a
+    #: remote store: a local read is mostly Python work under the GIL, and more threads only took the
+    #: GIL from the event loop (bench/takeover_scale.py, docs/benchmarks.md).
+    reader_threads = 2
+
     def __init__(self, root: Path | str) -> None:
         self._root = Path(root).expanduser().absolute()
         self._root.mkdir(parents=True, exist_ok=True)

@@ -5,20 +5,31 @@ from __future__ import annotations
 import dataclasses
 import json
 from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from nstance.core.errors import AlreadyExists, InvalidArgument, NotFound, Unavailable
+from nstance.core.ids import new_puid
+from nstance.objectstore.file import FileObjectStore
 from nstance.objectstore.memory import MemoryObjectStore
+from nstance.objectstore.scoped import ScopedObjectStore
+from nstance.server.state import records as records_module
+from nstance.server.state.fencing import FencedStore
 from nstance.server.state.records import (
+    READ_CHUNK,
     InstanceRecord,
     decode_record,
     delete_record,
     encode_record,
+    list_record_keys,
     list_records,
     parse_record_key,
     read_record,
+    read_records,
+    reader_pool,
+    reader_threads,
     record_key,
     update_record,
     write_record,
@@ -230,6 +241,44 @@ def test_list_records_skips_and_reports_bad_objects_without_failing() -> None:
     assert any(other_key in p and "not valid JSON" in p for p in problems)
     assert any("instance/notes.json" in p for p in problems)
     assert any(moved_key in p and "its key names" in p for p in problems)
+
+
+def test_a_reader_pool_reads_in_chunks_and_keeps_key_order() -> None:
+    store = MemoryObjectStore()
+    ids = [str(new_puid("app")) for _ in range(3 * READ_CHUNK + 5)]
+    for iid in ids:
+        write_record(store, pending(instance_id=iid))
+    bad_key = record_key("default", ids[READ_CHUNK + 1])
+    store.put(bad_key, b"{not json")
+    keys = list_record_keys(store)
+    tasks: list[int] = []
+
+    with reader_pool(len(keys), workers=4) as pool:
+        assert pool is not None
+        submit = pool.submit
+
+        def counted(fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+            tasks.append(len(args[0]))
+            return submit(fn, *args, **kwargs)
+
+        pool.submit = counted  # type: ignore[method-assign]
+        found, problems = read_records(store, keys, pool=pool)
+
+    # One task per READ_CHUNK keys, not one per key; results come back in key order all the same.
+    assert tasks == [READ_CHUNK, READ_CHUNK, READ_CHUNK, 5]
+    assert [record_key(r.tenant, r.instance_id) for r in found] == [k for k in keys if k != bad_key]
+    assert len(problems) == 1
+    assert problems[0].key == bad_key
+
+
+def test_reader_threads_follow_what_the_store_under_the_wrappers_asks_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    local = FencedStore(ScopedObjectStore(FileObjectStore(tmp_path), "shard/a"), fence=lambda: None)
+    assert reader_threads(local) == FileObjectStore.reader_threads < records_module.LIST_WORKERS
+    assert reader_threads(MemoryObjectStore()) == records_module.LIST_WORKERS
+    monkeypatch.setattr(records_module, "LIST_WORKERS", 1)  # as the deterministic simulation does
+    assert reader_threads(local) == 1
 
 
 class FlakyGets(MemoryObjectStore):

@@ -46,6 +46,11 @@ class FencedStore:
     def __repr__(self) -> str:
         return f"FencedStore({self._store!r})"
 
+    @property
+    def inner(self) -> ObjectStore:
+        """The wrapped store, for probes of what it is (reads and writes go through this wrapper)."""
+        return self._store
+
     def get(self, key: str) -> tuple[bytes, str]:
         return self._store.get(key)
 

@@ -43,8 +43,15 @@ UPDATE_ATTEMPTS = 5
 """How many compare-and-swap rounds ``update_record`` tries before giving up."""
 
 LIST_WORKERS = 8
-"""Parallel reads ``list_records`` makes (object-storage latency dominates a rebuild); read at each
-call, so the deterministic simulator can set it to 1 (no threads)."""
+"""Parallel reads ``list_records`` and the cache rebuild make (object-storage latency dominates a
+rebuild), at most: a store may ask for fewer (``reader_threads``). Read at each call, so the
+deterministic simulator can set it to 1 (no threads)."""
+
+READ_CHUNK = 64
+"""Records one reader-pool task reads in sequence. A task per record meant a future, a work item and a
+condition with its lock per record: at 2,000 records a batch that was some 10,000 short-lived objects
+for the garbage collector's young generation (its collections then stalled the event loop), and a
+hand-over between threads per record."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,9 +350,26 @@ def _load_one(store: ObjectStore, key: str) -> InstanceRecord | RecordProblem | 
     return record
 
 
+def _load_many(store: ObjectStore, keys: list[str]) -> list[InstanceRecord | RecordProblem | None]:
+    """``_load_one`` for each key, in order (one pool task)."""
+    return [_load_one(store, key) for key in keys]
+
+
 def list_record_keys(store: ObjectStore) -> list[str]:
     """The keys of every instance record, in key order (one listing, no reads)."""
     return [key for key in store.list(RECORD_PREFIX) if key.endswith(_SUFFIX)]
+
+
+def reader_threads(store: ObjectStore) -> int:
+    """Reader threads worth running against ``store``: ``LIST_WORKERS``, or fewer if the store (or a
+    store it wraps, through ``inner``) says so with a ``reader_threads`` attribute."""
+    probe: object = store
+    while probe is not None:
+        wanted = getattr(probe, "reader_threads", None)
+        if isinstance(wanted, int):
+            return max(1, min(wanted, LIST_WORKERS))
+        probe = getattr(probe, "inner", None)
+    return LIST_WORKERS
 
 
 @contextlib.contextmanager
@@ -367,8 +391,12 @@ def read_records(
     store: ObjectStore, keys: list[str], *, pool: Executor | None = None
 ) -> tuple[list[InstanceRecord], list[RecordProblem]]:
     """The records at ``keys`` (in that order) and one problem per bad object; see ``list_records``."""
-    load = functools.partial(_load_one, store)
-    results = list(pool.map(load, keys)) if pool is not None else [load(key) for key in keys]
+    if pool is None:
+        results = _load_many(store, keys)
+    else:
+        chunks = [keys[i : i + READ_CHUNK] for i in range(0, len(keys), READ_CHUNK)]
+        loaded = pool.map(functools.partial(_load_many, store), chunks)
+        results = [result for chunk in loaded for result in chunk]
     found: list[InstanceRecord] = []
     problems: list[RecordProblem] = []
     for result in results:
@@ -391,7 +419,7 @@ def list_records(
     ``read_records`` - in bounded batches.)
     """
     keys = list_record_keys(store)
-    with reader_pool(len(keys), workers=workers) as pool:
+    with reader_pool(len(keys), workers=reader_threads(store) if workers is None else workers) as pool:
         return read_records(store, keys, pool=pool)
 
 
