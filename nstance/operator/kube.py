@@ -231,6 +231,11 @@ class Kube:
         items, _ = await self.list_with_version(res, namespace, labels=labels, fields=fields)
         return items
 
+    async def list_view(self, res: Resource, namespace: str | None = None) -> Sequence[Mapping[str, Any]]:
+        """Every object of ``res`` (in ``namespace``), to be read and not changed: a cache may hand out
+        the objects it holds instead of copies. Here, a list from the API server."""
+        return await self.list(res, namespace)
+
     async def create(self, res: Resource, body: Mapping[str, Any], namespace: str | None = None) -> Object:
         obj = {"apiVersion": res.api_version, "kind": res.kind, **body}
         return await self._call("POST", res.path(namespace), body=obj)

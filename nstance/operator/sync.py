@@ -289,7 +289,7 @@ class SyncManager:
     async def _update_shard_groups(self, configured: list[str]) -> None:
         ns = self._ctx.namespace
         now = self._ctx.clock.now()
-        for obj in await self._ctx.kube.list(NSTANCE_SHARD_GROUPS, ns):
+        for obj in await self._ctx.kube.list_view(NSTANCE_SHARD_GROUPS, ns):
             meta = obj.get("metadata") or {}
             spec = obj.get("spec") or {}
             group, shard = spec.get("group"), spec.get("shard")
@@ -319,9 +319,12 @@ class SyncManager:
 
     async def _import_pools(self, configured: list[str]) -> None:
         ns = self._ctx.namespace
+        pools = await self._ctx.kube.list_view(NSTANCE_MACHINE_POOLS, ns)
+        existing = existing_pool_groups(pools)
+        if all(key in existing for shard in configured for key in self._cache.get(shard) or {}):
+            return  # every group has its pool (nearly every pass): nothing to aggregate
         groups = aggregate(self._cache, configured)
-        pools = await self._ctx.kube.list(NSTANCE_MACHINE_POOLS, ns)
-        for group in pools_to_create(groups, existing_pool_groups(pools)):
+        for group in pools_to_create(groups, existing):
             await self._import_pool(group)
 
     async def _import_pool(self, group: AggregatedGroup) -> None:
@@ -394,7 +397,7 @@ class SyncManager:
         try:
             targets = [
                 obj
-                for obj in await self._ctx.kube.list(NSTANCE_SHARD_GROUPS, self._ctx.namespace)
+                for obj in await self._ctx.kube.list_view(NSTANCE_SHARD_GROUPS, self._ctx.namespace)
                 if (obj.get("spec") or {}).get("shard") == shard
             ]
             if not targets:

@@ -70,6 +70,26 @@ async def test_reads_are_answered_from_memory_after_one_prime_list(tmp_path: Pat
         assert calls(api, "LIST") == lists + 2
 
 
+async def test_list_view_reads_the_cache_without_copies_and_the_server_without_a_cache(
+    tmp_path: Path,
+) -> None:
+    async with cached_kube(tmp_path) as (api, kube):
+        await kube.create(NSTANCE_SHARD_GROUPS, shard_group("b--s1", "b"), NS)
+        await kube.create(NSTANCE_SHARD_GROUPS, shard_group("a--s1", "a"), NS)
+        lists = calls(api, "LIST")
+        first = await kube.list_view(NSTANCE_SHARD_GROUPS, NS)
+        second = await kube.list_view(NSTANCE_SHARD_GROUPS, NS)
+        assert [o["metadata"]["name"] for o in first] == ["a--s1", "b--s1"]
+        assert all(a is b for a, b in zip(first, second, strict=True))  # held objects, not copies
+        assert calls(api, "LIST") == lists + 1  # the prime list only
+        plain = Kube(kube.api)  # no cache: the same answer, from the server
+        assert [o["metadata"]["name"] for o in await plain.list_view(NSTANCE_SHARD_GROUPS, NS)] == [
+            "a--s1",
+            "b--s1",
+        ]
+        assert calls(api, "LIST") == lists + 2
+
+
 async def test_conflict_makes_the_next_get_read_the_server(tmp_path: Path) -> None:
     async with cached_kube(tmp_path) as (api, kube):
         created = await kube.create(NSTANCE_SHARD_GROUPS, shard_group("a--s1", "a"), NS)

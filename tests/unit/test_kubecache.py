@@ -68,6 +68,18 @@ def test_select_filters_namespace_and_labels_and_returns_copies() -> None:
     assert kind.get(NS, "a") is not None
 
 
+def test_view_hands_out_the_held_objects_in_name_order_without_copying() -> None:
+    kind = KindCache(NSTANCE_SHARD_GROUPS)
+    kind.prime(None, [obj("b", 2), obj("a", 1), obj("c", 3, namespace="other")])
+    view = kind.view(NS)
+    assert [o["metadata"]["name"] for o in view] == ["a", "b"]
+    assert [o["metadata"]["name"] for o in kind.view(None)] == ["a", "b", "c"]
+    assert view[0] is kind.view(NS)[0]  # the same object each time: no copy per read
+    kind.put(obj("a", 4))  # a newer version replaces the held object; the old view keeps the old one
+    assert version(view[0]) == "1"
+    assert version(kind.view(NS)[0]) == "4"
+
+
 @pytest.mark.parametrize(
     ("selector", "expected"),
     [
