@@ -136,16 +136,14 @@ class KindCache:
             self.put(obj)
         self._primed.add(namespace)
 
-    def view(self, namespace: str | None) -> list[Mapping[str, Any]]:
+    def view(self, namespace: str | None) -> list[Object]:
         """The held objects of ``namespace`` (None = all) themselves, in name order: read only."""
         return [obj for (ns, _), obj in sorted(self._objects.items()) if namespace is None or ns == namespace]
 
     def select(self, namespace: str | None, labels: Mapping[str, str]) -> list[Object]:
         """Copies of the objects in ``namespace`` (None = all) carrying every label of ``labels``."""
         found = []
-        for (ns, _), obj in sorted(self._objects.items()):
-            if namespace is not None and ns != namespace:
-                continue
+        for obj in self.view(namespace):
             have = (obj.get("metadata") or {}).get("labels") or {}
             if all(have.get(k) == v for k, v in labels.items()):
                 found.append(copy.deepcopy(obj))

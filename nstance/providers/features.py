@@ -22,6 +22,7 @@ from enum import StrEnum
 from typing import Protocol, cast, runtime_checkable
 
 from nstance.config.resources import ImageConfig, LoadBalancerConfig
+from nstance.core.wrapping import innermost
 
 
 class TargetState(StrEnum):
@@ -141,12 +142,7 @@ def _has(provider: object, protocol: type) -> bool:
     handle, possibly one around the other) defines every capability's methods; only the innermost
     provider says which it really has.
     """
-    if not isinstance(provider, protocol):
-        return False
-    innermost = provider
-    while (inner := getattr(innermost, "inner", None)) is not None:
-        innermost = inner
-    return isinstance(innermost, protocol)
+    return isinstance(provider, protocol) and isinstance(innermost(provider), protocol)
 
 
 def load_balancing(provider: object) -> LoadBalancing | None:

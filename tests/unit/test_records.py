@@ -253,7 +253,7 @@ def test_a_reader_pool_reads_in_chunks_and_keeps_key_order() -> None:
     keys = list_record_keys(store)
     tasks: list[int] = []
 
-    with reader_pool(len(keys), workers=4) as pool:
+    with reader_pool(store, len(keys), workers=4) as pool:
         assert pool is not None
         submit = pool.submit
 

@@ -182,7 +182,7 @@ async def rebuild_cache(ctx: ShardContext, ops: InstanceOps) -> set[GroupKey]:
     keys = await asyncio.to_thread(records.list_record_keys, ctx.store)
     now = ctx.clock.now()
     rebuilt = _Rebuilt()
-    with records.reader_pool(len(keys), workers=records.reader_threads(ctx.store)) as pool:
+    with records.reader_pool(ctx.store, len(keys)) as pool:
         for start in range(0, len(keys), REBUILD_BATCH):
             batch = keys[start : start + REBUILD_BATCH]
             await asyncio.to_thread(_rebuild_batch, ctx, batch, pool, now, rebuilt)

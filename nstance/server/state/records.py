@@ -29,6 +29,7 @@ from typing import Any, Self
 from nstance.config.merge import MergedGroupConfig
 from nstance.core.errors import AlreadyExists, InvalidArgument, NotFound, Unavailable
 from nstance.core.ids import parse_puid, parse_storage_key, validate_identifier
+from nstance.core.wrapping import innermost
 from nstance.objectstore.base import ObjectNotFound, ObjectStore, PreconditionFailed
 
 RECORD_PREFIX = "instance/"
@@ -361,21 +362,17 @@ def list_record_keys(store: ObjectStore) -> list[str]:
 
 
 def reader_threads(store: ObjectStore) -> int:
-    """Reader threads worth running against ``store``: ``LIST_WORKERS``, or fewer if the store (or a
-    store it wraps, through ``inner``) says so with a ``reader_threads`` attribute."""
-    probe: object = store
-    while probe is not None:
-        wanted = getattr(probe, "reader_threads", None)
-        if isinstance(wanted, int):
-            return max(1, min(wanted, LIST_WORKERS))
-        probe = getattr(probe, "inner", None)
-    return LIST_WORKERS
+    """Reader threads worth running against ``store``: ``LIST_WORKERS``, or fewer if the store under
+    its wrappers says so with a ``reader_threads`` attribute."""
+    wanted = getattr(innermost(store), "reader_threads", LIST_WORKERS)
+    return max(1, min(int(wanted), LIST_WORKERS))
 
 
 @contextlib.contextmanager
-def reader_pool(keys: int, *, workers: int | None = None) -> Iterator[Executor | None]:
-    """Threads for ``read_records`` (None - read in the caller's thread - for one worker or key)."""
-    workers = LIST_WORKERS if workers is None else workers
+def reader_pool(store: ObjectStore, keys: int, *, workers: int | None = None) -> Iterator[Executor | None]:
+    """Threads for ``read_records`` from ``store`` (``reader_threads`` of it unless ``workers`` is
+    given; None - read in the caller's thread - for one worker or key)."""
+    workers = reader_threads(store) if workers is None else workers
     if workers <= 1 or keys <= 1:
         yield None
         return
@@ -419,7 +416,7 @@ def list_records(
     ``read_records`` - in bounded batches.)
     """
     keys = list_record_keys(store)
-    with reader_pool(len(keys), workers=reader_threads(store) if workers is None else workers) as pool:
+    with reader_pool(store, len(keys), workers=workers) as pool:
         return read_records(store, keys, pool=pool)
 
 
