@@ -35,7 +35,7 @@ from nstance.db.rows import InstanceRow
 from nstance.objectstore.memory import MemoryObjectStore
 from nstance.pki.ca import create_ca
 from nstance.pki.keys import generate_private_key
-from nstance.providers.base import InstanceStatus, ProviderThrottled
+from nstance.providers.base import InstanceStatus, ProviderInstance, ProviderThrottled
 from nstance.providers.sim import SimProvider
 from nstance.server.agents.hub import HealthReport
 from nstance.server.app import tune_gc
@@ -215,6 +215,28 @@ async def test_stopped_vm_is_replaced_after_the_next_sync(h: Harness) -> None:
     assert victim_id not in h.live()
     assert len(h.live()) == 2
     assert h.record(victim_id)["status"] == "deleted"  # type: ignore[index]
+
+
+async def test_the_provider_sync_and_the_gc_cycle_hold_off_the_collector_until_their_data_is_gone(
+    h: Harness,
+) -> None:
+    # At 100,000 instances the listing and the rows, alive only during the pass, filled the young
+    # generations: one collection walked them all and stopped the loop for 120-150 ms.
+    await h.reconcile()
+    collector_on_while_listing: list[bool] = []
+    listing = h.sim.list_instances
+
+    async def list_instances(cluster_id: str, shard: str) -> list[ProviderInstance]:
+        collector_on_while_listing.append(gc.isenabled())
+        return await listing(cluster_id, shard)
+
+    h.sim.list_instances = list_instances  # type: ignore[method-assign]
+    assert gc.isenabled()
+    await recovery.sync_provider(h.ctx, h.shard.ops)
+    assert gc.isenabled()
+    await gc_cycle(h.ctx, h.shard.ops)  # its own pass runs sync_provider inside it
+    assert gc.isenabled()
+    assert collector_on_while_listing == [False, False]
 
 
 async def test_vm_with_our_tags_but_no_record_is_adopted_then_scaled_down(h: Harness) -> None:

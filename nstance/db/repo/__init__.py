@@ -67,6 +67,7 @@ from nstance.db.repo.instances import (
     list_active_instances,
     list_instances,
     live_instance_ids,
+    live_provider_ids,
 )
 from nstance.db.repo.load_balancers import delete_lb_memberships, lb_members, lb_memberships, set_lb_status
 from nstance.db.repo.operators import (
@@ -112,6 +113,7 @@ __all__ = [
     "list_operators",
     "list_public_keys",
     "live_instance_ids",
+    "live_provider_ids",
     "mark_create_failed",
     "mark_registered_atomically",
     "normalize_serial",

@@ -16,6 +16,7 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 
+from nstance.core import gcpause, pacing
 from nstance.core.ids import GroupKey
 from nstance.core.plan import Reason
 from nstance.db import repo
@@ -42,7 +43,16 @@ class GcReport:
 
 
 async def gc_cycle(ctx: ShardContext, ops: InstanceOps) -> GcReport:
-    """Run one garbage-collection cycle (leader only; raises Unavailable when leadership is lost)."""
+    """Run one garbage-collection cycle (leader only; raises Unavailable when leadership is lost).
+
+    It reads every row more than once: the interpreter's collector waits until the cycle's frames
+    are gone (``gcpause``), and every loop over the rows gives the event loop turns (``pacing``).
+    """
+    with gcpause.paused():
+        return await _gc_cycle(ctx, ops)
+
+
+async def _gc_cycle(ctx: ShardContext, ops: InstanceOps) -> GcReport:
     ctx.fence()
     snapshot = ctx.config.snapshot()
     if snapshot is None:
@@ -51,7 +61,8 @@ async def gc_cycle(ctx: ShardContext, ops: InstanceOps) -> GcReport:
     stale_after = 2 * snapshot.config.shard.request_timeout
     now = ctx.clock.now()
     report = GcReport()
-    for row in await ops.read_rows():
+    rows = await ops.read_rows()
+    async for row in pacing.paced(rows):
         if row.id in ops.in_flight:
             continue
         age = since_term(ctx.clock, row.created_at)  # monotonic within this leadership
@@ -72,6 +83,8 @@ async def gc_cycle(ctx: ShardContext, ops: InstanceOps) -> GcReport:
             await ops.delete_or_hold(row, Reason.REGISTRATION_TIMEOUT)
             report.dangling.append(row.id)
             report.groups.add((row.tenant, row.group_key))
+
+    await pacing.release(rows)
 
     report.restored = await restore_missing_records(ctx, ops, settle=stale_after)
     report.groups |= await recheck_unreadable(ctx, ops)

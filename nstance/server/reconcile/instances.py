@@ -64,3 +64,11 @@ class InstanceOps:
     async def read_rows(self, *, include_deleted: bool = False) -> list[InstanceRow]:
         """Every instance row, read in a worker thread (``members.read_rows``)."""
         return await members.read_rows(self._ctx.db, include_deleted=include_deleted)
+
+    async def read_rows_by_id(self, *, include_deleted: bool = False) -> dict[str, InstanceRow]:
+        """Every instance row by id, read in a worker thread (``members.read_rows_by_id``)."""
+        return await members.read_rows_by_id(self._ctx.db, include_deleted=include_deleted)
+
+    async def read_provider_ids(self) -> dict[str, str | None]:
+        """Instance id -> provider id of every live row, read in a worker thread."""
+        return await members.read_provider_ids(self._ctx.db)

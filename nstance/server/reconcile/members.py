@@ -132,3 +132,23 @@ async def read_rows(db: Database, *, include_deleted: bool = False) -> list[Inst
             return repo.list_instances(conn, include_deleted=include_deleted)
 
     return await asyncio.to_thread(read)
+
+
+async def read_rows_by_id(db: Database, *, include_deleted: bool = False) -> dict[str, InstanceRow]:
+    """``read_rows`` keyed by instance id; the dictionary is built in the worker thread too."""
+
+    def read() -> dict[str, InstanceRow]:
+        with db.read_connection() as conn:
+            return {row.id: row for row in repo.list_instances(conn, include_deleted=include_deleted)}
+
+    return await asyncio.to_thread(read)
+
+
+async def read_provider_ids(db: Database) -> dict[str, str | None]:
+    """``repo.live_provider_ids``, read in a worker thread."""
+
+    def read() -> dict[str, str | None]:
+        with db.read_connection() as conn:
+            return repo.live_provider_ids(conn)
+
+    return await asyncio.to_thread(read)

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from nstance.core import gcpause, pacing
 from nstance.core.errors import InvalidArgument
 from nstance.core.ids import GroupKey
 from nstance.db import repo
@@ -104,8 +105,6 @@ def _row_values(rec: records.InstanceRecord) -> dict[str, Any]:
 REBUILD_BATCH = 2000
 #: Columns of ``_row_values`` a record may leave unset, keeping the row's stored value.
 _KEEP_IF_UNSET = ("provider_status",)
-#: Instances compared between yields to the event loop while the provider's listing is reconciled.
-YIELD_EVERY = 1000
 
 
 @dataclass
@@ -206,26 +205,40 @@ async def rebuild_cache(ctx: ShardContext, ops: InstanceOps) -> set[GroupKey]:
 async def sync_provider(
     ctx: ShardContext, ops: InstanceOps, *, consistency_grace: timedelta = timedelta(seconds=60)
 ) -> SyncReport:
-    """List the provider's VMs for this cluster/shard and reconcile them with the cache (see above)."""
+    """List the provider's VMs for this cluster/shard and reconcile them with the cache (see above).
+
+    The listing and the rows are alive only in ``_sync_provider``'s frame, which is gone when it
+    returns: the collector is held off until then (``gcpause``), so it never walks them.
+    """
+    with gcpause.paused():
+        return await _sync_provider(ctx, ops, consistency_grace)
+
+
+def _index_listing(vms: list[ProviderInstance]) -> dict[str, ProviderInstance]:
+    """The listed VMs by Nstance instance id (those without one are not ours to judge)."""
+    return {vm.instance_id: vm for vm in vms if vm.instance_id}
+
+
+async def _sync_provider(ctx: ShardContext, ops: InstanceOps, consistency_grace: timedelta) -> SyncReport:
     ctx.fence()
     ident = ctx.identity
     # What existed before the listing began: only those rows can be judged by it. A create that starts
     # or finishes while the listing runs is not in it, and must not be taken for gone or interrupted.
+    # Every map of 100,000 entries below is built in a worker thread, not on the event loop.
     in_flight_before = set(ops.in_flight)
-    before = {row.id: row for row in await ops.read_rows()}  # off the loop: every row
+    before = await ops.read_provider_ids()  # instance id -> provider id, of every live row
     in_flight_before |= ops.in_flight  # a create that began during the read is not judged either
     vms = await ctx.provider.list_instances(ident.cluster_id, ident.shard)
-    by_instance: dict[str, ProviderInstance] = {vm.instance_id: vm for vm in vms if vm.instance_id}
+    by_instance = await asyncio.to_thread(_index_listing, vms)
+    del vms
     report = SyncReport()
     now = ctx.clock.now()
-    rows = {row.id: row for row in await ops.read_rows(include_deleted=True)}  # every row: off the loop
+    rows = await ops.read_rows_by_id(include_deleted=True)
     snapshot = ctx.config.snapshot()
     limits = ops.brake_limits()
     held: dict[GroupKey, int] = {}
 
-    for n, (iid, vm) in enumerate(by_instance.items()):
-        if n % YIELD_EVERY == YIELD_EVERY - 1:
-            await asyncio.sleep(0)  # a listing of 100,000 VMs must not hold the loop in one piece
+    async for iid, vm in pacing.paced(by_instance.items()):  # 100,000 VMs: not in one piece
         if vm.status in GONE_STATUSES:
             continue
         row = rows.get(iid)
@@ -289,6 +302,7 @@ async def sync_provider(
                 repo.set_provider_status(session, iid, vm.status.value, now=now)
             report.status_changed.append(iid)
             report.groups.add((row.tenant, row.group_key))
+    await pacing.release(rows)  # 100,000 rows freed at once held the loop for 150 ms
     kept = set(report.kept)
     for topic in [t for t in ops.holds.topics("unexplained-vms ") if t.split(" ", 1)[1] not in kept]:
         ops.set_hold(topic, None)
@@ -302,7 +316,7 @@ async def sync_provider(
         )
         ops.set_hold(f"{brake.ORPHANS} {key[0]}/{key[1]}", reason, tenant=key[0], group=key[1])
 
-    for iid, prev in before.items():
+    async for iid, prev_provider_id in pacing.paced(before.items()):
         if iid in by_instance and by_instance[iid].status not in GONE_STATUSES:
             continue
         if iid in in_flight_before or iid in ops.in_flight:
@@ -311,7 +325,7 @@ async def sync_provider(
             row = repo.get_instance(session, iid)  # fresh: awaits above may have changed it
         if row is None or row.deleted_at is not None:
             continue
-        if prev.provider_id is None and row.provider_id is not None:
+        if prev_provider_id is None and row.provider_id is not None:
             continue  # its create finished after the listing began: the listing cannot show it
         listed_gone = iid in by_instance  # listed with a gone status: no grace, it is gone
         young = since_term(ctx.clock, row.created_at) < consistency_grace
@@ -337,6 +351,8 @@ async def sync_provider(
             len(report.gone),
             len(report.status_changed),
         )
+    await pacing.release(by_instance)
+    await pacing.release(before)
     return report
 
 

@@ -15,6 +15,7 @@ import asyncio
 import logging
 from datetime import timedelta
 
+from nstance.core import pacing
 from nstance.core.errors import AlreadyExists
 from nstance.db.models import RECORD_FAILED
 from nstance.db.rows import InstanceRow
@@ -64,7 +65,7 @@ async def restore_missing_records(ctx: ShardContext, ops: InstanceOps, *, settle
     keys = set(await asyncio.to_thread(ctx.store.list, records.RECORD_PREFIX))
     rows = await ops.read_rows()
     restored: list[str] = []
-    for row in rows:
+    async for row in pacing.paced(rows):
         if row.id in ops.in_flight or row.record_state == RECORD_FAILED:
             continue
         if row.provider_id is None and since_term(ctx.clock, row.created_at) < settle:
@@ -84,6 +85,7 @@ async def restore_missing_records(ctx: ShardContext, ops: InstanceOps, *, settle
             row.group_key,
         )
         restored.append(row.id)
+    await pacing.release(rows)
     if restored:
         ops.report_error(
             "", "", "", f"{len(restored)} instance records were missing and have been written back"
