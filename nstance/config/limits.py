@@ -185,17 +185,17 @@ def check_upsert(
     such a group down must stay possible. A new group or vars beyond a tenant's totals is
     ResourceExhausted; a size or vars out of range InvalidArgument. Only the tenant's totals and the
     edited group are checked (every other entry is the same before and after, and so are its
-    problems), so the cost does not grow with the number of groups beyond two counting passes.
+    problems), so the cost does not grow with the number of groups beyond two counting passes (one
+    when the edit leaves the group's vars the size they were).
     """
     static_groups = static.get(tenant, {})
     old_groups, new_groups = before.get(tenant, {}), after.get(tenant, {})
     old_entry, new_entry = old_groups.get(group), new_groups.get(group)
-    old_vars = _vars_total(old_groups)
-    new_vars = (
-        old_vars
-        - _var_bytes(old_entry.vars if old_entry else {})
-        + _var_bytes(new_entry.vars if new_entry else {})
-    )
+    delta = _var_bytes(new_entry.vars if new_entry else {}) - _var_bytes(old_entry.vars if old_entry else {})
+    # Vars of the same size leave the tenant's total as it was, and so cannot add a problem: the
+    # total (a pass over every group) is summed only when the edit changes it.
+    old_vars = _vars_total(old_groups) if delta else 0
+    new_vars = old_vars + delta
     old_count = _group_count(static_groups, old_groups)
     new_count = _group_count(static_groups, new_groups)
     path = join_path(tenant, group)

@@ -62,13 +62,75 @@ def _single_attribute(name: x509.Name, oid: x509.ObjectIdentifier, label: str) -
     return text
 
 
+def _check_times(leaf: x509.Certificate, ca_cert: x509.Certificate, now: datetime) -> None:
+    """Refuse a leaf or a CA outside its validity period at ``now``."""
+    if now < leaf.not_valid_before_utc:
+        raise Unauthenticated(
+            f"client certificate is not valid until {leaf.not_valid_before_utc.isoformat()} "
+            f"(now {now.isoformat()}; check clocks)"
+        )
+    if now > leaf.not_valid_after_utc:
+        raise Unauthenticated(f"client certificate expired at {leaf.not_valid_after_utc.isoformat()}")
+    if now > ca_cert.not_valid_after_utc:
+        raise Unauthenticated(f"the cluster CA expired at {ca_cert.not_valid_after_utc.isoformat()}")
+    if now < ca_cert.not_valid_before_utc:
+        raise Unauthenticated(f"the cluster CA is not valid until {ca_cert.not_valid_before_utc.isoformat()}")
+
+
+class VerifiedCertificates:
+    """Client certificates already verified against a CA, so a caller's next RPC skips the work.
+
+    What ``verify_client_certificate`` checks of a certificate besides time (the CA's signature, no CA
+    flag, the EKU, the subject, the role) depends only on its bytes and the CA certificate: the
+    identity is kept for that pair (at most ``size`` of them; the oldest is dropped first). The
+    validity periods are checked again on every call, and revocation stays the caller's check. A
+    certificate that failed is not kept: it fails again the full way.
+    """
+
+    def __init__(self, size: int = 4096) -> None:
+        self._size = size
+        self._known: dict[tuple[bytes, x509.Certificate], PeerIdentity] = {}
+
+    def get(self, key: tuple[bytes, x509.Certificate]) -> PeerIdentity | None:
+        return self._known.get(key)
+
+    def put(self, key: tuple[bytes, x509.Certificate], identity: PeerIdentity) -> None:
+        if len(self._known) >= self._size:
+            del self._known[next(iter(self._known))]
+        self._known[key] = identity
+
+    def __len__(self) -> int:
+        return len(self._known)
+
+
 def verify_client_certificate(
     cert: bytes | str | x509.Certificate,
     ca: CertificateAuthority | x509.Certificate,
     *,
     clock: Clock | None = None,
+    verified: VerifiedCertificates | None = None,
 ) -> PeerIdentity:
-    """Verify ``cert`` (PEM, DER or parsed) against the CA and return the caller's identity."""
+    """Verify ``cert`` (PEM, DER or parsed) against the CA and return the caller's identity.
+
+    With ``verified``, a certificate (bytes or text) that passed before with the same CA is only
+    checked for time.
+    """
+    if verified is None or isinstance(cert, x509.Certificate):
+        return _verify(cert, ca, clock)
+    ca_cert = _ca_certificate(ca)
+    key = (cert.encode() if isinstance(cert, str) else bytes(cert), ca_cert)
+    known = verified.get(key)
+    if known is not None:
+        _check_times(known.certificate, ca_cert, (clock or SystemClock()).now())
+        return known
+    identity = _verify(cert, ca, clock)
+    verified.put(key, identity)
+    return identity
+
+
+def _verify(
+    cert: bytes | str | x509.Certificate, ca: CertificateAuthority | x509.Certificate, clock: Clock | None
+) -> PeerIdentity:
     try:
         leaf = parse_certificate(cert, what="client certificate")
     except InvalidArgument as exc:
@@ -87,18 +149,7 @@ def verify_client_certificate(
     if bc is not None and bc.ca:
         raise Unauthenticated("client certificate is a CA certificate, not a client identity")
 
-    now = (clock or SystemClock()).now()
-    if now < leaf.not_valid_before_utc:
-        raise Unauthenticated(
-            f"client certificate is not valid until {leaf.not_valid_before_utc.isoformat()} "
-            f"(now {now.isoformat()}; check clocks)"
-        )
-    if now > leaf.not_valid_after_utc:
-        raise Unauthenticated(f"client certificate expired at {leaf.not_valid_after_utc.isoformat()}")
-    if now > ca_cert.not_valid_after_utc:
-        raise Unauthenticated(f"the cluster CA expired at {ca_cert.not_valid_after_utc.isoformat()}")
-    if now < ca_cert.not_valid_before_utc:
-        raise Unauthenticated(f"the cluster CA is not valid until {ca_cert.not_valid_before_utc.isoformat()}")
+    _check_times(leaf, ca_cert, (clock or SystemClock()).now())
 
     try:
         eku = leaf.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value

@@ -466,8 +466,8 @@ class ServerApp:
                 log.debug("restored %d operator registrations from cluster storage", restored)
 
             def is_revoked(serial: str) -> bool:
-                with db.read_session() as session:
-                    return repo.is_serial_revoked(session, serial)
+                with db.read_connection() as conn:
+                    return repo.is_serial_revoked(conn, serial)
 
             # Fail closed: the deny-list is in SQLite before any port accepts a certificate.
             if not await self._first_revocation_sync(cluster_store, db, stop):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -52,9 +53,11 @@ async def test_concurrent_upserts_fold_into_few_writes_and_all_land(
     store, config = state
     changes: list[ConfigChange] = []
     writer = GroupsWriter(store, config, changes.append)
-    await asyncio.gather(*(writer.submit(_upsert(config, f"pool-{i}", i)) for i in range(40)))
+    together = await asyncio.gather(*(writer.submit(_upsert(config, f"pool-{i}", i)) for i in range(40)))
     assert _stored(store) == {f"pool-{i}": i for i in range(40)}
     assert 1 <= writer.writes < 40
+    # Each call is told how many edits its write held: n calls say n, once per write.
+    assert sum(Fraction(1, n) for n in together) == writer.writes
     installed = config.snapshot()
     assert installed is not None
     assert {g for _, g in installed.group_keys()} >= {f"pool-{i}" for i in range(40)}
@@ -70,9 +73,9 @@ async def test_a_refused_edit_fails_only_its_own_call(state: tuple[MemoryObjectS
         writer.submit(_upsert(config, "good-2", 2)),
         return_exceptions=True,
     )
-    assert results[0] is None
+    assert results[0] == 3  # one write held the three edits (the refused one included)
     assert isinstance(results[1], InvalidArgument)
-    assert results[2] is None
+    assert results[2] == 3
     assert _stored(store) == {"good-1": 1, "good-2": 2}
 
 

@@ -14,6 +14,7 @@ identity key and certificate: ``agent_registration``) or rebuild rows from objec
 from __future__ import annotations
 
 import json
+import sqlite3
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -23,7 +24,7 @@ from sqlalchemy.orm import Session
 
 from nstance.core.errors import AlreadyExists
 from nstance.db.models import RECORD_FAILED, RECORD_PENDING, RECORD_PROVISIONED, Instance
-from nstance.db.repo._sql import INSTANCES_TABLE, Bind, changed, plain, rowcount
+from nstance.db.repo._sql import Bind, changed, plain, rowcount
 from nstance.db.rows import sqlite_time
 
 
@@ -76,38 +77,49 @@ def insert_instance(
     return row
 
 
-def insert_instances(session: Session, rows: list[dict[str, Any]], *, now: datetime) -> None:
-    """Record many new instances (state ``pending``) in one statement - the create path's batch intent.
+#: The columns ``insert_instances`` writes, in its parameters' order.
+_INSERT_COLUMNS = (
+    "id, tenant, group_key, kind, template, nonce, on_demand, subnet_id, instance_type, "
+    "infra_config_hash, idempotency_token, issued_at, record_state, created_at, updated_at"
+)
 
-    Each dict holds ``insert_instance``'s keyword arguments (without ``now``). Raises AlreadyExists,
-    inserting none of them, if any id, nonce or idempotency token is taken.
+
+def insert_instances(bind: Bind, rows: list[dict[str, Any]], *, now: datetime) -> None:
+    """Record many new instances (state ``pending``) in one plain-SQL executemany - the create path's intent.
+
+    Each dict holds ``insert_instance``'s keyword arguments (without ``now``). Raises AlreadyExists if
+    any id, nonce or idempotency token is taken; run it in its own transaction
+    (``Database.write_connection``), which then inserts none of them. Plain SQL: through the ORM
+    session this one statement cost several milliseconds on the way to each create.
     """
     if not rows:
         return
-    values = [
-        {
-            "on_demand": False,
-            "template": None,
-            "subnet_id": None,
-            "instance_type": None,
-            "infra_config_hash": None,
-            "idempotency_token": None,
-            "issued_at": None,
-            **row,
-            "id": row["instance_id"],
-            "group_key": row["group_key"],
-            "record_state": RECORD_PENDING,
-            "created_at": now,
-            "updated_at": now,
-        }
+    stamp = sqlite_time(now)
+    params = [
+        (
+            row["instance_id"],
+            row["tenant"],
+            row["group_key"],
+            row["kind"],
+            row.get("template"),
+            row["nonce"],
+            bool(row.get("on_demand", False)),
+            row.get("subnet_id"),
+            row.get("instance_type"),
+            row.get("infra_config_hash"),
+            row.get("idempotency_token"),
+            sqlite_time(row.get("issued_at")),
+            RECORD_PENDING,
+            stamp,
+            stamp,
+        )
         for row in rows
     ]
-    for value in values:
-        value.pop("instance_id", None)
+    marks = ", ".join("?" for _ in range(15))
+    sql = f"INSERT INTO instances ({_INSERT_COLUMNS}) VALUES ({marks})"
     try:
-        with session.begin_nested():
-            session.execute(INSTANCES_TABLE.insert(), values)
-    except IntegrityError as exc:
+        plain(bind).executemany(sql, params)
+    except sqlite3.IntegrityError as exc:
         raise AlreadyExists(
             "an instance id, nonce or idempotency token of this batch is already recorded"
         ) from exc

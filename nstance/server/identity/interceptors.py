@@ -53,7 +53,7 @@ from nstance.core.errors import (
     Unavailable,
 )
 from nstance.pki.ca import CertificateAuthority
-from nstance.pki.peer import PeerIdentity, require_role, verify_client_certificate
+from nstance.pki.peer import PeerIdentity, VerifiedCertificates, require_role, verify_client_certificate
 from nstance.server.state.metrics import Metrics
 
 logger = logging.getLogger(__name__)
@@ -163,6 +163,8 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # gr
         self._is_revoked = is_revoked
         self._roles = dict(roles)
         self._metrics = metrics
+        # A caller's certificate is verified once (per CA); later calls check its time and revocation.
+        self._verified = VerifiedCertificates()
 
     # --- grpc.aio hook ------------------------------------------------------------------------
 
@@ -212,7 +214,9 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # gr
             raise Unauthenticated(
                 f"{service} requires a client certificate issued by this cluster's CA; none was presented"
             )
-        identity = verify_client_certificate(cert, self._authority(), clock=self._clock)
+        identity = verify_client_certificate(
+            cert, self._authority(), clock=self._clock, verified=self._verified
+        )
         if self._is_revoked(identity.serial):
             raise Unauthenticated(f"certificate serial {identity.serial} has been revoked")
         require_role(identity, role)

@@ -464,8 +464,8 @@ class Creator:
         self.followups.add(updated, etag)
 
     def _insert_rows(self, rows: list[dict[str, Any]], now: datetime) -> None:
-        with self._ctx.db.session() as session:
-            repo.insert_instances(session, rows, now=now)
+        with self._ctx.db.write_connection() as conn:
+            repo.insert_instances(conn, rows, now=now)
 
     async def _adopt_batched(self, iid: str, vm: ProviderInstance) -> None:
         """Store the provider id in the cache; concurrent callers are written in one transaction."""

@@ -83,23 +83,24 @@ class GroupsWriter:
         self._fault_point = fault_point
         self._config = config
         self._on_change = on_change
-        self._queue: list[tuple[Edit, GroupKey | None, asyncio.Future[None]]] = []
+        self._queue: list[tuple[Edit, GroupKey | None, asyncio.Future[int]]] = []
         self._task: asyncio.Task[None] | None = None
         self._text = GroupsText()  # used by one worker thread at a time (writes are sequential)
         self.writes = 0  # documents written (or found unchanged), for tests and benchmarks
 
-    async def submit(self, edit: Edit, key: GroupKey | None = None) -> None:
-        """Apply ``edit`` in the next write; return once it is stored and installed, or raise its error.
+    async def submit(self, edit: Edit, key: GroupKey | None = None) -> int:
+        """Apply ``edit`` in the next write; once it is stored and installed, the number of edits that
+        write held (1: this one alone). Raises the edit's error.
 
         ``key`` is the one group ``edit`` changes, when it changes only one: the snapshot is then
         updated without comparing the other groups.
         """
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._queue.append((edit, key, future))
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._drain(), name="groups-writer")
         # A caller that goes away does not withdraw its edit: it is written with the others.
-        await asyncio.shield(future)
+        return await asyncio.shield(future)
 
     async def _drain(self) -> None:
         while self._queue:
@@ -131,7 +132,7 @@ class GroupsWriter:
                 if future.done():
                     continue
                 if outcome is None:
-                    future.set_result(None)
+                    future.set_result(len(queued))
                 else:
                     future.set_exception(outcome)
             if change is not None:

@@ -213,3 +213,45 @@ def test_require_role(authority: ca_mod.CertificateAuthority, clock: ManualClock
     peer.require_role(identity, "agent")
     with pytest.raises(PermissionDenied, match="agent 'knc06bgm7733st2576nx5jht4ecjw' may not call"):
         peer.require_role(identity, "operator")
+
+
+def test_a_certificate_verified_once_is_then_checked_for_time_only(
+    authority: ca_mod.CertificateAuthority, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    verified = peer.VerifiedCertificates()
+    issued = _issue(authority, clock)
+    first = peer.verify_client_certificate(issued.cert_pem, authority, clock=clock, verified=verified)
+    assert len(verified) == 1
+
+    def no_full_check(*_: object) -> peer.PeerIdentity:
+        raise AssertionError("verified again")
+
+    monkeypatch.setattr(peer, "_verify", no_full_check)
+    again = peer.verify_client_certificate(issued.cert_pem, authority, clock=clock, verified=verified)
+    assert again == first
+    clock.advance(timedelta(hours=8760, seconds=1))  # past not_after: time is checked on every call
+    with pytest.raises(Unauthenticated, match="client certificate expired at"):
+        peer.verify_client_certificate(issued.cert_pem, authority, clock=clock, verified=verified)
+
+
+def test_a_kept_certificate_is_not_taken_for_verified_by_another_ca(clock: ManualClock) -> None:
+    ours = ca_mod.create_ca(clock=clock)
+    theirs = ca_mod.create_ca(clock=clock)
+    verified = peer.VerifiedCertificates()
+    issued = _issue(theirs, clock)
+    peer.verify_client_certificate(issued.cert_pem, theirs, clock=clock, verified=verified)
+    with pytest.raises(Unauthenticated, match="not issued by this cluster's CA"):
+        peer.verify_client_certificate(issued.cert_pem, ours, clock=clock, verified=verified)
+    assert len(verified) == 1  # the refusal is not kept
+
+
+def test_verified_certificates_keep_at_most_their_size_dropping_the_oldest(
+    authority: ca_mod.CertificateAuthority, clock: ManualClock
+) -> None:
+    verified = peer.VerifiedCertificates(size=2)
+    pems = [_issue(authority, clock).cert_pem for _ in range(3)]
+    for pem in pems:
+        peer.verify_client_certificate(pem, authority, clock=clock, verified=verified)
+    assert len(verified) == 2
+    key = (pems[0].encode() if isinstance(pems[0], str) else pems[0], authority.certificate)
+    assert verified.get(key) is None  # the oldest went first
