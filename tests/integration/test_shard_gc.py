@@ -239,6 +239,29 @@ async def test_the_provider_sync_and_the_gc_cycle_hold_off_the_collector_until_t
     assert collector_on_while_listing == [False, False]
 
 
+def test_a_hold_set_again_unchanged_is_not_reported_again_and_clearing_it_ends_the_degradation(
+    h: Harness,
+) -> None:
+    # Every reconcile of every group sets its replacement hold (usually to None), so an unchanged
+    # hold returns at once without recounting the holds for the metrics and /health. What is
+    # reported and what /health says must stay as they were.
+    safety = h.shard.ops.safety
+    reported: list[str] = []
+
+    def report_error(tenant: str, group: str, instance_id: str, message: str) -> None:
+        reported.append(message)
+
+    safety.report_error = report_error  # type: ignore[method-assign]
+    safety.set_hold("unexplained-vms i-1", "VM i-1 is kept", tenant="default", group="web")
+    safety.set_hold("unexplained-vms i-1", "VM i-1 is kept", tenant="default", group="web")
+    assert reported == ["VM i-1 is kept"]
+    assert [d.component for d in h.ctx.degraded.current()] == ["unexplained_vms"]
+    safety.set_hold("unexplained-vms i-1", None)
+    safety.set_hold("unexplained-vms i-1", None)
+    assert h.ctx.degraded.current() == []
+    assert safety.holds.reason("unexplained-vms i-1") is None
+
+
 async def test_vm_with_our_tags_but_no_record_is_adopted_then_scaled_down(h: Harness) -> None:
     await h.reconcile()
     stray = await h.sim.create_instance(

@@ -25,6 +25,10 @@ class Holds:
         self._reasons[topic] = reason
         return changed
 
+    def reason(self, topic: str) -> str | None:
+        """The reason of the hold on ``topic``, or None when there is none."""
+        return self._reasons.get(topic)
+
     def clear_prefix(self, prefix: str) -> None:
         """Drop every hold whose topic starts with ``prefix``."""
         for topic in [t for t in self._reasons if t.startswith(prefix)]:

@@ -78,6 +78,9 @@ class Reconciler:
         self._workers = workers
         self._resync_interval = resync_interval
         self._backoff = backoff or Backoff(base=1.0, cap=120.0)
+        #: Each group's merged config with its infra hash: a resync reconciles every group every
+        #: minute, and the config object is replaced only when the group's config changes.
+        self._infra_hashes: dict[GroupKey, tuple[MergedGroupConfig, str]] = {}
         self._failures: dict[GroupKey, int] = {}
         self.queue: WorkQueue[GroupKey] = WorkQueue(background_limit=max(1, workers // BACKGROUND_SHARE))
         self._reads = asyncio.Semaphore(READ_CONCURRENCY)
@@ -142,9 +145,13 @@ class Reconciler:
             return PlanInput(desired=None)
         snapshot = self._ctx.config.snapshot()
         expiry = snapshot.config.shard.expiry if snapshot is not None else None
+        key = (merged.tenant, merged.group)
+        known = self._infra_hashes.get(key)
+        if known is None or known[0] is not merged:  # a new snapshot's entry: hash it once
+            known = self._infra_hashes[key] = (merged, infra_hash(merged))
         return PlanInput(
             desired=merged.size,
-            infra_hash=infra_hash(merged),
+            infra_hash=known[1],
             drain_timeout=merged.drain_timeout,
             eligible_age=expiry.eligible_age if expiry else None,
             forced_age=expiry.forced_age if expiry else None,

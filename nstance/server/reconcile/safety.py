@@ -40,7 +40,10 @@ class Safety:
         """Set or clear a safety hold; a new or changed one is reported once on ``WatchErrors``.
 
         The holds of each kind are also one ``degraded`` component (``/health``, ``nstance_degraded``).
+        Setting what is already set changes nothing (every reconcile of every group sets its own).
         """
+        if self.holds.reason(topic) == reason:
+            return
         if self.holds.set(topic, reason) and reason is not None:
             self.report_error(tenant, group, "", reason)
         ctx = self._ctx
