@@ -10,8 +10,10 @@ the planner's job, and changing instances is ``create`` and ``retire``'s.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+import sqlite3
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
+from typing import TypeVar
 
 from nstance.core.plan import Member
 from nstance.db import repo
@@ -20,6 +22,9 @@ from nstance.db.models import RECORD_FAILED
 from nstance.db.rows import InstanceRow
 from nstance.providers.base import UNHEALTHY_STATUSES, InstanceStatus
 from nstance.server.state.leadertime import in_term
+
+#: What a query read in a worker thread returns.
+T = TypeVar("T")
 
 
 def member_of(
@@ -124,31 +129,28 @@ def read_group(
     return rows, managed, on_demand
 
 
-async def read_rows(db: Database, *, include_deleted: bool = False) -> list[InstanceRow]:
-    """Every instance row (``repo.list_instances``), read in a worker thread: it may be 100,000."""
+async def _read_in_thread(db: Database, query: Callable[[sqlite3.Connection], T]) -> T:
+    """``query`` on a read connection, in a worker thread (with what it builds from the rows)."""
 
-    def read() -> list[InstanceRow]:
+    def read() -> T:
         with db.read_connection() as conn:
-            return repo.list_instances(conn, include_deleted=include_deleted)
+            return query(conn)
 
     return await asyncio.to_thread(read)
+
+
+async def read_rows(db: Database, *, include_deleted: bool = False) -> list[InstanceRow]:
+    """Every instance row (``repo.list_instances``), read in a worker thread: it may be 100,000."""
+    return await _read_in_thread(db, lambda conn: repo.list_instances(conn, include_deleted=include_deleted))
 
 
 async def read_rows_by_id(db: Database, *, include_deleted: bool = False) -> dict[str, InstanceRow]:
     """``read_rows`` keyed by instance id; the dictionary is built in the worker thread too."""
-
-    def read() -> dict[str, InstanceRow]:
-        with db.read_connection() as conn:
-            return {row.id: row for row in repo.list_instances(conn, include_deleted=include_deleted)}
-
-    return await asyncio.to_thread(read)
+    return await _read_in_thread(
+        db, lambda conn: {row.id: row for row in repo.list_instances(conn, include_deleted=include_deleted)}
+    )
 
 
 async def read_provider_ids(db: Database) -> dict[str, str | None]:
     """``repo.live_provider_ids``, read in a worker thread."""
-
-    def read() -> dict[str, str | None]:
-        with db.read_connection() as conn:
-            return repo.live_provider_ids(conn)
-
-    return await asyncio.to_thread(read)
+    return await _read_in_thread(db, repo.live_provider_ids)
