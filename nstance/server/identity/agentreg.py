@@ -16,6 +16,7 @@ import asyncio
 import dataclasses
 import ipaddress
 import logging
+import re
 from concurrent.futures import Executor
 from datetime import datetime
 from typing import NamedTuple, Protocol
@@ -42,6 +43,7 @@ from nstance.server.state.records import InstanceRecord
 log = logging.getLogger(__name__)
 
 MAX_HOSTNAME_LENGTH = 253
+_WHITESPACE = re.compile(r"\s")
 
 
 class RegistrationEvents(Protocol):
@@ -65,7 +67,7 @@ def _check_reported(private_ipv4: str, private_ipv6: str, hostname: str) -> None
     if hostname and (
         len(hostname) > MAX_HOSTNAME_LENGTH
         or not hostname.isprintable()
-        or any(c.isspace() for c in hostname)
+        or _WHITESPACE.search(hostname) is not None
     ):
         raise InvalidArgument(
             f"hostname {hostname[:64]!r} is not a host name (printable, no spaces, "
