@@ -6,7 +6,8 @@ compare the two on every vector) but keeps, per tenant, the mapping it last enco
 and per group, the entry object with its text. The config models are immutable and an edit copies
 only the tenant it touches (``nstance.config.editing``), so an unchanged tenant is recognised by
 identity and costs nothing, and in the edited tenant only entries that are new objects are encoded;
-the rest is sorting names and joining strings.
+the rest is sorting names and joining strings. The document dumped last is kept with its text, so
+dumping the same object again (the writer installs the document it has just written) costs nothing.
 
 Keys are sorted with Python's string order, which equals Go's byte order of their UTF-8 encoding
 (UTF-8 preserves code point order; a string UTF-8 cannot encode fails either way).
@@ -109,6 +110,7 @@ class GroupsText:
 
     def __init__(self) -> None:
         self._tenants: dict[str, _Tenant] = {}
+        self._last: tuple[DynamicGroups, str] | None = None  # the document last dumped, and its text
 
     def dump(
         self, dynamic: DynamicGroups, edited: tuple[DynamicGroups, set[tuple[str, str]]] | None = None
@@ -118,12 +120,15 @@ class GroupsText:
         ``edited`` is ``(base, keys)`` when ``dynamic`` is ``base`` with only ``keys`` (tenant, group)
         edited: a tenant this instance last encoded from ``base`` then has only those entries checked.
         """
+        if self._last is not None and self._last[0] is dynamic:
+            return self._last[1]  # the same document again (the writer installs what it just wrote)
         only: dict[str, set[str]] = {}
         if edited is not None:
             for owner, group in edited[1]:
                 only.setdefault(owner, set()).add(group)
         if not dynamic:
             self._tenants = {}
+            self._last = None
             return "{}"
         tenants: dict[str, _Tenant] = {}
         parts: list[str] = []
@@ -138,4 +143,6 @@ class GroupsText:
             tenants[name] = tenant
             parts.append(f"\n  {_name(name)}: {tenant.text}")
         self._tenants = tenants
-        return "{" + ",".join(parts) + "\n}"
+        text = "{" + ",".join(parts) + "\n}"
+        self._last = (dynamic, text)
+        return text

@@ -17,7 +17,10 @@ costs at most a short wait. Per-key lock files left by older versions (40 hex di
 removed when a store is opened.
 
 ETags are ``content_etag`` (quoted MD5 of the content), the same as the memory backend and as S3 for
-plain puts.
+plain puts. For objects of at least ``KNOWN_MIN_BYTES`` (a shard's ``groups.jsonc`` with thousands of
+groups) the store remembers the last content it read or wrote at a few keys with its ETag, and
+reuses the ETag when the bytes it reads are equal to those, byte for byte: a conditional write then
+hashes only the new content, not the current one as well.
 
 Names that begin with ``.nstance-`` are reserved for the lock directory and temporary files; keys
 using them are refused, as are keys that could escape the root or alias another key (empty, absolute,
@@ -25,7 +28,7 @@ using them are refused, as are keys that could escape the root or alias another 
 backend that wants keys to stay portable to this one.
 
 This module must not be used on network file systems without working flock, must not follow keys
-outside the root, and does no caching: every read goes to the file system. POSIX only.
+outside the root, and caches no content: every read goes to the file system. POSIX only.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import errno
 import fcntl
 import hashlib
 import os
+import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -53,6 +57,12 @@ MAX_KEY_BYTES = 1024
 
 LOCK_STRIPES = 64
 """How many lock files guard all keys (keys share them by hash)."""
+
+KNOWN_MIN_BYTES = 64 * 1024
+"""Objects at least this large have their last seen content's ETag remembered (see ``_etag``)."""
+
+KNOWN_KEYS = 8
+"""How many such objects are remembered at once (the oldest is forgotten first)."""
 
 _LOCK_DIR = RESERVED_PREFIX + "locks"
 _TMP_PREFIX = RESERVED_PREFIX + "tmp-"
@@ -95,6 +105,8 @@ class FileObjectStore:
         self._locks = self._root / _LOCK_DIR
         self._locks.mkdir(exist_ok=True)
         self._remove_legacy_locks()
+        self._known: dict[str, tuple[bytes, str]] = {}
+        self._known_lock = threading.Lock()
 
     @property
     def root(self) -> Path:
@@ -113,7 +125,7 @@ class FileObjectStore:
         data = self._read(self._path(key))
         if data is None:
             raise ObjectNotFound(f"object {key!r} not found")
-        return data, content_etag(data)
+        return data, self._etag(key, data)
 
     def head(self, key: str) -> ObjectInfo:
         path = self._path(key)
@@ -125,7 +137,7 @@ class FileObjectStore:
             raise ObjectNotFound(f"object {key!r} not found") from None
         return ObjectInfo(
             key=key,
-            etag=content_etag(data),
+            etag=self._etag(key, data),
             size=len(data),
             last_modified=datetime.fromtimestamp(st.st_mtime, UTC),
         )
@@ -139,7 +151,7 @@ class FileObjectStore:
         path = self._path(key)
         with self._locked(key):
             self._write_atomic(key, path, data)
-        return content_etag(data)
+        return self._etag(key, data)
 
     def put_if_match(self, key: str, data: bytes, etag: str | None) -> str:
         path = self._path(key)
@@ -147,10 +159,10 @@ class FileObjectStore:
             current = self._read(path)
             if etag is None and current is not None:
                 raise PreconditionFailed(f"object {key!r} already exists")
-            if etag is not None and (current is None or content_etag(current) != etag):
+            if etag is not None and (current is None or self._etag(key, current) != etag):
                 raise PreconditionFailed(f"object {key!r} changed (etag mismatch)")
             self._write_atomic(key, path, data)
-        return content_etag(data)
+        return self._etag(key, data)
 
     def delete(self, key: str, if_match: str | None = None) -> None:
         path = self._path(key)
@@ -159,7 +171,7 @@ class FileObjectStore:
                 current = self._read(path)
                 if current is None:
                     raise ObjectNotFound(f"object {key!r} not found")
-                if content_etag(current) != if_match:
+                if self._etag(key, current) != if_match:
                     raise PreconditionFailed(f"object {key!r} changed (etag mismatch)")
             try:
                 os.unlink(path)
@@ -194,6 +206,23 @@ class FileObjectStore:
                         self._walk(entry.path, sub, prefix, found)
                 elif entry.is_file(follow_symlinks=False) and key.startswith(prefix):
                     found.append(key)
+
+    def _etag(self, key: str, data: bytes) -> str:
+        """``content_etag(data)``; for a large object, not hashed again if ``data`` equals the content
+        last read or written at ``key`` (the bytes are compared, so a changed object is always hashed)."""
+        if len(data) < KNOWN_MIN_BYTES:
+            return content_etag(data)
+        with self._known_lock:
+            known = self._known.get(key)
+        if known is not None and known[0] == data:
+            return known[1]
+        etag = content_etag(data)
+        with self._known_lock:
+            self._known.pop(key, None)
+            self._known[key] = (data, etag)
+            while len(self._known) > KNOWN_KEYS:
+                del self._known[next(iter(self._known))]
+        return etag
 
     def _path(self, key: str) -> Path:
         validate_key(key)

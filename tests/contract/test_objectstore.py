@@ -30,7 +30,7 @@ from nstance.objectstore.base import (
     Throttled,
 )
 from nstance.objectstore.factory import open_scopes, open_store
-from nstance.objectstore.file import LOCK_STRIPES, FileObjectStore
+from nstance.objectstore.file import KNOWN_KEYS, KNOWN_MIN_BYTES, LOCK_STRIPES, FileObjectStore
 from nstance.objectstore.memory import MemoryObjectStore, content_etag
 from nstance.objectstore.s3 import S3ObjectStore
 from nstance.objectstore.scoped import ScopedObjectStore
@@ -429,6 +429,47 @@ def test_file_store_keeps_a_bounded_number_of_lock_files(tmp_path: Path) -> None
         etag = store.put_if_match(key, b"pending", None)
         store.delete(key, if_match=etag)
     assert 0 < len(os.listdir(locks)) <= LOCK_STRIPES
+
+
+def test_file_store_hashes_a_large_object_it_already_knows_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A conditional write of a large object hashes the new content only, never the bytes it wrote."""
+    from nstance.objectstore import file as file_store
+
+    hashed: list[int] = []
+
+    def counting(data: bytes) -> str:
+        hashed.append(len(data))
+        return content_etag(data)
+
+    monkeypatch.setattr(file_store, "content_etag", counting)
+    store = FileObjectStore(tmp_path / "root")
+    big = [bytes([i]) * KNOWN_MIN_BYTES for i in range(3)]
+    etag = store.put_if_match("shard/a/groups.jsonc", big[0], None)
+    for data in big[1:]:
+        etag = store.put_if_match("shard/a/groups.jsonc", data, etag)
+    assert store.get("shard/a/groups.jsonc") == (big[2], content_etag(big[2]))
+    assert len(hashed) == 3  # one per write; the current content was each time the one just written
+
+
+def test_file_store_never_reuses_an_etag_for_changed_bytes(tmp_path: Path) -> None:
+    """Another writer (here another process's store on the same root) changes a large object: the
+    remembered ETag of the old bytes is not used, and a write with the stale ETag is refused."""
+    ours, theirs = FileObjectStore(tmp_path / "root"), FileObjectStore(tmp_path / "root")
+    old = b"a" * KNOWN_MIN_BYTES
+    new = b"a" * (KNOWN_MIN_BYTES - 1) + b"b"  # same size, one byte apart
+    stale = ours.put_if_match("shard/a/groups.jsonc", old, None)
+    theirs.put_if_match("shard/a/groups.jsonc", new, theirs.get("shard/a/groups.jsonc")[1])
+    with pytest.raises(PreconditionFailed):
+        ours.put_if_match("shard/a/groups.jsonc", b"lost update", stale)
+    assert ours.get("shard/a/groups.jsonc") == (new, content_etag(new))
+    assert ours.head("shard/a/groups.jsonc").etag == content_etag(new)
+    for i in range(KNOWN_KEYS + 2):  # more large objects than are remembered: all still correct
+        ours.put(f"shard/a/big-{i}", bytes([i]) * KNOWN_MIN_BYTES)
+    for i in range(KNOWN_KEYS + 2):
+        data = bytes([i]) * KNOWN_MIN_BYTES
+        assert ours.get(f"shard/a/big-{i}") == (data, content_etag(data))
 
 
 def test_file_path_traversal_cannot_escape_root(tmp_path: Path) -> None:

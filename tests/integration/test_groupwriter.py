@@ -18,6 +18,7 @@ from nstance.config.loader import load_groups_text
 from nstance.core.clock import ManualClock
 from nstance.core.errors import InvalidArgument
 from nstance.objectstore.memory import MemoryObjectStore
+from nstance.server.state import groupwriter
 from nstance.server.state.configstate import ConfigChange, ConfigState
 from nstance.server.state.dynamic_groups import GROUPS_KEY, edit_dynamic_groups
 from nstance.server.state.groupwriter import Edit, GroupsWriter
@@ -112,3 +113,29 @@ async def test_edits_with_their_keys_reach_the_snapshot_and_then_the_disk_cache(
 
     await eventually(lambda: cached() == _stored(store), within=10, what="the disk cache")
     assert json.loads(config.cache_path.read_text())["groups"]["etag"] == store.get(GROUPS_KEY)[1]
+
+
+async def test_writes_in_quick_succession_share_one_disk_cache_rewrite(
+    state: tuple[MemoryObjectStore, ConfigState], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The cache is the whole document (a megabyte at 10,000 groups): it is rewritten once, after the
+    # burst, with the last document, and not while the reconciles the edits started are running.
+    store, config = state
+    flushes: list[str | None] = []
+    flush = config.flush_cache
+
+    def counted() -> None:
+        flush()
+        flushes.append(json.loads(config.cache_path.read_text())["groups"]["etag"])
+
+    monkeypatch.setattr(config, "flush_cache", counted)
+    monkeypatch.setattr(groupwriter, "CACHE_FLUSH_DELAY_S", 2.0)  # ample for five in-memory writes
+    writer = GroupsWriter(store, config, lambda _change: None)
+    for i in range(5):
+        await writer.submit(_upsert(config, "pool", i + 1), ("default", "pool"))
+    assert flushes == []  # answered before any rewrite of the cache
+    await eventually(lambda: len(flushes) >= 1, within=15, what="the disk cache rewrite")
+    assert flushes == [store.get(GROUPS_KEY)[1]]
+    await writer.submit(_upsert(config, "pool", 9), ("default", "pool"))  # a later write: one more
+    await eventually(lambda: len(flushes) >= 2, within=15, what="the second rewrite")
+    assert flushes == [flushes[0], store.get(GROUPS_KEY)[1]]
