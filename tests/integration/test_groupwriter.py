@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -139,3 +141,41 @@ async def test_writes_in_quick_succession_share_one_disk_cache_rewrite(
     await writer.submit(_upsert(config, "pool", 9), ("default", "pool"))  # a later write: one more
     await eventually(lambda: len(flushes) >= 2, within=15, what="the second rewrite")
     assert flushes == [flushes[0], store.get(GROUPS_KEY)[1]]
+
+
+def test_an_edit_named_by_its_keys_is_compared_on_those_groups_only(
+    state: tuple[MemoryObjectStore, ConfigState],
+) -> None:
+    # The writer tells edit_dynamic_groups which groups its edits touched: an edit that leaves them as
+    # they were writes nothing, one that changes them writes, and a tenant the hint does not name is
+    # compared in full.
+    store, config = state
+    edit_dynamic_groups(store, _upsert(config, "a", 1))
+    base, etag = edit_dynamic_groups(store, _upsert(config, "b", 1))
+
+    def hint_a(doc: dict[str, Any]) -> Callable[[], tuple[dict[str, Any], set[tuple[str, str]]]]:
+        return lambda: (doc, {("default", "a")})
+
+    after, etag_after = edit_dynamic_groups(
+        store, _upsert(config, "a", 1), known=(base, etag), edited=hint_a(base)
+    )
+    assert (after, etag_after) == (base, etag)  # nothing written
+    after, etag_after = edit_dynamic_groups(
+        store, _upsert(config, "a", 2), known=(base, etag), edited=hint_a(base)
+    )
+    assert etag_after != etag
+    assert _stored(store) == {"a": 2, "b": 1}
+    # Another tenant's mapping, a new object equal to the old one: nothing to write.
+    with_copy = {"default": after["default"], "other": {}}
+    base2, etag2 = edit_dynamic_groups(store, lambda _c: with_copy, known=(after, etag_after))
+    _, etag_same = edit_dynamic_groups(
+        store, lambda c: {**c, "other": {}}, known=(base2, etag2), edited=hint_a(base2)
+    )
+    assert etag_same == etag2
+    # The same tenant, now different: written although the hint named only default/a.
+    moved = dict(base2["default"])
+    changed, etag_changed = edit_dynamic_groups(
+        store, lambda c: {**c, "other": moved}, known=(base2, etag2), edited=hint_a(base2)
+    )
+    assert etag_changed != etag2
+    assert changed["other"] == moved

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from nstance.config.loader import dump_groups_text, load_groups_text
 from nstance.config.schema import DynamicGroups
 from nstance.core.errors import InvalidArgument, Unavailable
+from nstance.core.ids import GroupKey
 from nstance.objectstore.base import ObjectNotFound, ObjectStore, PreconditionFailed
 from nstance.server.state.configstate import GroupsVanished
 
@@ -65,6 +66,7 @@ def edit_dynamic_groups(
     attempts: int = EDIT_ATTEMPTS,
     known: tuple[DynamicGroups, str | None] | None = None,
     dump: Callable[[DynamicGroups], str] = dump_groups_text,
+    edited: Callable[[], tuple[DynamicGroups, set[GroupKey]] | None] = lambda: None,
 ) -> tuple[DynamicGroups, str]:
     """Apply ``edit`` to the stored dynamic groups atomically; return the groups written and their ETag.
 
@@ -76,7 +78,9 @@ def edit_dynamic_groups(
     ``known`` is a ``(groups, etag)`` the caller believes current (the server's loaded snapshot): the
     first attempt starts from it without reading, and the conditional write catches a stale guess.
     ``dump`` serialises the document (``GroupsText.dump`` gives the same text at the cost of the
-    changed entries only).
+    changed entries only). ``edited`` says, after an ``edit``, ``(base, keys)`` when the edit started
+    from ``base`` and changed at most the groups ``keys``: only those are compared to tell whether
+    anything changed.
     """
     for attempt in range(max(1, attempts)):
         if attempt == 0 and known is not None and known[1] is not None:
@@ -84,7 +88,7 @@ def edit_dynamic_groups(
         else:
             current, etag = read_dynamic_groups(store, must_exist=known is not None and known[1] is not None)
         updated = edit(current)
-        if etag is not None and updated == current:
+        if etag is not None and _unchanged(current, updated, edited()):
             return current, etag  # nothing to change: no write, the ETag stays valid
         data = dump(updated).encode("utf-8")
         try:
@@ -93,3 +97,30 @@ def edit_dynamic_groups(
             continue
         return updated, new_etag
     raise Unavailable(f"{GROUPS_KEY} kept changing under us; retry")
+
+
+def _unchanged(
+    current: DynamicGroups, updated: DynamicGroups, hint: tuple[DynamicGroups, set[GroupKey]] | None
+) -> bool:
+    """``updated == current``; with a ``hint`` from ``current``, comparing only the groups it names.
+
+    A tenant's mapping that is the same object is the same; in another one only the named groups can
+    differ (the edits said so), so equal sizes and equal named entries mean an equal mapping. With
+    10,000 groups in a tenant the full comparison was most of a millisecond on every write.
+    """
+    if hint is None or hint[0] is not current:
+        return updated == current
+    names: dict[str, set[str]] = {}
+    for tenant, group in hint[1]:
+        names.setdefault(tenant, set()).add(group)
+    if updated.keys() != current.keys():
+        return False
+    for tenant, groups in updated.items():
+        before = current[tenant]
+        if groups is before:
+            continue
+        if tenant not in names:
+            return groups == before
+        if len(groups) != len(before) or any(groups.get(g) != before.get(g) for g in names[tenant]):
+            return False
+    return True

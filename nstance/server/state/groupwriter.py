@@ -164,7 +164,11 @@ class GroupsWriter:
         snapshot = self._config.snapshot()
         known = (snapshot.dynamic, snapshot.groups_etag or None) if snapshot is not None else None
         dynamic, etag = edit_dynamic_groups(
-            self._store, batch.apply, known=known, dump=lambda d: self._text.dump(d, batch.edited())
+            self._store,
+            batch.apply,
+            known=known,
+            dump=lambda d: self._text.dump(d, batch.edited()),
+            edited=batch.edited,
         )
         self.writes += 1
         self._fault_point("after-groups-write")
