@@ -180,8 +180,8 @@ def _b64url_json(segment: str, what: str) -> dict[str, Any]:
     return value
 
 
-def _split(token: object) -> tuple[str, str, str, str]:
-    """Return ``(token, header, payload, signature)`` after checking the compact form."""
+def _split(token: object) -> tuple[str, str, str]:
+    """Return ``(header, payload, signature)``, the base64url segments, after checking the compact form."""
     if isinstance(token, bytes):
         try:
             token = token.decode("ascii")
@@ -200,7 +200,7 @@ def _split(token: object) -> tuple[str, str, str, str]:
     for seg in parts:
         if not _SEGMENT.fullmatch(seg):
             raise Unauthenticated(f"{_MALFORMED} (segments must be unpadded base64url)")
-    return token, header, payload, signature
+    return header, payload, signature
 
 
 def _time_claim(payload: dict[str, Any], name: str) -> datetime:
@@ -265,7 +265,7 @@ def verify_nonce(
     if expected_kind not in NONCE_KINDS:
         raise InvalidArgument(f"unknown nonce kind {expected_kind!r}; use one of: {', '.join(NONCE_KINDS)}")
 
-    _, header_b64, payload_b64, signature_b64 = _split(token)
+    header_b64, payload_b64, signature_b64 = _split(token)
     header = _b64url_json(header_b64, "header")
     alg = header.get("alg")
     if alg != ALGORITHM:

@@ -179,3 +179,14 @@ def test_an_edit_named_by_its_keys_is_compared_on_those_groups_only(
     )
     assert etag_changed != etag2
     assert changed["other"] == moved
+    # A tenant the hint does not name, equal but a new object, ahead of the named tenant whose group
+    # changed: the change is written all the same.
+    first = {"early": {}, **base2}
+    base3, etag3 = edit_dynamic_groups(store, lambda _c: first, known=(base2, etag2))
+    bump = _upsert(config, "a", 3)
+    written, etag_bumped = edit_dynamic_groups(
+        store, lambda c: {**bump(c), "early": {}}, known=(base3, etag3), edited=hint_a(base3)
+    )
+    assert list(written) == ["early", "default", "other"]
+    assert etag_bumped != etag3
+    assert _stored(store) == {"a": 3, "b": 1}

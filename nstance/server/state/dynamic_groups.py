@@ -120,7 +120,8 @@ def _unchanged(
         if groups is before:
             continue
         if tenant not in names:
-            return groups == before
-        if len(groups) != len(before) or any(groups.get(g) != before.get(g) for g in names[tenant]):
+            if groups != before:
+                return False
+        elif len(groups) != len(before) or any(groups.get(g) != before.get(g) for g in names[tenant]):
             return False
     return True

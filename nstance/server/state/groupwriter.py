@@ -21,6 +21,7 @@ event loop.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -31,6 +32,8 @@ from nstance.objectstore.base import ObjectStore
 from nstance.server.state.configstate import ConfigChange, ConfigState
 from nstance.server.state.context import exit_at_fault_point
 from nstance.server.state.dynamic_groups import edit_dynamic_groups
+
+log = logging.getLogger(__name__)
 
 Edit = Callable[[DynamicGroups], DynamicGroups]
 
@@ -157,7 +160,10 @@ class GroupsWriter:
         while self._flush_wanted:
             self._flush_wanted = False
             await asyncio.sleep(CACHE_FLUSH_DELAY_S)
-            await asyncio.to_thread(self._config.flush_cache)
+            try:
+                await asyncio.to_thread(self._config.flush_cache)
+            except Exception:  # the copy is a convenience: storage holds the document
+                log.exception("rewriting the disk copy of the shard config failed")
 
     def _write(self, batch: _Batch) -> ConfigChange | None:
         """One compare-and-swap write of every edit of ``batch``, then the snapshot (worker thread)."""
