@@ -661,6 +661,7 @@ class ServerApp:
     ) -> None:
         if self.shard is not None:
             await self.shard.stop_leading()
+            await self.shard.flush_config_copy()
             self.shard.events.close_all()
             await self.shard.agents.close()
         await asyncio.gather(*(server.stop(grace=2.0) for server in grpc_servers))

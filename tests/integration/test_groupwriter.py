@@ -190,3 +190,15 @@ def test_an_edit_named_by_its_keys_is_compared_on_those_groups_only(
     assert list(written) == ["early", "default", "other"]
     assert etag_bumped != etag3
     assert _stored(store) == {"a": 3, "b": 1}
+
+
+async def test_an_orderly_shutdown_writes_the_waiting_disk_copy_at_once(
+    state: tuple[MemoryObjectStore, ConfigState], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, config = state
+    monkeypatch.setattr(groupwriter, "CACHE_FLUSH_DELAY_S", 3600.0)  # only flush_now can write it
+    writer = GroupsWriter(store, config, lambda _change: None)
+    await writer.submit(_upsert(config, "pool", 4), ("default", "pool"))
+    assert json.loads(config.cache_path.read_text())["groups"]["etag"] != store.get(GROUPS_KEY)[1]
+    await writer.flush_now()
+    assert json.loads(config.cache_path.read_text())["groups"]["etag"] == store.get(GROUPS_KEY)[1]

@@ -123,6 +123,10 @@ class Shard:
         """Stop the leader's work (``LeaderSession.stop``)."""
         await self.session.stop(grace)
 
+    async def flush_config_copy(self) -> None:
+        """Write the disk copy of the config a recent group edit left waiting (at shutdown)."""
+        await self._groups.flush_now()
+
     async def standby_config_loop(self) -> None:
         """On a standby, check the config documents to report a broken one (``LeaderSession``)."""
         await self.session.standby_config_loop()

@@ -40,7 +40,7 @@ Edit = Callable[[DynamicGroups], DynamicGroups]
 #: Seconds from a write to the disk cache's rewrite. The cache is an fsynced copy of the whole
 #: document for start-ups without storage: with 10,000 groups it is a megabyte, about 6 ms of CPU to
 #: encode, and written at once it took the GIL from the reconcile that the write had just started.
-#: Every write within the delay shares one rewrite; a server stopped within it keeps the copy before.
+#: Every write within the delay shares one rewrite; an orderly shutdown writes it at once (``flush_now``).
 CACHE_FLUSH_DELAY_S = 1.0
 
 
@@ -155,6 +155,13 @@ class GroupsWriter:
         self._flush_wanted = True
         if self._flush is None or self._flush.done():
             self._flush = asyncio.create_task(self._flush_later(), name="groups-cache-flush")
+
+    async def flush_now(self) -> None:
+        """Rewrite the disk copy now if a rewrite is waiting for its delay (an orderly shutdown)."""
+        if self._flush is not None:
+            self._flush.cancel()  # a rewrite already in its thread finishes; the next one is a no-op
+        self._flush_wanted = False
+        await asyncio.to_thread(self._config.flush_cache)
 
     async def _flush_later(self) -> None:
         while self._flush_wanted:
