@@ -28,6 +28,7 @@ from pydantic import TypeAdapter
 from nstance.config.schema import DynamicGroups
 from nstance.config.workloads import DynamicGroupConfig
 from nstance.core.gojson import go_marshal, go_marshal_indent
+from nstance.core.ids import groups_by_tenant
 
 #: Entries serialised per pydantic call (see ``_dumped``).
 DUMP_CHUNK = 256
@@ -122,10 +123,7 @@ class GroupsText:
         """
         if self._last is not None and self._last[0] is dynamic:
             return self._last[1]  # the same document again (the writer installs what it just wrote)
-        only: dict[str, set[str]] = {}
-        if edited is not None:
-            for owner, group in edited[1]:
-                only.setdefault(owner, set()).add(group)
+        only = groups_by_tenant(edited[1]) if edited is not None else {}
         if not dynamic:
             self._tenants = {}
             self._last = None

@@ -19,7 +19,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import NewType
 
@@ -206,3 +206,11 @@ def new_instance_id(kind: str) -> InstanceId:
 
 #: A group's key everywhere it is tracked: (tenant, group).
 GroupKey = tuple[str, str]
+
+
+def groups_by_tenant(keys: Iterable[GroupKey]) -> dict[str, set[str]]:
+    """The group names of ``keys``, per tenant."""
+    names: dict[str, set[str]] = {}
+    for tenant, group in keys:
+        names.setdefault(tenant, set()).add(group)
+    return names

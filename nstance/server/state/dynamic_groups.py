@@ -21,7 +21,7 @@ from collections.abc import Callable
 from nstance.config.loader import dump_groups_text, load_groups_text
 from nstance.config.schema import DynamicGroups
 from nstance.core.errors import InvalidArgument, Unavailable
-from nstance.core.ids import GroupKey
+from nstance.core.ids import GroupKey, groups_by_tenant
 from nstance.objectstore.base import ObjectNotFound, ObjectStore, PreconditionFailed
 from nstance.server.state.configstate import GroupsVanished
 
@@ -110,9 +110,7 @@ def _unchanged(
     """
     if hint is None or hint[0] is not current:
         return updated == current
-    names: dict[str, set[str]] = {}
-    for tenant, group in hint[1]:
-        names.setdefault(tenant, set()).add(group)
+    names = groups_by_tenant(hint[1])
     if updated.keys() != current.keys():
         return False
     for tenant, groups in updated.items():
