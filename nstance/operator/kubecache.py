@@ -14,7 +14,10 @@ version that triggered it.
   and remembers the answer;
 * ``list`` with no selector or an equality label selector (``a=b,c=d``) is
   answered from the cache once the kind has been *primed* for that namespace (or cluster-wide) by one
-  full list from the API server, which the first such call makes; other selectors go to the server;
+  full list from the API server, which the first such call makes; other selectors go to the server.
+  A label selection reads an index of the held objects by (label, value), not every object: a pool
+  reconcile lists its own three shard groups, and a burst of pool changes used to scan every shard
+  group (and sort them) once per pool;
 * ``create``/``patch``/``replace`` remember the object the server returned; a 404 forgets the object
   (and tombstones it), a 409 or 422 marks the cached version stale so the next ``get`` goes to the
   server.
@@ -55,6 +58,15 @@ def _ref(obj: Mapping[str, Any]) -> Ref:
     return str(meta.get("namespace") or ""), str(meta.get("name") or "")
 
 
+def _labels(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return (obj.get("metadata") or {}).get("labels") or {}
+
+
+def _label_pairs(obj: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The (label, value) pairs a selection can match: both strings, as the API server sends them."""
+    return [(k, v) for k, v in _labels(obj).items() if isinstance(k, str) and isinstance(v, str)]
+
+
 def version_of(obj: Mapping[str, Any]) -> int | None:
     """``metadata.resourceVersion`` as an integer (None when absent or not a number)."""
     value = str((obj.get("metadata") or {}).get("resourceVersion") or "")
@@ -85,6 +97,11 @@ class KindCache:
         self._gone: dict[Ref, int | None] = {}
         self._stale: set[Ref] = set()
         self._primed: set[str | None] = set()
+        # Objects by each (label, value) they carry, so a label selection reads only its matches; and
+        # the held refs in name order, sorted again only when an object comes or goes (not when a
+        # newer version of one replaces it: a burst replaces hundreds per second).
+        self._by_label: dict[tuple[str, str], set[Ref]] = {}
+        self._order: list[Ref] | None = None
 
     def put(self, obj: Mapping[str, Any]) -> None:
         """Remember ``obj`` unless the cache holds a newer version or a newer deletion."""
@@ -102,13 +119,23 @@ class KindCache:
             if version is not None and gone is not None and version <= gone:
                 return
             del self._gone[ref]
-        self._objects[ref] = copy.deepcopy(dict(obj))
+        if held is None:
+            self._order = None
+        else:
+            self._unindex(ref, held)
+        kept = copy.deepcopy(dict(obj))
+        self._objects[ref] = kept
+        for pair in _label_pairs(kept):
+            self._by_label.setdefault(pair, set()).add(ref)
         self._stale.discard(ref)
 
     def drop(self, obj: Mapping[str, Any]) -> None:
         """``obj`` was deleted (its last version): forget it and keep a tombstone."""
         ref = _ref(obj)
-        self._objects.pop(ref, None)
+        held = self._objects.pop(ref, None)
+        if held is not None:
+            self._unindex(ref, held)
+            self._order = None
         self._stale.discard(ref)
         self._gone.pop(ref, None)
         self._gone[ref] = version_of(obj)
@@ -138,16 +165,34 @@ class KindCache:
 
     def view(self, namespace: str | None) -> list[Object]:
         """The held objects of ``namespace`` (None = all) themselves, in name order: read only."""
-        return [obj for (ns, _), obj in sorted(self._objects.items()) if namespace is None or ns == namespace]
+        if self._order is None:
+            self._order = sorted(self._objects)
+        objects = self._objects
+        return [objects[ref] for ref in self._order if namespace is None or ref[0] == namespace]
 
     def select(self, namespace: str | None, labels: Mapping[str, str]) -> list[Object]:
         """Copies of the objects in ``namespace`` (None = all) carrying every label of ``labels``."""
+        if not labels:
+            return [copy.deepcopy(obj) for obj in self.view(namespace)]
+        # The smallest index set of the wanted labels holds every match; check the others on it.
+        refs = min((self._by_label.get(pair, set()) for pair in labels.items()), key=len)
         found = []
-        for obj in self.view(namespace):
-            have = (obj.get("metadata") or {}).get("labels") or {}
+        for ref in sorted(refs):
+            if namespace is not None and ref[0] != namespace:
+                continue
+            obj = self._objects[ref]
+            have = _labels(obj)
             if all(have.get(k) == v for k, v in labels.items()):
                 found.append(copy.deepcopy(obj))
         return found
+
+    def _unindex(self, ref: Ref, held: Mapping[str, Any]) -> None:
+        for pair in _label_pairs(held):
+            refs = self._by_label.get(pair)
+            if refs is not None:
+                refs.discard(ref)
+                if not refs:
+                    del self._by_label[pair]
 
 
 class ObjectCache:

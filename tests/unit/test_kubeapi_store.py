@@ -180,6 +180,28 @@ def test_listeners_and_history_see_every_change(store: Store) -> None:
     assert [e.type for e in store.events_since(start)] == ["ADDED", "MODIFIED", "DELETED", "ADDED"]
 
 
+def test_events_keep_each_version_as_it_was_after_later_writes(store: Store) -> None:
+    """Events hold the stored versions themselves (no copies), so no later write may change them."""
+    things_type = things(store)
+    start = store.resource_version
+    store.create(things_type, "default", obj("t", spec={"n": 1, "deep": {"k": ["a"]}}))
+    store.patch(things_type, "default", "t", MERGE_PATCH, {"spec": {"n": 2, "deep": {"k": ["b"]}}})
+    store.patch(things_type, "default", "t", MERGE_PATCH, {"status": {"ok": True}}, subresource="status")
+    store.update(things_type, "default", "t", {**store.get(things_type, "default", "t"), "spec": {"n": 3}})
+    got = store.get(things_type, "default", "t")
+    got["spec"]["n"] = 99  # a reader changing its copy changes nothing stored
+    store.delete(things_type, "default", "t")
+    events = store.events_since(start)
+    assert [e.type for e in events] == ["ADDED", "MODIFIED", "MODIFIED", "MODIFIED", "DELETED"]
+    assert [e.obj["spec"].get("n") for e in events] == [1, 2, 2, 3, 3]
+    assert [e.obj["spec"].get("deep") for e in events[:2]] == [{"k": ["a"]}, {"k": ["b"]}]
+    assert [(e.old or {}).get("spec", {}).get("n") for e in events[1:4]] == [1, 2, 2]
+    assert "status" not in events[1].obj
+    assert events[2].obj["status"] == {"ok": True}
+    versions = [int(e.obj["metadata"]["resourceVersion"]) for e in events]
+    assert versions == sorted(set(versions))
+
+
 def test_history_overflow_expires_old_resource_versions() -> None:
     small = Store(history_limit=3)
     start = small.resource_version

@@ -80,6 +80,41 @@ def test_view_hands_out_the_held_objects_in_name_order_without_copying() -> None
     assert version(kind.view(NS)[0]) == "4"
 
 
+def test_select_follows_label_changes_deletions_and_recreation() -> None:
+    kind = KindCache(NSTANCE_SHARD_GROUPS)
+    kind.prime(NS, [obj("a", 1, labels={"g": "x", "s": "1"}), obj("b", 2, labels={"g": "x", "s": "2"})])
+
+    def names(labels: dict[str, str]) -> list[str]:
+        return [o["metadata"]["name"] for o in kind.select(NS, labels)]
+
+    assert names({"g": "x"}) == ["a", "b"]
+    assert names({"g": "x", "s": "2"}) == ["b"]
+    kind.put(obj("a", 3, labels={"g": "y"}))  # relabelled: leaves x, joins y
+    assert names({"g": "x"}) == ["b"]
+    assert names({"g": "y"}) == ["a"]
+    assert names({"s": "1"}) == []
+    kind.put(obj("a", 2, labels={"g": "x"}))  # an older version arriving late changes nothing
+    assert names({"g": "y"}) == ["a"]
+    kind.drop(obj("b", 4))
+    assert names({"g": "x"}) == []
+    assert [o["metadata"]["name"] for o in kind.view(NS)] == ["a"]
+    kind.put(obj("b", 5, labels={"g": "y"}))  # created again under another label
+    assert names({"g": "y"}) == ["a", "b"]
+    assert [o["metadata"]["name"] for o in kind.view(NS)] == ["a", "b"]
+
+
+def test_labels_that_are_not_strings_never_match_and_do_not_break_the_cache() -> None:
+    kind = KindCache(NSTANCE_SHARD_GROUPS)
+    odd = obj("a", 1)
+    odd["metadata"]["labels"] = {"g": {"not": "a string"}, "n": 3}
+    kind.put(odd)
+    kind.put(obj("b", 2, labels={"g": "x"}))
+    assert [o["metadata"]["name"] for o in kind.select(NS, {"g": "x"})] == ["b"]
+    assert kind.select(NS, {"n": "3"}) == []
+    kind.put(obj("a", 3, labels={"g": "x"}))
+    assert [o["metadata"]["name"] for o in kind.select(NS, {"g": "x"})] == ["a", "b"]
+
+
 @pytest.mark.parametrize(
     ("selector", "expected"),
     [

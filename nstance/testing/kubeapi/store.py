@@ -163,6 +163,15 @@ class Store:
         view["kind"] = rtype.kind
         return view
 
+    @staticmethod
+    def _read_view(rtype: ResourceType, obj: JSON) -> JSON:
+        """``_view`` without the copy: shares everything below the top level with the stored object, so
+        it is for reading only (a patch's base, which ``patched_document`` copies before changing)."""
+        view = dict(obj)
+        view["apiVersion"] = rtype.api_version
+        view["kind"] = rtype.kind
+        return view
+
     def _ns(self, rtype: ResourceType, namespace: str | None) -> str:
         return (namespace or "") if rtype.namespaced else ""
 
@@ -252,7 +261,9 @@ class Store:
         return [event for event in self._history if event.rv > rv]
 
     def _emit(self, event_type: str, key: Key, obj: JSON, old: JSON | None = None) -> None:
-        event = WatchEvent(_rv(obj), key, event_type, copy.deepcopy(obj), old)
+        # No copies: a stored object is never changed in place (every change stores a new object and
+        # the old one is only dropped), so the event may hold the stored versions themselves.
+        event = WatchEvent(_rv(obj), key, event_type, obj, old)
         if len(self._history) == self._history.maxlen:
             self._floor = self._history[0].rv
         self._history.append(event)
@@ -524,8 +535,9 @@ class Store:
         subresource: str | None = None,
         manager: str | None = None,
     ) -> tuple[JSON, JSON]:
-        """(old, new) for a PATCH of the given content type (server-side apply has ``prepare_apply``)."""
-        old = self._view(rtype, self._stored(rtype, namespace, name))
+        """(old, new) for a PATCH of the given content type (server-side apply has ``prepare_apply``).
+        ``old`` is the stored version itself under a read-only view: nothing may change it."""
+        old = self._read_view(rtype, self._stored(rtype, namespace, name))
         patched = patched_document(old, content_type, patch, strategic=not rtype.custom)
         patched_meta: JSON = patched["metadata"] if isinstance(patched.get("metadata"), dict) else {}
         if patched_meta.get("name") != name:
@@ -708,7 +720,8 @@ class Store:
             raise errors.not_found(rtype.group, rtype.plural, meta["name"])
         if current["metadata"]["resourceVersion"] != meta["resourceVersion"]:
             raise errors.conflict(rtype.group, rtype.plural, meta["name"])
-        return self._view(rtype, self._replace(rtype.key, current, copy.deepcopy(new)))
+        # ``new`` was built for this write alone (``prepare_*``), so it is stored as it is.
+        return self._view(rtype, self._replace(rtype.key, current, new))
 
     def update(
         self, rtype: ResourceType, namespace: str | None, name: str, body: Any, subresource: str | None = None
@@ -739,7 +752,7 @@ class Store:
         meta["resourceVersion"] = self._next_rv()
         old = current
         self._bucket(key)[slot] = new
-        self._emit("MODIFIED", key, new, copy.deepcopy(old))
+        self._emit("MODIFIED", key, new, old)
         if meta.get("deletionTimestamp") and not meta.get("finalizers") and not self._held_by_spec(key, new):
             return self._remove(key, new)
         return new
