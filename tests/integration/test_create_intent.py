@@ -22,6 +22,7 @@ from test_shard_cloud_features import Harness, RecordingSim
 from nstance.core.clock import ManualClock
 from nstance.core.errors import Unavailable
 from nstance.objectstore.memory import MemoryObjectStore
+from nstance.providers.base import ProviderInvalidRequest
 from nstance.server.reconcile.create import Creator
 from nstance.server.reconcile.gc import gc_cycle
 from nstance.server.state import records
@@ -84,6 +85,35 @@ async def test_a_record_that_cannot_be_written_leaves_no_row_and_asks_for_no_vm(
     await h.reconcile()
     assert len(h.vms.requests) == 2
     assert await _statuses(h) == ["running", "running"]
+
+
+async def test_a_failed_status_the_record_could_not_take_is_written_by_the_next_gc_cycle(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The create path's half of simulation seed 925256116 (a retirement's half is in test_shard_gc.py):
+    a create the provider refused marks its row failed at once, but the record's ``failed`` could not be
+    written then; nothing else would look at that record again in this leadership."""
+    original = MemoryObjectStore.put_if_match
+
+    def refuse_failed(self: MemoryObjectStore, key: str, data: bytes, etag: str | None) -> str:
+        if "/instance/" in f"/{key}" and b'"status":"failed"' in data:
+            raise Unavailable("object storage is unreachable")
+        return original(self, key, data, etag)
+
+    monkeypatch.setattr(MemoryObjectStore, "put_if_match", refuse_failed)
+    h.vms.fail_next("create_instance", ProviderInvalidRequest("sim: the request is invalid"), times=2)
+    await h.reconcile()
+    assert h.vms.calls["create_instance"] == 2
+    assert [r.record_state for r in h.rows()] == ["failed", "failed"]  # the cache has it at once
+    assert await _statuses(h) == ["pending", "pending"]  # the failed status did not land
+    ids = sorted(r.instance_id for r in records.list_records(h.store)[0])
+    assert sorted(h.shard.ops.owed.owed) == ids
+    assert await h.shard.ops.owed.retry() == []  # storage still refuses: still owed
+    assert sorted(h.shard.ops.owed.owed) == ids
+    monkeypatch.undo()
+    assert sorted(await h.shard.ops.owed.retry()) == ids  # what the next GC cycle does first
+    assert await _statuses(h) == ["failed", "failed"]
+    assert h.shard.ops.owed.owed == {}
 
 
 async def test_a_registered_instance_whose_provider_id_never_reached_its_record_is_adopted_not_retired(

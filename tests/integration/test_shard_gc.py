@@ -26,7 +26,7 @@ from shard_helpers import Leader, no_sleep, sample_shard_identity
 
 from nstance.config import GroupUpdate, runtime_hash
 from nstance.core.clock import ManualClock
-from nstance.core.errors import FailedPrecondition
+from nstance.core.errors import FailedPrecondition, Unavailable
 from nstance.core.ids import new_instance_id
 from nstance.core.ratelimit import TokenBucket
 from nstance.db import repo
@@ -306,6 +306,61 @@ async def test_vm_gone_at_the_provider_is_replaced_after_the_grace(h: Harness) -
     h.clock.advance(timedelta(minutes=2))
     await gc_cycle(h.ctx, h.shard.ops)
     assert victim_id not in {r.id for r in h.rows()}
+    await h.reconcile()
+    assert len(h.live()) == 2
+
+
+async def test_a_deleted_status_the_record_could_not_take_is_written_by_the_next_gc_cycle(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Simulation seed 925256116: a scale-down's record writes (``deleting``, then ``deleted``) both
+    # failed, the VM was deleted and the row retired, and nothing looked at that record again: it kept
+    # saying ``pending`` for a VM that no longer existed. (The create path's ``failed`` is owed the same
+    # way: test_create_intent.py.)
+    await h.reconcile()
+    victim = h.rows()[0]
+    original = MemoryObjectStore.put_if_match
+
+    def refuse_instances(self: MemoryObjectStore, key: str, data: bytes, etag: str | None) -> str:
+        if key.startswith("instance/"):
+            raise Unavailable("object storage is unreachable")
+        return original(self, key, data, etag)
+
+    monkeypatch.setattr(MemoryObjectStore, "put_if_match", refuse_instances)
+    status_before = (h.record(victim.id) or {})["status"]
+    await h.shard.ops.delete(victim, "scale-down")
+    assert victim.id not in h.live()
+    assert victim.id not in {r.id for r in h.rows()}
+    assert (h.record(victim.id) or {})["status"] == status_before  # neither write reached it
+    assert (await gc_cycle(h.ctx, h.shard.ops)).rewritten == []  # storage still refuses: still owed
+    monkeypatch.undo()
+    report = await gc_cycle(h.ctx, h.shard.ops)
+    assert report.rewritten == [victim.id]
+    assert (h.record(victim.id) or {})["status"] == "deleted"
+    assert (await gc_cycle(h.ctx, h.shard.ops)).rewritten == []  # paid once
+
+
+async def test_a_registered_row_whose_vm_no_listing_shows_is_retired_after_the_grace(h: Harness) -> None:
+    # The other half of seed 925256116: a rebuild brings back such a record's row - registered, no
+    # provider id (its follow-up had failed too). A registered agent means the VM existed, so the sync
+    # waits for a listing to show it; one that never does within the grace is gone.
+    await h.reconcile()
+    await h.shard.ops.followups.settled()
+    victim = h.rows()[0]
+    records.update_record(
+        h.store, "default", victim.id, provider_instance_id="", status="pending", registered_at=h.clock.now()
+    )
+    h.sim.vanish(str(victim.provider_id))  # deleted by a leader that could not write the record
+    await rebuild_cache(h.ctx, h.shard.ops)
+    [row] = [r for r in h.rows() if r.id == victim.id]
+    assert (row.provider_id, row.vm_unproven) == (None, False)
+    await gc_cycle(h.ctx, h.shard.ops)
+    assert victim.id in {r.id for r in h.rows()}  # a listing this soon may not show it yet
+    h.clock.advance(timedelta(minutes=2))
+    report = await gc_cycle(h.ctx, h.shard.ops)
+    assert victim.id not in {r.id for r in h.rows()}
+    assert (h.record(victim.id) or {})["status"] == "deleted"
+    assert KEY in report.groups
     await h.reconcile()
     assert len(h.live()) == 2
 

@@ -32,11 +32,12 @@ from nstance.config import MergedGroupConfig
 from nstance.config.errors import RenderError
 from nstance.config.shard import ShardConfig
 from nstance.core.backoff import Backoff
-from nstance.core.errors import AlreadyExists, NstanceError, Unavailable
+from nstance.core.errors import AlreadyExists, Unavailable
 from nstance.db import repo
 from nstance.providers.base import ProviderInstance, ProviderThrottled, ProviderUnavailable
 from nstance.server.reconcile.followups import RecordFollowUps
 from nstance.server.reconcile.images import explain_missing_image
+from nstance.server.reconcile.owedstatus import OwedStatuses
 from nstance.server.state import records
 from nstance.server.state.context import ShardContext
 from nstance.server.state.provisioning import PreparedInstance, prepare_instance
@@ -75,8 +76,9 @@ class Created:
 class Creator:
     """Creates instances of a group: every step fenced by shard leadership (see the module docstring)."""
 
-    def __init__(self, ctx: ShardContext, *, backoff: Backoff | None = None) -> None:
+    def __init__(self, ctx: ShardContext, owed: OwedStatuses, *, backoff: Backoff | None = None) -> None:
         self._ctx = ctx
+        self._owed = owed
         self._backoff = backoff or Backoff(base=0.2, cap=5.0)
         #: Instance ids whose provider create is in flight (GC and re-list must not touch them).
         self.in_flight: set[str] = set()
@@ -372,7 +374,7 @@ class Creator:
     async def _intent_abandoned(self, written: list[records.InstanceRecord], now: datetime) -> None:
         """The cache refused a batch whose records were written: mark those records failed (no VM exists)."""
         for record in written:
-            await self._mark_record_failed(record.tenant, record.instance_id, now)
+            await self._mark_record_failed(record.tenant, record.instance_id)
 
     async def _launch(
         self,
@@ -435,19 +437,13 @@ class Creator:
         now = ctx.clock.now()
         with ctx.db.write_connection() as session:
             repo.mark_create_failed(session, iid, now=now)
-        await self._mark_record_failed(tenant, iid, now)
+        await self._mark_record_failed(tenant, iid)
 
-    async def _mark_record_failed(self, tenant: str, iid: str, now: datetime) -> None:
-        """Status ``failed`` into the instance's record, if still leading."""
-        try:
-            # Only a leader writes records: a deposed one leaves the pending record to the next leader,
-            # which adopts the VM by tag if the create went through after all, or retires it.
-            self._ctx.fence()
-            await asyncio.to_thread(
-                records.update_record, self._ctx.store, tenant, iid, status="failed", last_updated=now
-            )
-        except NstanceError as record_exc:
-            log.warning("instance %s: cannot mark its record failed: %s", iid, record_exc)
+    async def _mark_record_failed(self, tenant: str, iid: str) -> None:
+        """Status ``failed`` into the instance's record, if still leading; owed when it cannot be written
+        now (``owedstatus``). A deposed leader leaves the pending record to the next leader, which adopts
+        the VM by tag if the create went through after all, or retires it."""
+        await self._owed.write(tenant, iid, "failed")
 
     async def _record_provider(self, record: records.InstanceRecord, etag: str, vm: ProviderInstance) -> None:
         """The provider's answer into the cache now, and queued for the record (``followups``)."""

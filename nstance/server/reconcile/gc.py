@@ -2,12 +2,14 @@
 
 A cycle, in order: delete instances that never registered within ``registration_timeout`` (their
 nonce has expired, so they never can); retire pre-inserted rows whose provider create never completed;
-re-list the provider (``recovery.sync_provider``) so VMs stopped, terminated or created out of band are
-noticed without a leadership change (after writing back records that vanished under this leader:
-``restore``; and reading unreadable ones again); purge deleted instances' rows and records once they
-are older than ``deleted_record_retention``. It returns the groups it touched so the reconciler can backfill.
-Ages that decide a deletion are counted on the leader's clock from the start of this leadership at the
-earliest (``leadertime``), so a wall-clock step never makes a booting VM look abandoned.
+write the ``deleted`` or ``failed`` status owed to records whose write failed when it was decided
+(``owedstatus``); re-list the provider (``recovery.sync_provider``) so VMs stopped, terminated or
+created out of band are noticed without a leadership change (after writing back records that vanished
+under this leader: ``restore``; and reading unreadable ones again); purge deleted instances' rows and
+records once they are older than ``deleted_record_retention``. It returns the groups it touched so the
+reconciler can backfill. Ages that decide a deletion are counted on the leader's clock from the start
+of this leadership at the earliest (``leadertime``), so a wall-clock step never makes a booting VM look
+abandoned.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class GcReport:
     stale: list[str] = field(default_factory=list)
     purged: list[str] = field(default_factory=list)
     restored: list[str] = field(default_factory=list)
+    rewritten: list[str] = field(default_factory=list)  # records given the status they were owed
     groups: set[GroupKey] = field(default_factory=set)
 
 
@@ -86,6 +89,7 @@ async def _gc_cycle(ctx: ShardContext, ops: InstanceOps) -> GcReport:
 
     await pacing.release(rows)
 
+    report.rewritten = await ops.owed.retry()
     report.restored = await restore_missing_records(ctx, ops, settle=stale_after)
     report.groups |= await recheck_unreadable(ctx, ops)
     synced = await sync_provider(ctx, ops)

@@ -20,6 +20,7 @@ from nstance.core.backoff import Backoff
 from nstance.db.rows import InstanceRow
 from nstance.server.reconcile import members
 from nstance.server.reconcile.create import Creator
+from nstance.server.reconcile.owedstatus import OwedStatuses
 from nstance.server.reconcile.retire import Retirer
 from nstance.server.reconcile.safety import Safety
 from nstance.server.state import records
@@ -31,8 +32,10 @@ class InstanceOps:
 
     def __init__(self, ctx: ShardContext, *, backoff: Backoff | None = None) -> None:
         self._ctx = ctx
-        self.creator = Creator(ctx, backoff=backoff)
-        self.retirer = Retirer(ctx)
+        #: Final record statuses not written yet (``owedstatus``): GC writes them, a new term forgets them.
+        self.owed = OwedStatuses(ctx)
+        self.creator = Creator(ctx, self.owed, backoff=backoff)
+        self.retirer = Retirer(ctx, self.owed)
         self.safety = Safety(ctx)
         #: Instance ids whose provider create is in flight (GC and re-list must not touch them).
         self.in_flight = self.creator.in_flight

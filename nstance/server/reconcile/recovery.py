@@ -18,7 +18,9 @@ by cluster/shard tag and reconciles the three views:
   ``consistency_grace`` (clouds list new VMs late), is marked deleted, so the reconciler replaces it; a
   pending row whose create is not in flight in this process (it was cut off by a crash or a leadership
   change) is retired at once - if its VM appears later after all, it is an orphan by then and is deleted -
-  unless its agent has registered: then its VM exists, and a later listing adopts it;
+  unless its agent has registered: then its VM existed, a listing normally shows it (and it is adopted),
+  and only one that still lacks it after ``consistency_grace`` retires the row (``gone-at-provider``: a
+  leader deleted that VM but could not write the record, whose rebuild brought the row back);
   Only rows that existed, with the create state they had, when the listing began are judged by it;
 * status changes (stopped, suspended, ...) are stored, and the affected groups are returned for reconcile.
 """
@@ -178,6 +180,8 @@ async def rebuild_cache(ctx: ShardContext, ops: InstanceOps) -> set[GroupKey]:
     its own transaction: a shard of 100,000 records must not stall the event loop (lease renewals
     and RPCs run there) nor hold the write lock for long. A failed rebuild is simply run again.
     """
+    # Record writes an earlier term still owed: this rebuild reads every record as it now is.
+    ops.owed.forget()
     keys = await asyncio.to_thread(records.list_record_keys, ctx.store)
     now = ctx.clock.now()
     rebuilt = _Rebuilt()
@@ -331,14 +335,15 @@ async def _sync_provider(ctx: ShardContext, ops: InstanceOps, consistency_grace:
         young = since_term(ctx.clock, row.created_at) < consistency_grace
         if row.provider_id is not None and not listed_gone and young:
             continue
-        if row.provider_id is None and not row.vm_unproven and not listed_gone:
-            continue  # its agent registered: the VM exists, and a later listing adopts it
+        if row.provider_id is None and not row.vm_unproven and not listed_gone and young:
+            continue  # its agent registered, so its VM existed: a listing this soon may not show it yet
         report.gone.append(iid)
         report.groups.add((row.tenant, row.group_key))
         if row.provider_id is None:
-            # Its create was cut off (no create of this process is in flight for it). Should the VM
-            # show up after all (a cloud that lists new VMs late), it is an orphan and gets deleted.
-            await ops.retire_unlaunched(row, "create-interrupted")
+            # Its create was cut off (no create of this process is in flight for it), or its registered
+            # VM has been missing from the listings for the whole grace. Should the VM show up after
+            # all (a cloud that lists new VMs late), it is an orphan and gets deleted.
+            await ops.retire_unlaunched(row, "create-interrupted" if row.vm_unproven else "gone-at-provider")
         else:
             log.warning("VM %s of instance %s is gone at the provider", row.provider_id, iid)
             await ops.delete_or_hold(row, "gone-at-provider")

@@ -9,6 +9,9 @@ drain timeout: the row's ``delete_at`` is now plus the group's timeout, watchers
 the node, and the planner deletes the instance on the agent's ack or at ``delete_at``.
 ``retire_unlaunched`` retires a row whose create never reached the provider.
 
+A ``deleted`` that cannot be written into the record is written again by the next GC cycles
+(``owedstatus``).
+
 Deciding *which* instance to retire is not done here (``nstance.core.plan``).
 """
 
@@ -23,6 +26,7 @@ from nstance.db import repo
 from nstance.db.rows import InstanceRow
 from nstance.providers.base import InstanceStatus
 from nstance.server.reconcile.loadbalancers import DeregistrationPending, LoadBalancerSync
+from nstance.server.reconcile.owedstatus import OwedStatuses
 from nstance.server.state import records
 from nstance.server.state.context import ShardContext
 from nstance.server.state.events import InstanceEventData
@@ -33,8 +37,9 @@ log = logging.getLogger(__name__)
 class Retirer:
     """Deletes and drains instances; every step is fenced by shard leadership."""
 
-    def __init__(self, ctx: ShardContext) -> None:
+    def __init__(self, ctx: ShardContext, owed: OwedStatuses) -> None:
         self._ctx = ctx
+        self._owed = owed
         self.lbs = LoadBalancerSync(ctx)
 
     async def delete(self, row: InstanceRow, reason: str) -> None:
@@ -125,7 +130,11 @@ class Retirer:
         return started
 
     async def _set_record_status(self, row: InstanceRow, status: str) -> None:
-        """Write the record's status if still leading; else the next leader finishes from what it finds."""
+        """Write the record's status if still leading; else the next leader finishes from what it finds.
+        A ``deleted`` that cannot be written now is owed (``owedstatus``)."""
+        if status == "deleted":
+            await self._owed.write(row.tenant, row.id, status)
+            return
         try:
             self._ctx.fence()
             await asyncio.to_thread(
