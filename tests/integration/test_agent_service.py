@@ -262,3 +262,32 @@ def test_a_spot_termination_notice_replaces_the_instance(server: Server) -> None
         )
     finally:
         agent.close()
+
+
+def test_a_spot_notice_still_replaces_the_instance_when_the_next_reports_lack_it(server: Server) -> None:
+    # Seen as a flaky operator end-to-end test under load: the notice came on one stream while the
+    # instance's agent went on reporting on another without it, and a report without the notice that
+    # landed before the batched health write hid the notice from the planner for good.
+    def one_instance() -> list[str] | None:
+        live = server.instance_ids()
+        return live if len(live) == 1 else None
+
+    (iid,) = eventually_sync(one_instance, what="one live instance", every=0.1)
+    agent = server.agent(iid)
+    try:
+        notice = agent_pb2.TerminationNotice(action="terminate")
+        notice.deadline.GetCurrentTime()
+        # The first report starts a batched health write; the notice and the reports after it arrive
+        # while that write runs, so they wait in the buffer together.
+        agent.report()
+        agent.report(termination_notice=notice)
+        for _ in range(5):
+            agent.report()
+
+        def replaced() -> list[str] | None:
+            live = server.instance_ids()
+            return live if iid not in live else None
+
+        eventually_sync(replaced, what="the noticed instance replaced", every=0.1)
+    finally:
+        agent.close()

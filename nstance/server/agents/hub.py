@@ -11,7 +11,8 @@ lives while any of its streams is open. Per health report the hub:
 * asks the agent for the key pairs its certificate files need (``ReceiveKeyRequests``) and, when the
   public keys arrive, pushes the certificate files issued for them;
 * on a spot termination notice, writes the report at once and marks the group for reconcile (the
-  planner replaces and drains the instance);
+  planner replaces and drains the instance); the notice stays in every later report of the session,
+  so a report without it (from another stream) cannot hide it from the planner;
 * notes the instance for registration with its group's load balancers (``loadbalancers``), so a VM
   joins them once its agent is up.
 
@@ -158,7 +159,9 @@ class AgentSession:
         self.reports_since_push = 0
         self.pushing = False
         self.keys_checked = False
-        self.spot_seen = False
+        #: The first termination notice this agent reported (``health_document``'s form), kept for the
+        #: rest of the session: a notice is never withdrawn - the cloud takes the VM all the same.
+        self.termination_notice: dict[str, Any] | None = None
         #: The rebuilt cache of a new leadership holds no active instance for this agent: its streams end.
         self.revoked = False
 
@@ -413,19 +416,26 @@ class AgentHub:
     def _process(self, session: AgentSession, report: HealthReport) -> None:
         now = self._ctx.clock.now()
         self.reports += 1
+        document = health_document(report, now)
+        first_notice = report.termination if session.termination_notice is None else None
+        if first_notice is not None:
+            session.termination_notice = document["termination_notice"]
+        elif document["termination_notice"] is None:
+            # A later report without the notice (another stream of this instance, a metadata read that
+            # failed) must not hide it from the planner before the drain has started.
+            document["termination_notice"] = session.termination_notice
         self._health[session.instance_id] = {
             "instance_id": session.instance_id,
             "health_at": now,
-            "health": health_document(report, now),
+            "health": document,
             "runtime_config_hash": report.config_hash or None,
         }
         self._schedule_flush()
-        if report.termination is not None and not session.spot_seen:
-            session.spot_seen = True
+        if first_notice is not None:
             log.info(
                 "instance %s: termination notice (%s); replacing it",
                 session.instance_id,
-                report.termination.action,
+                first_notice.action,
             )
             self._spawn(self._after_flush(lambda: self._group_changed(session)))
         merged, desired = self._group(session)
