@@ -53,6 +53,8 @@ NO_SERVER_HINT = (
 )
 DEFAULT_TIMEOUT_SECONDS = 30.0
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+LIST_PAGE_SIZE = 2000
+"""Instances asked for per ListInstances call (about 180 KB per answer)."""
 
 T = TypeVar("T")
 
@@ -274,10 +276,22 @@ class ShardClient:
         return result
 
     def list_instances(self, group: str = "") -> list[operator_pb2.InstanceSummary]:
-        """ListInstances (this implementation's addition; an upstream server answers UNIMPLEMENTED)."""
-        request = operator_pb2.ListInstancesRequest(group=group)
-        response: operator_pb2.ListInstancesResponse = self._stub.ListInstances(request, timeout=self.timeout)
-        return list(response.instances)
+        """ListInstances (this implementation's addition; an upstream server answers UNIMPLEMENTED),
+        page by page (``LIST_PAGE_SIZE``): a large shard's instances do not fit in one message. A server
+        from before pages answers everything at once, without a token."""
+        found: list[operator_pb2.InstanceSummary] = []
+        token = ""
+        while True:
+            request = operator_pb2.ListInstancesRequest(
+                group=group, page_size=LIST_PAGE_SIZE, page_token=token
+            )
+            response: operator_pb2.ListInstancesResponse = self._stub.ListInstances(
+                request, timeout=self.timeout
+            )
+            found.extend(response.instances)
+            token = response.next_page_token
+            if not token:
+                return found
 
     def get_instance_status(self, instance_id: str) -> operator_pb2.InstanceStatusResponse:
         request = operator_pb2.GetInstanceStatusRequest(instance_id=instance_id)

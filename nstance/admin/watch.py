@@ -1,7 +1,8 @@
 """``nstance-admin watch``: the live view of groups and instances (what ``make run`` shows).
 
 Each redraw makes two calls per shard over a channel opened once: ListGroups and ListInstances (every
-instance by ID, on-demand ones included, with its status and last report). A server without
+instance by ID, on-demand ones included, with its status and last report; one call per 2,000
+instances, ``client.LIST_PAGE_SIZE``). A server without
 ListInstances (upstream's) falls back to what the Operator API offers there: the instances of
 ``--instances-dir`` (the local provider's directory), each asked for its status in one concurrent burst
 of GetInstanceStatus calls, or else the provider IDs ListGroups reports.

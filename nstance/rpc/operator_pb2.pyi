@@ -593,21 +593,35 @@ Global___InstanceStatusResponse: _TypeAlias = InstanceStatusResponse  # noqa: Y0
 
 @_typing.final
 class ListInstancesRequest(_message.Message):
-    """ListInstancesRequest narrows ListInstances to one group."""
+    """ListInstancesRequest narrows ListInstances to one group, and asks for one
+    page of the answer.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     GROUP_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     group: _builtins.str
     """Only the instances of this group; empty: every group."""
+    page_size: _builtins.int
+    """At most this many instances in the answer (the server may send fewer, to
+    stay within its message size, and caps it at 5,000); next_page_token then
+    says where to continue. 0: every instance in one answer, or
+    RESOURCE_EXHAUSTED when they do not fit in one message.
+    """
+    page_token: _builtins.str
+    """The next_page_token of the previous answer; empty: from the oldest."""
     def __init__(
         self,
         *,
         group: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -620,16 +634,20 @@ class ListInstancesResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     INSTANCES_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Set when more instances follow: send it as page_token to get them."""
     @_builtins.property
     def instances(self) -> _containers.RepeatedCompositeFieldContainer[Global___InstanceSummary]: ...
     def __init__(
         self,
         *,
         instances: _abc.Iterable[Global___InstanceSummary] | None = ...,
+        next_page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["instances", b"instances"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["instances", b"instances", "next_page_token", b"next_page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -526,7 +526,7 @@ class ServerApp:
                 options=server_options(limits, streams=True, max_connections=caps.operator),
             )
             operator_pb2_grpc.add_OperatorServiceServicer_to_server(
-                OperatorServicer(self.shard), operator_server
+                OperatorServicer(self.shard, max_message_bytes=limits.max_message_bytes), operator_server
             )
             registration_server = grpc.aio.server(
                 interceptors=[interceptor],

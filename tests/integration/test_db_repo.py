@@ -263,6 +263,24 @@ def test_list_active_instances_filters_and_orders_oldest_first(db: Database) -> 
     assert {r.id for r in everything} == {r.id for r in tenant} | {"other-tenant"}
 
 
+def test_list_active_instances_reads_pages_after_a_key_through_ties_of_created_at(db: Database) -> None:
+    for i in range(7):  # pairs created in the same microsecond: the id orders them
+        _add(db, f"i{6 - i}", at=T0 + timedelta(microseconds=i // 2))
+    _add(db, "other-tenant", tenant="globex", at=T0)
+    with db.read_session() as session:
+        everything = [r.id for r in repo.list_active_instances(session, tenant="acme")]
+        pages: list[list[str]] = []
+        after = None
+        while True:
+            rows = repo.list_active_instances(session, tenant="acme", after=after, limit=3)
+            if not rows:
+                break
+            pages.append([r.id for r in rows])
+            after = (rows[-1].created_at, rows[-1].id)
+    assert everything == ["i5", "i6", "i3", "i4", "i1", "i2", "i0"]
+    assert pages == [["i5", "i6", "i3"], ["i4", "i1", "i2"], ["i0"]]
+
+
 def test_get_instance_returns_none_for_unknown_ids(db: Database) -> None:
     with db.read_session() as session:
         assert repo.get_instance(session, "nope") is None

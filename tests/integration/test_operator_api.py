@@ -18,6 +18,7 @@ import pytest
 from google.protobuf.empty_pb2 import Empty
 from typer.testing import CliRunner
 
+from nstance.admin import client as admin_client
 from nstance.admin.cli import app as admin_app
 from nstance.core.ids import new_instance_id
 from nstance.pki.keys import generate_private_key, private_key_to_pem, public_key_to_pem
@@ -252,7 +253,9 @@ def test_renew_certificate_issues_a_working_certificate_for_a_new_key(server: Se
     assert json.loads(record)["public_key"] == public_key_to_pem(key.public_key()).decode()
 
 
-def test_list_instances_names_managed_and_on_demand_instances_by_id(server: Server) -> None:
+def test_list_instances_names_managed_and_on_demand_instances_by_id(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
     stub = server.stub
     scale(stub, "idle", 2)
     group = wait_size(stub, "idle", 2)
@@ -269,6 +272,21 @@ def test_list_instances_names_managed_and_on_demand_instances_by_id(server: Serv
         assert all(i.group == "idle" and i.instance_id.startswith("app") for i in listed)
         everything = stub.ListInstances(operator_pb2.ListInstancesRequest(), timeout=10).instances
         assert {i.instance_id for i in listed} <= {i.instance_id for i in everything}
+        # In pages of two: the same instances, oldest first, each once.
+        pages: list[list[str]] = []
+        token = ""
+        while not pages or token:
+            request = operator_pb2.ListInstancesRequest(page_size=2, page_token=token)
+            answer = stub.ListInstances(request, timeout=10)
+            pages.append([i.instance_id for i in answer.instances])
+            token = answer.next_page_token
+        assert len(pages) >= 2
+        assert all(len(page) <= 2 for page in pages)
+        assert [iid for page in pages for iid in page] == [i.instance_id for i in everything]
+        with pytest.raises(grpc.RpcError) as bad:
+            stub.ListInstances(operator_pb2.ListInstancesRequest(page_size=2, page_token="x"), timeout=10)
+        assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        monkeypatch.setattr(admin_client, "LIST_PAGE_SIZE", 1)  # nstance-admin below: one per call
         with pytest.raises(grpc.RpcError) as bad:
             stub.ListInstances(operator_pb2.ListInstancesRequest(group="no/such"), timeout=10)
         assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT

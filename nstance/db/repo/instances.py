@@ -11,11 +11,12 @@ or ``agent_registration``.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from nstance.db.models import INACTIVE_PROVIDER_STATUSES, RECORD_FAILED
 from nstance.db.repo._sql import Bind, plain
-from nstance.db.rows import INSTANCES, InstanceRow
+from nstance.db.rows import INSTANCES, InstanceRow, sqlite_time
 
 
 def _instances(bind: Bind, where: str, params: tuple[Any, ...] = ()) -> list[InstanceRow]:
@@ -48,13 +49,16 @@ def list_active_instances(
     tenant: str | None = None,
     group_key: str | None = None,
     managed_only: bool = False,
+    after: tuple[datetime, str] | None = None,
+    limit: int | None = None,
 ) -> list[InstanceRow]:
     """Instances not deleted and not being deleted by the provider, oldest first.
 
     ``managed_only`` leaves out on-demand instances (the reconciler counts only managed ones).
+    ``after`` (``created_at``, ``id`` of the last row of a previous page) and ``limit`` read one page.
     """
     where = _ACTIVE
-    params: tuple[str, ...] = ()
+    params: tuple[Any, ...] = ()
     if tenant is not None:
         where += " AND tenant = ?"
         params += (tenant,)
@@ -63,7 +67,15 @@ def list_active_instances(
         params += (group_key,)
     if managed_only:
         where += " AND on_demand = 0"
-    return _instances(bind, where + _OLDEST_FIRST, params)
+    if after is not None:
+        created = sqlite_time(after[0])
+        where += " AND (created_at > ? OR (created_at = ? AND id > ?))"
+        params += (created, created, after[1])
+    where += _OLDEST_FIRST
+    if limit is not None:
+        where += " LIMIT ?"
+        params += (limit,)
+    return _instances(bind, where, params)
 
 
 def list_instances(bind: Bind, *, include_deleted: bool = False) -> list[InstanceRow]:

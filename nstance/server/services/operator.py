@@ -6,6 +6,9 @@ watch streams are answered by standbys too; every call
 that changes something is refused on a standby with FAILED_PRECONDITION naming the leader's address,
 so a client can retry there. Watch streams subscribe before taking their snapshot, so no event
 between the snapshot and the live stream is lost, and any number of watchers may follow one tenant.
+ListInstances answers in pages when asked (``page_size``, ``paging``): a tenant of 100,000 instances
+is about 9 MB, more than one message may carry, and a request for all of them that does not fit gets
+RESOURCE_EXHAUSTED saying so instead of gRPC's own size error.
 """
 
 from __future__ import annotations
@@ -16,11 +19,12 @@ from collections.abc import AsyncIterator
 import grpc
 from google.protobuf.empty_pb2 import Empty
 
-from nstance.core.errors import FailedPrecondition, InvalidArgument
+from nstance.config.limits import LimitsConfig
+from nstance.core.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from nstance.core.ids import identifier_problem
 from nstance.rpc import operator_pb2, operator_pb2_grpc
 from nstance.server.identity.interceptors import current_peer
-from nstance.server.services import convert
+from nstance.server.services import convert, paging
 from nstance.server.shard.api import ShardAPI
 
 
@@ -38,8 +42,10 @@ def _check_key(value: str, what: str) -> str:
 class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
     """The Operator API of one shard server."""
 
-    def __init__(self, shard: ShardAPI) -> None:
+    def __init__(self, shard: ShardAPI, *, max_message_bytes: int = LimitsConfig().max_message_bytes) -> None:
         self._shard = shard
+        #: The largest answer the server sends (``shard.limits.max_message_bytes``, as at start-up).
+        self._max_message_bytes = max_message_bytes
 
     def _require_leader(self) -> None:
         if not self._shard.is_leader():
@@ -67,8 +73,35 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
     ) -> operator_pb2.ListInstancesResponse:
         if request.group:
             _check_key(request.group, "group")
-        views = await self._shard.list_instances(_tenant(), request.group)
-        return operator_pb2.ListInstancesResponse(instances=[convert.instance_summary(v) for v in views])
+        limit = paging.page_limit(request.page_size)
+        after = paging.decode_token(request.page_token) if request.page_token else None
+        views = await self._shard.list_instances(
+            _tenant(), request.group, after=after, limit=None if limit is None else limit + 1
+        )
+        more = False
+        if limit is not None and len(views) > limit:  # one more was read: another page follows
+            del views[limit:]
+            more = True
+        response = operator_pb2.ListInstancesResponse(instances=[convert.instance_summary(v) for v in views])
+        size = response.ByteSize()
+        if size > self._max_message_bytes:
+            if limit is None:
+                raise ResourceExhausted(
+                    f"ListInstances: the {len(views)} instances ({size} bytes) do not fit in one answer of "
+                    f"at most {self._max_message_bytes} bytes (shard.limits.max_message_bytes); ask for "
+                    "pages (page_size), or for one group"
+                )
+            # Fewer than asked, so that the page fits: cut in proportion, with a tenth to spare for the
+            # instances' varying sizes, and again should that not do.
+            while size > self._max_message_bytes and len(views) > 1:
+                keep = max(1, min(len(views) - 1, len(views) * self._max_message_bytes * 9 // (size * 10)))
+                del response.instances[keep:]
+                del views[keep:]
+                size = response.ByteSize()
+            more = True
+        if more and views:
+            response.next_page_token = paging.encode_token(views[-1].created_at, views[-1].instance_id)
+        return response
 
     async def GetConfigStatus(
         self, request: Empty, context: grpc.aio.ServicerContext

@@ -129,8 +129,16 @@ class ShardAPI(Protocol):
         """Current status of one instance of the tenant (NotFound otherwise)."""
         ...
 
-    async def list_instances(self, tenant: str, group: str = "") -> list[InstanceView]:
-        """The tenant's live instances (of ``group`` only, when given), oldest first."""
+    async def list_instances(
+        self,
+        tenant: str,
+        group: str = "",
+        *,
+        after: tuple[datetime, str] | None = None,
+        limit: int | None = None,
+    ) -> list[InstanceView]:
+        """The tenant's live instances (of ``group`` only, when given), oldest first; ``after`` (the
+        ``created_at`` and id of the last one of a previous page) and ``limit`` read one page."""
         ...
 
     def config_status(self) -> ConfigStatusView:

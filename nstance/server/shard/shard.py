@@ -234,10 +234,21 @@ class Shard:
             raise NotFound(f"instance {instance_id!r} does not exist in this shard")
         return _instance_view(row)
 
-    async def list_instances(self, tenant: str, group: str = "") -> list[InstanceView]:
+    async def list_instances(
+        self,
+        tenant: str,
+        group: str = "",
+        *,
+        after: tuple[datetime, str] | None = None,
+        limit: int | None = None,
+    ) -> list[InstanceView]:
+        """A tenant's (or one group's) instances oldest first; ``after``/``limit`` read one page."""
+
         def read() -> list[InstanceView]:
             with self.ctx.db.read_connection() as conn:
-                rows = repo.list_active_instances(conn, tenant=tenant, group_key=group or None)
+                rows = repo.list_active_instances(
+                    conn, tenant=tenant, group_key=group or None, after=after, limit=limit
+                )
             return [_instance_view(row) for row in rows]
 
         return await asyncio.to_thread(read)  # a shard may hold 100,000 rows: not on the loop
