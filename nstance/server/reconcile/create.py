@@ -351,7 +351,7 @@ class Creator:
         if isinstance(inserted, BaseException):
             self.in_flight.difference_update(ids)
             await self._intent_abandoned(
-                [r for r, etag in zip(recs, etags, strict=True) if not isinstance(etag, BaseException)], now
+                [r for r, etag in zip(recs, etags, strict=True) if not isinstance(etag, BaseException)]
             )
             raise inserted
         ready: list[tuple[PreparedInstance, str, records.InstanceRecord]] = []
@@ -371,7 +371,7 @@ class Creator:
                 raise Unavailable(f"cannot write instance records: {etags[0]}")
         return ready
 
-    async def _intent_abandoned(self, written: list[records.InstanceRecord], now: datetime) -> None:
+    async def _intent_abandoned(self, written: list[records.InstanceRecord]) -> None:
         """The cache refused a batch whose records were written: mark those records failed (no VM exists)."""
         for record in written:
             await self._mark_record_failed(record.tenant, record.instance_id)
