@@ -286,9 +286,16 @@ MESSAGES: dict[str, dict[str, list[tuple[str, int, str]]]] = {
             ("delete_at", 8, TS),
         ],
         "DrainAckRequest": [("instance_id", 1, "string")],
-        # Our addition (not in the Go API): ListInstances.
-        "ListInstancesRequest": [("group", 1, "string")],
-        "ListInstancesResponse": [("instances", 1, "repeated nstance.v1.InstanceSummary")],
+        # Our addition (not in the Go API): ListInstances, in pages.
+        "ListInstancesRequest": [
+            ("group", 1, "string"),
+            ("page_size", 2, "int32"),
+            ("page_token", 3, "string"),
+        ],
+        "ListInstancesResponse": [
+            ("instances", 1, "repeated nstance.v1.InstanceSummary"),
+            ("next_page_token", 2, "string"),
+        ],
         "InstanceSummary": [
             ("instance_id", 1, "string"),
             ("group", 2, "string"),
