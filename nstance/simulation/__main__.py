@@ -18,7 +18,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 
-from nstance.simulation.run import SeedResult, reproduce_command, run_seed
+from nstance.simulation.run import SeedResult, prepare_scratch, reproduce_command, run_seed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,6 +123,7 @@ def _results(seeds: list[int], jobs: int, *, verbose: bool) -> Iterator[SeedResu
         for seed in seeds:
             yield run_seed(seed, verbose=verbose)
         return
+    prepare_scratch()  # one directory for all workers, removed by this process at exit
     with multiprocessing.get_context("fork").Pool(jobs) as pool:
         yield from pool.imap(_one, [(seed, verbose) for seed in seeds])
 

@@ -9,9 +9,11 @@ which the command line does). Server logs go to a bounded buffer shown only for 
 
 from __future__ import annotations
 
+import atexit
 import collections
 import hashlib
 import logging
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -63,7 +65,21 @@ def _root() -> Path:
     if root is None or not root.exists():
         root = scratch_root()
         _ROOT["root"] = root
+        atexit.register(_remove_root, root, os.getpid())
     return root
+
+
+def _remove_root(root: Path, creator: int) -> None:
+    # Forked workers inherit this handler; only the process that made the directory removes it.
+    if os.getpid() == creator:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def prepare_scratch() -> None:
+    """Make the scratch directory and the template database now, before worker processes fork from
+    this one: they share both, and this process removes them when it exits (a pool's workers are
+    terminated, so nothing of theirs would)."""
+    template_database(_root())
 
 
 def run_seed(

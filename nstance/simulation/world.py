@@ -29,6 +29,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import os
 import random
 import tempfile
 from collections.abc import Awaitable, Callable, Iterator
@@ -265,9 +266,13 @@ def deterministic(seed: int, clock: ManualClock) -> Iterator[None]:
         random.setstate(saved_state)
 
 
+SCRATCH_ENV = "NSTANCE_SIM_SCRATCH"
+"""Names the directory under which simulations keep their files (default: /dev/shm, else the temp dir)."""
+
+
 def scratch_root() -> Path:
-    """Where simulations keep SQLite files (tmpfs when the machine has one)."""
+    """A new directory for a simulation's SQLite files (tmpfs when the machine has one)."""
     shm = Path("/dev/shm")
-    base = shm if shm.is_dir() else Path(tempfile.gettempdir())
-    root = Path(tempfile.mkdtemp(prefix="nstance-sim-", dir=base))
-    return root
+    chosen = os.environ.get(SCRATCH_ENV)
+    base = Path(chosen) if chosen else shm if shm.is_dir() else Path(tempfile.gettempdir())
+    return Path(tempfile.mkdtemp(prefix="nstance-sim-", dir=base))

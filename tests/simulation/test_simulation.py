@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -233,3 +234,24 @@ def test_the_command_line_replays_a_seed_exactly_in_another_process() -> None:
         return line.rsplit("digest ", 1)[1].rstrip(")")
 
     assert digest() == digest()
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_run_leaves_no_scratch_directory_behind(tmp_path: Path, jobs: int) -> None:
+    # Every run used to leave a directory with its template database under /dev/shm (hundreds of
+    # them, 1 MB each, on a machine that runs the simulation often).
+    import os
+    import subprocess
+    import sys
+
+    from nstance.simulation.world import SCRATCH_ENV
+
+    out = subprocess.run(
+        [sys.executable, "-m", "nstance.simulation", "--start", "3", "--seeds", "2", "--jobs", str(jobs)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, SCRATCH_ENV: str(tmp_path)},
+    )
+    assert '"failed": []' in out.stdout, out.stdout + out.stderr
+    assert list(tmp_path.iterdir()) == []
