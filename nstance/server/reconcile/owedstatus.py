@@ -33,22 +33,27 @@ class OwedStatuses:
         #: Instance id -> (tenant, status) of each record still owed its status.
         self.owed: dict[str, tuple[str, str]] = {}
 
-    async def write(self, tenant: str, instance_id: str, status: str) -> None:
-        """Write ``status`` into the record now; remember it when that fails (logged, not raised)."""
+    async def write(self, tenant: str, instance_id: str, status: str, *, owe: bool = True) -> None:
+        """Write ``status`` into the record now; when that fails it is logged, not raised, and with
+        ``owe`` (a final status) remembered for ``retry``."""
         try:
             await self._write(tenant, instance_id, status)
-        except NotLeader as exc:
-            log.warning("instance %s: cannot set its record to %s: %s", instance_id, status, exc)
-        except NotFound as exc:
-            log.warning("instance %s: cannot set its record to %s: %s", instance_id, status, exc)
-            self.owed.pop(instance_id, None)
         except NstanceError as exc:
+            owed = owe and not isinstance(exc, (NotLeader, NotFound))
             log.warning(
-                "instance %s: cannot set its record to %s: %s (written again later)", instance_id, status, exc
+                "instance %s: cannot set its record to %s: %s%s",
+                instance_id,
+                status,
+                exc,
+                " (written again later)" if owed else "",
             )
-            self.owed[instance_id] = (tenant, status)
+            if owed:
+                self.owed[instance_id] = (tenant, status)
+            elif owe and isinstance(exc, NotFound):
+                self.owed.pop(instance_id, None)
         else:
-            self.owed.pop(instance_id, None)
+            if owe:
+                self.owed.pop(instance_id, None)
 
     async def retry(self) -> list[str]:
         """Write every owed status once more (GC); the ids settled (written, or the record is gone).

@@ -17,17 +17,14 @@ Deciding *which* instance to retire is not done here (``nstance.core.plan``).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from datetime import timedelta
 
-from nstance.core.errors import NstanceError
 from nstance.db import repo
 from nstance.db.rows import InstanceRow
 from nstance.providers.base import InstanceStatus
 from nstance.server.reconcile.loadbalancers import DeregistrationPending, LoadBalancerSync
 from nstance.server.reconcile.owedstatus import OwedStatuses
-from nstance.server.state import records
 from nstance.server.state.context import ShardContext
 from nstance.server.state.events import InstanceEventData
 
@@ -132,21 +129,7 @@ class Retirer:
     async def _set_record_status(self, row: InstanceRow, status: str) -> None:
         """Write the record's status if still leading; else the next leader finishes from what it finds.
         A ``deleted`` that cannot be written now is owed (``owedstatus``)."""
-        if status == "deleted":
-            await self._owed.write(row.tenant, row.id, status)
-            return
-        try:
-            self._ctx.fence()
-            await asyncio.to_thread(
-                records.update_record,
-                self._ctx.store,
-                row.tenant,
-                row.id,
-                status=status,
-                last_updated=self._ctx.clock.now(),
-            )
-        except NstanceError as exc:
-            log.warning("instance %s: cannot set its record to %s: %s", row.id, status, exc)
+        await self._owed.write(row.tenant, row.id, status, owe=status == "deleted")
 
     def _publish(self, row: InstanceRow, status: str, reason: str) -> None:
         self._ctx.events.instances.publish(
