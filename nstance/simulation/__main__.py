@@ -5,6 +5,11 @@ command that reproduces it, progress on stderr (one line redrawn in place on a t
 line at every tenth of the seeds), and a JSON summary last; exits 1 when any seed failed. Python's string
 hashing must be fixed for a seed to replay exactly in another process, so without ``PYTHONHASHSEED=0``
 the command re-executes itself with it.
+
+Ctrl-C (SIGINT to the whole process group, as a terminal sends it) or SIGTERM to this process stops
+the run: the workers are terminated (they ignore SIGINT and leave the stopping to this process), one
+line says how far the run got and which seeds had failed, the scratch directory is removed, and the
+exit status is 130 or 143.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import signal
 import sys
 import time
 from collections import Counter
@@ -41,29 +47,42 @@ def main(argv: list[str] | None = None) -> int:
     slowest = 0.0
     slowest_seed = None
     progress = _Progress(len(seeds), terminal=sys.stderr.isatty())
-    for result in _results(seeds, opts.jobs, verbose=opts.verbose or opts.trace):
-        seed = result.seed
-        totals.update(result.stats)
-        if result.wall > slowest:
-            slowest, slowest_seed = result.wall, seed
-        if opts.trace:
-            print("\n".join(result.trace))
-        if not result.ok:
-            failed.append(seed)
-            print(f"seed {seed} FAILED ({result.wall:.2f}s, digest {result.digest}):", flush=True)
-            for problem in result.problems:
-                print(f"  - {problem}")
-            if not opts.trace:
-                print("  trace (last 30 lines):")
-                for line in result.trace[-30:]:
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        for result in _results(seeds, opts.jobs, verbose=opts.verbose or opts.trace):
+            seed = result.seed
+            totals.update(result.stats)
+            if result.wall > slowest:
+                slowest, slowest_seed = result.wall, seed
+            if opts.trace:
+                print("\n".join(result.trace))
+            if not result.ok:
+                failed.append(seed)
+                print(f"seed {seed} FAILED ({result.wall:.2f}s, digest {result.digest}):", flush=True)
+                for problem in result.problems:
+                    print(f"  - {problem}")
+                if not opts.trace:
+                    print("  trace (last 30 lines):")
+                    for line in result.trace[-30:]:
+                        print(f"    {line}")
+                print("  server log (last 40 lines):")
+                for line in result.log_tail[-40:]:
                     print(f"    {line}")
-            print("  server log (last 40 lines):")
-            for line in result.log_tail[-40:]:
-                print(f"    {line}")
-            print(f"  reproduce: {reproduce_command(seed)}", flush=True)
-        elif opts.seed is not None:
-            print(f"seed {seed} ok ({result.wall:.2f}s, digest {result.digest})")
-        progress.step(len(failed), time.perf_counter() - started)
+                print(f"  reproduce: {reproduce_command(seed)}", flush=True)
+            elif opts.seed is not None:
+                print(f"seed {seed} ok ({result.wall:.2f}s, digest {result.digest})")
+            progress.step(len(failed), time.perf_counter() - started)
+    except (KeyboardInterrupt, _Stopped) as exc:
+        progress.finish()
+        signum = exc.signum if isinstance(exc, _Stopped) else signal.SIGINT
+        done = progress.done
+        print(
+            f"sim: stopped by {signal.Signals(signum).name} after {done} of {len(seeds)} seeds, "
+            f"{len(failed)} failed{': ' + ' '.join(map(str, failed)) if failed else ''}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 128 + signum
     progress.finish()
     wall = time.perf_counter() - started
     summary = {
@@ -94,6 +113,11 @@ class _Progress:
         self._done = 0
         self._next_mark = 1
 
+    @property
+    def done(self) -> int:
+        """Seeds finished so far."""
+        return self._done
+
     def step(self, failed: int, elapsed: float) -> None:
         self._done += 1
         if self._total <= 1:
@@ -112,6 +136,25 @@ class _Progress:
             sys.stderr.flush()
 
 
+class _Stopped(BaseException):
+    """SIGTERM, raised where the main thread is (like KeyboardInterrupt for SIGINT)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stop(signum: int, _frame: object) -> None:
+    raise _Stopped(signum)
+
+
+def _worker_init() -> None:
+    """A worker leaves stopping to the parent: Ctrl-C reaches the whole process group, and the parent
+    terminates the pool (SIGTERM, whose default action the worker gets back from the parent's handler)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def _one(seed_and_verbose: tuple[int, bool]) -> SeedResult:
     seed, verbose = seed_and_verbose
     return run_seed(seed, verbose=verbose)
@@ -124,7 +167,7 @@ def _results(seeds: list[int], jobs: int, *, verbose: bool) -> Iterator[SeedResu
             yield run_seed(seed, verbose=verbose)
         return
     prepare_scratch()  # one directory for all workers, removed by this process at exit
-    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+    with multiprocessing.get_context("fork").Pool(jobs, initializer=_worker_init) as pool:
         yield from pool.imap(_one, [(seed, verbose) for seed in seeds])
 
 

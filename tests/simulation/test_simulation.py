@@ -255,3 +255,46 @@ def test_a_run_leaves_no_scratch_directory_behind(tmp_path: Path, jobs: int) -> 
     )
     assert '"failed": []' in out.stdout, out.stdout + out.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("jobs", "how"), [(1, "ctrl-c"), (2, "ctrl-c"), (2, "sigterm")])
+def test_a_stopped_run_says_how_far_it_got_and_cleans_up(tmp_path: Path, jobs: int, how: str) -> None:
+    # Ctrl-C printed a KeyboardInterrupt traceback; SIGTERM left the workers printing BrokenPipeError
+    # tracebacks and the scratch directory behind.
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from nstance.simulation.world import SCRATCH_ENV
+    from nstance.testing.waiting import eventually_sync
+
+    run = subprocess.Popen(
+        [sys.executable, "-m", "nstance.simulation", "--start", "7", "--seeds", "400", "--jobs", str(jobs)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, SCRATCH_ENV: str(tmp_path)},
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+    )
+    try:
+        eventually_sync(
+            lambda: any(tmp_path.glob("*/seed-*")) or run.poll() is not None,
+            within=60,
+            what="the run to start a seed",
+        )
+        if how == "ctrl-c":
+            os.killpg(run.pid, signal.SIGINT)  # what a terminal sends to every process of the job
+        else:
+            run.send_signal(signal.SIGTERM)  # to the parent only, as a supervisor sends it
+        output, _ = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+    expected = {"ctrl-c": 128 + signal.SIGINT, "sigterm": 128 + signal.SIGTERM}[how]
+    assert run.returncode == expected, output
+    assert "Traceback" not in output, output
+    name = {"ctrl-c": "SIGINT", "sigterm": "SIGTERM"}[how]
+    assert f"sim: stopped by {name} after " in output.splitlines()[-1], output
+    assert list(tmp_path.iterdir()) == []
