@@ -17,7 +17,8 @@ versions of the libraries the figures depend on), the date and git commit, one e
 
 Must not: change what a benchmark measures or how it is started, or leave a benchmark's processes
 behind (each runs in its own process group, which is terminated on timeout, on interrupt, and when the
-benchmark exits while processes it started are still running).
+benchmark exits while processes it started are still running). Ctrl-C or SIGTERM stops the run with
+one line and exit status 130 or 143; the results file keeps the benchmarks that had finished.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
+
+from nstance.core.cli import Stopped, raise_on_sigterm, stop_signal
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
@@ -729,5 +732,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 1 if failed else 0
 
 
+def cli(argv: Sequence[str] | None = None) -> int:
+    """``main``, stopped by Ctrl-C or SIGTERM with one line (the running benchmark's group is
+    terminated by ``run_benchmark`` on the way out) and exit status 130 or 143."""
+    raise_on_sigterm()
+    try:
+        return main(argv)
+    except (KeyboardInterrupt, Stopped) as exc:
+        signum = stop_signal(exc)
+        print(
+            f"[run_all] stopped by {signum.name}: the results file keeps the benchmarks that finished; "
+            "--report-only writes the report from it",
+            file=sys.stderr,
+        )
+        return 128 + signum
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(cli())

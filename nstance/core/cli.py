@@ -5,11 +5,16 @@ runs a typer app so that no user ever meets a traceback: an exception nobody exp
 one ``PROGRAM: unexpected error: TYPE: message`` line with exit status 1 (the traceback follows only when
 ``NSTANCE_DEBUG`` is set). Expected failures are still each command's job (one line naming the flag);
 this is the net under them, and tests treat its line as a failure.
+
+``raise_on_sigterm`` makes SIGTERM raise ``Stopped`` in the main thread, as SIGINT raises
+KeyboardInterrupt, for the batch commands (the simulation, the benchmark runner) that clean up on the
+way out; ``stop_signal`` tells which of the two stopped them.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Callable
@@ -32,6 +37,25 @@ def print_version(program: str) -> Callable[[bool], None]:
             raise typer.Exit(0)
 
     return callback
+
+
+class Stopped(BaseException):
+    """SIGTERM arrived (raised by the handler ``raise_on_sigterm`` installs)."""
+
+
+def _raise_stopped(_signum: int, _frame: object) -> None:
+    raise Stopped()
+
+
+def raise_on_sigterm() -> None:
+    """From now on SIGTERM raises ``Stopped`` where the main thread is, so ``finally`` blocks and
+    ``atexit`` run; a process forked later inherits the handler (reset it there if it must not)."""
+    signal.signal(signal.SIGTERM, _raise_stopped)
+
+
+def stop_signal(exc: KeyboardInterrupt | Stopped) -> signal.Signals:
+    """The signal behind ``exc``: SIGTERM for ``Stopped``, SIGINT for KeyboardInterrupt."""
+    return signal.SIGTERM if isinstance(exc, Stopped) else signal.SIGINT
 
 
 def _debug_requested() -> bool:

@@ -24,6 +24,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 
+from nstance.core.cli import Stopped, raise_on_sigterm, stop_signal
 from nstance.simulation.run import SeedResult, prepare_scratch, reproduce_command, run_seed
 
 
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     slowest = 0.0
     slowest_seed = None
     progress = _Progress(len(seeds), terminal=sys.stderr.isatty())
-    signal.signal(signal.SIGTERM, _stop)
+    raise_on_sigterm()
     try:
         for result in _results(seeds, opts.jobs, verbose=opts.verbose or opts.trace):
             seed = result.seed
@@ -72,12 +73,12 @@ def main(argv: list[str] | None = None) -> int:
             elif opts.seed is not None:
                 print(f"seed {seed} ok ({result.wall:.2f}s, digest {result.digest})")
             progress.step(len(failed), time.perf_counter() - started)
-    except (KeyboardInterrupt, _Stopped) as exc:
+    except (KeyboardInterrupt, Stopped) as exc:
         progress.finish()
-        signum = exc.signum if isinstance(exc, _Stopped) else signal.SIGINT
+        signum = stop_signal(exc)
         done = progress.done
         print(
-            f"sim: stopped by {signal.Signals(signum).name} after {done} of {len(seeds)} seeds, "
+            f"sim: stopped by {signum.name} after {done} of {len(seeds)} seeds, "
             f"{len(failed)} failed{': ' + ' '.join(map(str, failed)) if failed else ''}",
             file=sys.stderr,
             flush=True,
@@ -134,18 +135,6 @@ class _Progress:
         if self._terminal and self._total > 1:
             sys.stderr.write("\n")
             sys.stderr.flush()
-
-
-class _Stopped(BaseException):
-    """SIGTERM, raised where the main thread is (like KeyboardInterrupt for SIGINT)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _stop(signum: int, _frame: object) -> None:
-    raise _Stopped(signum)
 
 
 def _worker_init() -> None:

@@ -6,10 +6,17 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import signal
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
 from types import ModuleType
+
+import pytest
+
+from nstance.testing.waiting import eventually_sync
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -88,3 +95,55 @@ def test_runner_kills_a_benchmark_past_its_timeout(tmp_path: Path) -> None:
     assert entry["timed_out"] is True
     assert entry["wall_s"] < 30
     assert figures == []
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_a_stopped_runner_terminates_the_benchmark_and_says_so(tmp_path: Path, how: str) -> None:
+    # SIGTERM used to kill the runner alone and leave the running benchmark (in a process group of
+    # its own) behind; Ctrl-C printed a KeyboardInterrupt traceback.
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    pid_file = tmp_path / "bench.pid"
+    (bench / "slow.py").write_text(
+        f"import os, signal\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\nsignal.pause()\n"
+    )
+    runner = subprocess.Popen(
+        [
+            sys.executable,
+            str(REPO / "bench" / "run_all.py"),
+            *("--bench-dir", str(bench)),
+            *("--results", str(tmp_path / "results.json"), "--report", str(tmp_path / "report.md")),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # a process group of its own, like a terminal's foreground job
+    )
+    try:
+        eventually_sync(lambda: pid_file.exists() and pid_file.read_text() != "", within=60, what="start")
+        benchmark = int(pid_file.read_text())
+        if how == "ctrl-c":
+            os.killpg(runner.pid, signal.SIGINT)  # the terminal's job: the benchmark has its own group
+        else:
+            runner.send_signal(signal.SIGTERM)
+        output, _ = runner.communicate(timeout=60)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+            runner.wait()
+
+    def benchmark_gone() -> bool:
+        try:
+            return str(bench / "slow.py") not in Path(f"/proc/{benchmark}/cmdline").read_text()
+        except OSError:
+            return True
+
+    try:
+        eventually_sync(benchmark_gone, within=30, what="the benchmark to be terminated")
+    finally:
+        if not benchmark_gone():
+            os.kill(benchmark, signal.SIGKILL)  # left behind by a runner that failed this test
+    name = {"ctrl-c": "SIGINT", "sigterm": "SIGTERM"}[how]
+    assert runner.returncode == 128 + signal.Signals[name], output
+    assert "Traceback" not in output, output
+    assert f"[run_all] stopped by {name}" in output.splitlines()[-1], output
