@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
+from sqlalchemy.orm import Session
+
+from nstance.db import repo
+from nstance.db.rows import InstanceRow
 from nstance.server.state.provisioning import ShardIdentity
 
 
@@ -37,3 +43,17 @@ class Leader:
 async def no_sleep(_: float) -> None:
     """A sleep that returns at once (provider backoff in tests on an injected clock)."""
     return None
+
+
+def claim_registration(session: Session, row: InstanceRow, now: datetime) -> bool:
+    """What an agent's registration does first: claim the row's nonce in SQLite (no certificate, no
+    record); False when the claim is refused."""
+    return repo.mark_registered_atomically(
+        session,
+        nonce=row.nonce,
+        public_key_pem="k",
+        cert_serial=1,
+        cert_expires_at=now,
+        now=now,
+        instance_id=row.id,
+    )

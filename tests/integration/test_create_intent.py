@@ -10,19 +10,25 @@ from __future__ import annotations
 
 import dataclasses
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
-from shard_helpers import no_sleep
+from shard_helpers import claim_registration, no_sleep
 from test_shard_cloud_features import Harness, RecordingSim
 
 from nstance.core.clock import ManualClock
 from nstance.core.errors import Unavailable
+from nstance.db import repo
 from nstance.objectstore.memory import MemoryObjectStore
-from nstance.providers.base import ProviderInvalidRequest
+from nstance.providers.base import (
+    CreateRequest,
+    ProviderInstance,
+    ProviderInvalidRequest,
+    ProviderUnavailable,
+)
 from nstance.server.reconcile.create import Creator
 from nstance.server.reconcile.gc import gc_cycle
 from nstance.server.state import records
@@ -156,3 +162,71 @@ async def test_a_registered_instance_whose_provider_id_never_reached_its_record_
         assert await _statuses(h) == ["running"]
     finally:
         await h.shard.stop_leading(grace=1)
+
+
+class _RegisteredMeanwhile(RecordingSim):
+    """Every create attempt makes the VM (one, by idempotency token) and then loses its answer; the agent
+    of that VM registers while the first lost answer is on its way back."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.register: Callable[[str], object] = lambda instance_id: None
+
+    async def create_instance(self, request: CreateRequest) -> ProviderInstance:
+        try:
+            return await super().create_instance(request)
+        except ProviderUnavailable:
+            self.register(request.instance_id)
+            raise
+
+
+def _claim(h: Harness, instance_id: str) -> bool:
+    with h.db.session() as session:
+        row = repo.get_instance(session, instance_id)
+        assert row is not None
+        return claim_registration(session, row, h.clock.now())
+
+
+async def test_a_create_whose_answer_was_lost_keeps_its_instance_when_the_agent_registered(
+    tmp_path: Path,
+) -> None:
+    """Simulation seed 526609107: every attempt of a create lost its answer, though the first made the
+    VM, and the VM's agent registered meanwhile. The leader still marked the row failed and retired
+    it: the healthy VM, its record saying it never existed, was deleted as an orphan by the next
+    listing. A registration proves the VM: the row stays, and the listing adopts the VM."""
+    clock = ManualClock()
+    sim = _RegisteredMeanwhile(clock=clock, sleep=no_sleep)
+    h = Harness(tmp_path, size=1, clock=clock, sim=sim)
+    try:
+        sim.register = lambda instance_id: _claim(h, instance_id)
+        sim.fail_next(
+            "create_instance", ProviderUnavailable("sim: response lost"), times=4, after_effect=True
+        )
+        await h.reconcile()
+        assert sim.calls["create_instance"] == 4  # every attempt lost its answer
+        assert len(h.live()) == 1  # one VM all the same
+        [row] = h.rows()
+        assert row.registered_at is not None
+        assert row.record_state != "failed"
+        assert await _statuses(h) == ["pending"]  # not failed: the registration wrote its own part
+        await h.reconcile()
+        assert sim.calls["create_instance"] == 4  # the registered instance counts: no replacement
+        assert sim.calls["delete_instance"] == 0
+        await gc_cycle(h.ctx, h.shard.ops)  # the listing adopts the VM by its tags
+        assert sim.calls["delete_instance"] == 0
+        [row] = h.rows()
+        assert row.provider_id in h.live()
+    finally:
+        h.db.close()
+
+
+async def test_an_agent_cannot_register_once_its_create_was_marked_failed(h: Harness) -> None:
+    """The other order: the failure was decided first. The VM is an orphan the listing deletes; its
+    agent must not join the cluster before that."""
+    lost = ProviderUnavailable("sim: response lost")
+    h.vms.fail_next("create_instance", lost, times=8, after_effect=True)  # every attempt of both creates
+    await h.reconcile()
+    rows = {row.id: row for row in h.rows()}
+    assert [row.record_state for row in rows.values()] == ["failed", "failed"]
+    assert not any(_claim(h, instance_id) for instance_id in rows)
+    assert all(row.registered_at is None for row in h.rows())

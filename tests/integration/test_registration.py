@@ -434,6 +434,18 @@ async def test_deleted_and_unknown_instances_cannot_register(h: Harness) -> None
     assert stranger in (err.details() or "")
 
 
+async def test_an_instance_whose_create_failed_cannot_register(h: Harness) -> None:
+    # The leader decided the create failed (its answer was lost): the VM its nonce reached is deleted
+    # when a provider listing finds it, and must not join before that.
+    instance_id, nonce = h.create_instance()
+    with h.db.session() as session:
+        assert repo.mark_create_failed(session, instance_id, now=h.clock.now())
+    err = await rpc_error(h.register_agent(nonce, p256_pem()[1]))
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "provider create failed" in (err.details() or "")
+    assert h.row(instance_id).registered_at is None
+
+
 async def test_failed_record_write_undoes_the_claim_so_the_agent_can_retry(h: Harness) -> None:
     instance_id, nonce = h.create_instance()
     record_before = h.record(instance_id)

@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
-from shard_helpers import Leader, no_sleep, sample_shard_identity
+from shard_helpers import Leader, claim_registration, no_sleep, sample_shard_identity
 
 from nstance.config import GroupUpdate, runtime_hash
 from nstance.core.clock import ManualClock
@@ -191,16 +191,7 @@ async def test_gc_replaces_instances_that_never_register(h: Harness) -> None:
 
 async def test_registered_instances_are_not_dangling(h: Harness) -> None:
     await h.reconcile()
-    with h.db.session() as session:
-        for row in repo.list_instances(session):
-            repo.mark_registered_atomically(
-                session,
-                nonce=row.nonce,
-                public_key_pem="k",
-                cert_serial=1,
-                cert_expires_at=h.clock.now(),
-                now=h.clock.now(),
-            )
+    register_all(h)
     h.clock.advance(timedelta(hours=1))
     assert (await gc_cycle(h.ctx, h.shard.ops)).dangling == []
 
@@ -407,14 +398,7 @@ async def test_a_server_that_lost_leadership_does_not_touch_the_provider(h: Harn
 def register_all(h: Harness) -> None:
     with h.db.session() as session:
         for row in repo.list_instances(session):
-            repo.mark_registered_atomically(
-                session,
-                nonce=row.nonce,
-                public_key_pem="k",
-                cert_serial=1,
-                cert_expires_at=h.clock.now(),
-                now=h.clock.now(),
-            )
+            claim_registration(session, row, h.clock.now())
 
 
 async def test_scale_down_drains_registered_instances_until_ack_or_deadline(tmp_path: Path) -> None:

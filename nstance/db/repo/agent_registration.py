@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from nstance.db.models import Instance
+from nstance.db.models import RECORD_FAILED, Instance
 from nstance.db.repo._sql import Bind, changed, normalize_serial, rowcount
 from nstance.db.rows import sqlite_time
 
@@ -38,9 +38,13 @@ def mark_registered_atomically(
 ) -> bool:
     """Consume an agent's registration nonce: True for exactly one caller, False for every other.
 
-    One UPDATE guarded by ``registered_at IS NULL AND deleted_at IS NULL``; SQLite serialises writers,
-    so only the first statement to run matches the row. Unknown, deleted or already-registered nonces
-    (and a nonce that belongs to a different ``instance_id``, when one is given) yield False.
+    One UPDATE guarded by ``registered_at IS NULL AND deleted_at IS NULL`` and a record state other
+    than failed; SQLite serialises writers, so only the first statement to run matches the row. Unknown,
+    deleted, failed or already-registered nonces (and a nonce that belongs to a different
+    ``instance_id``, when one is given) yield False. A row is failed when the leader decided its
+    provider create failed (``instance_lifecycle.mark_create_failed``): the VM that answers with its
+    nonce was made by a create whose answer was lost, and is deleted as an orphan when a listing finds
+    it, so it must not join first. The two statements exclude each other: whichever runs first wins.
     """
     statement = (
         update(Instance)
@@ -48,6 +52,7 @@ def mark_registered_atomically(
             Instance.nonce == nonce,
             Instance.registered_at.is_(None),
             Instance.deleted_at.is_(None),
+            Instance.record_state != RECORD_FAILED,
         )
         .values(
             registered_at=now,
@@ -74,7 +79,7 @@ _CLAIM_AGENT_SQL = (
     "updated_at = ?, ip4 = coalesce(nullif(?, ''), ip4), ip6 = coalesce(nullif(?, ''), ip6), "
     "hostname = coalesce(nullif(?, ''), hostname) "
     "WHERE nonce = ? AND id = ? AND tenant = ? AND registered_at IS NULL "
-    "AND deleted_at IS NULL RETURNING group_key"
+    f"AND deleted_at IS NULL AND record_state != '{RECORD_FAILED}' RETURNING group_key"
 )
 
 
@@ -96,7 +101,7 @@ def claim_agent_registration(
 
     Takes the DBAPI connection of ``Database.write_connection``, not a Session. The row must also belong to
     ``tenant``. Claimed for exactly one caller; every other caller gets ``claimed=False`` (then read the
-    row to learn why: unknown, another instance or tenant, deleted, or already registered). The same
+    row to learn why: unknown, another instance or tenant, deleted, failed, or already registered). The same
     statement stores the addresses and host name the agent reported (empty ones keep the stored
     value), as ``store_reported_addresses`` would, so a replay writes none of them either.
     """

@@ -221,8 +221,17 @@ def record_health_many(bind: Bind, items: list[dict[str, Any]]) -> None:
 
 
 def mark_create_failed(bind: Bind, instance_id: str, *, now: datetime) -> bool:
-    """The provider create failed for good: the row no longer counts and the reconciler removes it."""
-    sql = "UPDATE instances SET record_state = ?, updated_at = ? WHERE id = ? AND deleted_at IS NULL"
+    """The provider create failed for good: the row no longer counts and the reconciler removes it.
+
+    False, changing nothing, when the row is deleted or its agent has registered: a registration
+    proves that the create made a VM after all (its answer was lost), so the row stays and a provider
+    listing fills in the VM's id. A registration after this mark is refused
+    (``agent_registration.claim_agent_registration``).
+    """
+    sql = (
+        "UPDATE instances SET record_state = ?, updated_at = ? "
+        "WHERE id = ? AND deleted_at IS NULL AND registered_at IS NULL"
+    )
     return changed(bind, sql, (RECORD_FAILED, sqlite_time(now), instance_id)) == 1
 
 

@@ -31,6 +31,7 @@ from nstance.core.errors import (
 )
 from nstance.core.ids import parse_puid
 from nstance.db import repo
+from nstance.db.models import RECORD_FAILED
 from nstance.db.rows import InstanceRow
 from nstance.pki.certs import IssuedCertificate
 from nstance.pki.nonce import NonceClaims, verify_nonce
@@ -232,6 +233,11 @@ class AgentRegistration:
             )
         if row.deleted_at is not None:
             raise FailedPrecondition(f"instance {row.id} has been deleted; it cannot register")
+        if row.record_state == RECORD_FAILED and row.registered_at is None:
+            raise FailedPrecondition(
+                f"instance {row.id}: its provider create failed (the leader never had the VM confirmed); "
+                "it cannot register, and its VM is deleted when a provider listing finds it"
+            )
 
     def _claim_many(self, requests: list[_ClaimRequest]) -> list[repo.AgentClaim]:
         """The claims of one batch, each its own conditional UPDATE, in one transaction (DB writer)."""

@@ -432,11 +432,22 @@ class Creator:
             await asyncio.sleep(self._backoff.delay(attempt - 1))
 
     async def _create_failed(self, tenant: str, iid: str) -> None:
-        """The create did not succeed: the row stops counting; any VM it made is found by the re-list."""
+        """The create did not succeed: the row stops counting; any VM it made is found by the re-list.
+
+        Unless the instance's agent registered while the call was out: then the create made a VM after
+        all (its answer was lost), and the row stays, to be completed by a listing (by tag)."""
         ctx = self._ctx
         now = ctx.clock.now()
         with ctx.db.write_connection() as session:
-            repo.mark_create_failed(session, iid, now=now)
+            marked = repo.mark_create_failed(session, iid, now=now)
+            row = None if marked else repo.get_instance(session, iid)
+        if row is not None and row.deleted_at is None and row.registered_at is not None:
+            log.warning(
+                "create of %s reported a failure, but its agent has registered: the VM exists; "
+                "a provider listing fills in its id",
+                iid,
+            )
+            return
         await self._mark_record_failed(tenant, iid)
 
     async def _mark_record_failed(self, tenant: str, iid: str) -> None:
