@@ -7,9 +7,9 @@ hashing must be fixed for a seed to replay exactly in another process, so withou
 the command re-executes itself with it.
 
 Ctrl-C (SIGINT to the whole process group, as a terminal sends it) or SIGTERM to this process stops
-the run: the workers are terminated (they ignore SIGINT and leave the stopping to this process), one
-line says how far the run got and which seeds had failed, the scratch directory is removed, and the
-exit status is 130 or 143.
+the run: the workers are terminated (they ignore SIGINT and leave the stopping to this process), or
+with one job the seed running finishes first; one line says how far the run got and which seeds had
+failed, the scratch directory is removed, and the exit status is 130 or 143.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
+from typing import Any
 
 from nstance.core.cli import Stopped, raise_on_sigterm, stop_signal
 from nstance.simulation.run import SeedResult, prepare_scratch, reproduce_command, run_seed
@@ -137,6 +138,41 @@ class _Progress:
             sys.stderr.flush()
 
 
+class _BetweenSeeds:
+    """Ctrl-C or SIGTERM while seeds run in this process takes effect between two seeds: the
+    simulation's event loop must not be interrupted halfway (its tasks and threads would be left
+    running and printing). A second signal before then interrupts at once."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._saved: dict[int, Any] = {}  # what signal.signal returned: a handler, SIG_DFL or SIG_IGN
+
+    def __enter__(self) -> _BetweenSeeds:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            self._saved[signum] = signal.signal(signum, self._remember)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self._saved.items():
+            signal.signal(signum, handler)
+
+    def _remember(self, signum: int, _frame: object) -> None:
+        if self.signum is not None:
+            self._raise(signum)
+        self.signum = signum
+
+    def check(self) -> None:
+        """Raise the remembered signal's exception, if one came."""
+        if self.signum is not None:
+            self._raise(self.signum)
+
+    @staticmethod
+    def _raise(signum: int) -> None:
+        if signum == signal.SIGTERM:
+            raise Stopped()
+        raise KeyboardInterrupt
+
+
 def _worker_init() -> None:
     """A worker leaves stopping to the parent: Ctrl-C reaches the whole process group, and the parent
     terminates the pool (SIGTERM, whose default action the worker gets back from the parent's handler)."""
@@ -152,8 +188,10 @@ def _one(seed_and_verbose: tuple[int, bool]) -> SeedResult:
 def _results(seeds: list[int], jobs: int, *, verbose: bool) -> Iterator[SeedResult]:
     """Each seed's result, in seed order; with ``jobs`` > 1 from forked workers (same hash seed)."""
     if jobs <= 1 or len(seeds) <= 1:
-        for seed in seeds:
-            yield run_seed(seed, verbose=verbose)
+        with _BetweenSeeds() as stop:
+            for seed in seeds:
+                stop.check()
+                yield run_seed(seed, verbose=verbose)
         return
     prepare_scratch()  # one directory for all workers, removed by this process at exit
     with multiprocessing.get_context("fork").Pool(jobs, initializer=_worker_init) as pool:

@@ -257,9 +257,10 @@ def test_a_run_leaves_no_scratch_directory_behind(tmp_path: Path, jobs: int) -> 
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize(("jobs", "how"), [(1, "ctrl-c"), (2, "ctrl-c"), (2, "sigterm")])
+@pytest.mark.parametrize(("jobs", "how"), [(1, "ctrl-c"), (1, "sigterm"), (2, "ctrl-c"), (2, "sigterm")])
 def test_a_stopped_run_says_how_far_it_got_and_cleans_up(tmp_path: Path, jobs: int, how: str) -> None:
-    # Ctrl-C printed a KeyboardInterrupt traceback; SIGTERM left the workers printing BrokenPipeError
+    # Ctrl-C printed a KeyboardInterrupt traceback (with one job, from the middle of a seed's event
+    # loop, with its tasks destroyed pending); SIGTERM left the workers printing BrokenPipeError
     # tracebacks and the scratch directory behind.
     import os
     import signal
