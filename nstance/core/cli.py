@@ -8,7 +8,7 @@ this is the net under them, and tests treat its line as a failure.
 
 ``raise_on_sigterm`` makes SIGTERM raise ``Stopped`` in the main thread, as SIGINT raises
 KeyboardInterrupt, for the batch commands (the simulation, the benchmark runner) that clean up on the
-way out; ``stop_signal`` tells which of the two stopped them.
+way out; ``stop_signal`` tells which of the two stopped them (``stop_exception`` goes the other way).
 """
 
 from __future__ import annotations
@@ -56,6 +56,11 @@ def raise_on_sigterm() -> None:
 def stop_signal(exc: KeyboardInterrupt | Stopped) -> signal.Signals:
     """The signal behind ``exc``: SIGTERM for ``Stopped``, SIGINT for KeyboardInterrupt."""
     return signal.SIGTERM if isinstance(exc, Stopped) else signal.SIGINT
+
+
+def stop_exception(signum: int) -> KeyboardInterrupt | Stopped:
+    """The exception that stands for ``signum``: ``Stopped`` for SIGTERM, KeyboardInterrupt otherwise."""
+    return Stopped() if signum == signal.SIGTERM else KeyboardInterrupt()
 
 
 def _debug_requested() -> bool:

@@ -25,7 +25,7 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-from nstance.core.cli import Stopped, raise_on_sigterm, stop_signal
+from nstance.core.cli import Stopped, raise_on_sigterm, stop_exception, stop_signal
 from nstance.simulation.run import SeedResult, prepare_scratch, reproduce_command, run_seed
 
 
@@ -158,19 +158,13 @@ class _BetweenSeeds:
 
     def _remember(self, signum: int, _frame: object) -> None:
         if self.signum is not None:
-            self._raise(signum)
+            raise stop_exception(signum)
         self.signum = signum
 
     def check(self) -> None:
         """Raise the remembered signal's exception, if one came."""
         if self.signum is not None:
-            self._raise(self.signum)
-
-    @staticmethod
-    def _raise(signum: int) -> None:
-        if signum == signal.SIGTERM:
-            raise Stopped()
-        raise KeyboardInterrupt
+            raise stop_exception(self.signum)
 
 
 def _worker_init() -> None:
