@@ -1,8 +1,8 @@
 """Test and benchmark helpers shared by the child-process wrappers (``ServerProcess``,
 ``OperatorProcess``): start a program with its output in a log file, GET its HTTP probe, wait until the
 probe answers 200 (failing at once, with the log, when the child exits), read the log's tail, stop it;
-``free_port`` for the loopback ports those children listen on; and ``processes_mentioning`` to prove
-that none of them was left behind.
+``free_port`` for the loopback ports those children listen on; ``processes_mentioning`` to prove
+that none of them was left behind; and ``as_terminal_job``, for a child that a test stops with Ctrl-C.
 
 Only process and HTTP plumbing lives here; which program runs, with which flags and probe path, is the
 wrapper's business. Nothing in the product imports this module, and it must not import the programs
@@ -44,6 +44,19 @@ def free_port(host: str = "127.0.0.1") -> int:
         _handed_out.add(port)
         return port
     raise RuntimeError(f"no free port on {host} in {LISTEN_PORTS[0]}-{LISTEN_PORTS[1] - 1}")
+
+
+def as_terminal_job() -> None:
+    """``preexec_fn`` for a child that a test will stop as a terminal's Ctrl-C does (SIGINT to its
+    process group): SIGINT and SIGQUIT back to their default actions.
+
+    A terminal's foreground job always starts with them at their defaults. A test suite started as a
+    background job of a non-interactive shell (``cmd &`` in a script, ``nohup``) inherits both
+    ignored, and an ignored signal stays ignored in every child: Python then raises no
+    KeyboardInterrupt and bash cannot trap it, so the stop under test would never be tried.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
 def spawn_logged(argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> subprocess.Popen[bytes]:

@@ -189,6 +189,10 @@ class RealKube:
     # --- lifecycle -----------------------------------------------------------------------------------
 
     def start(self, timeout: float = 90.0) -> RealKube:
+        """Start the processes and wait until they serve; once only (``with RealKube(...)`` starts it:
+        a second start would start a second set and lose track of the first)."""
+        if self.procs:
+            raise RuntimeError("this RealKube is already started (with RealKube(...) starts it)")
         try:
             self._write_pki()
             self._start_etcd()

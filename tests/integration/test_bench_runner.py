@@ -16,6 +16,7 @@ from types import ModuleType
 
 import pytest
 
+from nstance.testing.procs import as_terminal_job
 from nstance.testing.waiting import eventually_sync
 
 REPO = Path(__file__).resolve().parents[2]
@@ -118,31 +119,30 @@ def test_a_stopped_runner_terminates_the_benchmark_and_says_so(tmp_path: Path, h
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,  # a process group of its own, like a terminal's foreground job
+        preexec_fn=as_terminal_job,  # whose Ctrl-C is never ignored
     )
+
+    def benchmark_gone() -> bool:
+        try:
+            pid = int(pid_file.read_text())
+            return str(bench / "slow.py") not in Path(f"/proc/{pid}/cmdline").read_text()
+        except (OSError, ValueError):
+            return True
+
     try:
         eventually_sync(lambda: pid_file.exists() and pid_file.read_text() != "", within=60, what="start")
-        benchmark = int(pid_file.read_text())
         if how == "ctrl-c":
             os.killpg(runner.pid, signal.SIGINT)  # the terminal's job: the benchmark has its own group
         else:
             runner.send_signal(signal.SIGTERM)
         output, _ = runner.communicate(timeout=60)
+        eventually_sync(benchmark_gone, within=30, what="the benchmark to be terminated")
     finally:
         if runner.poll() is None:
             runner.kill()
             runner.wait()
-
-    def benchmark_gone() -> bool:
-        try:
-            return str(bench / "slow.py") not in Path(f"/proc/{benchmark}/cmdline").read_text()
-        except OSError:
-            return True
-
-    try:
-        eventually_sync(benchmark_gone, within=30, what="the benchmark to be terminated")
-    finally:
-        if not benchmark_gone():
-            os.kill(benchmark, signal.SIGKILL)  # left behind by a runner that failed this test
+        if not benchmark_gone():  # left behind by a runner that failed this test
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
     name = {"ctrl-c": "SIGINT", "sigterm": "SIGTERM"}[how]
     assert runner.returncode == 128 + signal.Signals[name], output
     assert "Traceback" not in output, output

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from nstance.testing.procs import free_port
+from nstance.testing.procs import as_terminal_job, free_port
 from nstance.testing.waiting import eventually_sync
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,6 +87,7 @@ def test_second_copy_refuses_and_first_survives(tmp_path: Path) -> None:
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group, like a terminal's foreground job
+            preexec_fn=as_terminal_job,  # whose Ctrl-C is never ignored
         )
     try:
         eventually_sync(

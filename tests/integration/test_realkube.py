@@ -27,6 +27,9 @@ def test_starts_serves_and_stops_without_leftovers(tmp_path: Path) -> None:
     kube = RealKube(bin_dir, root=tmp_path / "kube").start()
     try:
         assert len(processes_mentioning(str(tmp_path / "kube"))) == 3  # etcd, apiserver, controller manager
+        with pytest.raises(RuntimeError, match="already started"):
+            kube.start()  # `with RealKube(...).start()` did this: a second set, the first one leaked
+        assert len(processes_mentioning(str(tmp_path / "kube"))) == 3
         status, body = kube.get("/version")
         assert status == 200
         assert json.loads(body)["gitVersion"] == bin_dir.name

@@ -268,6 +268,7 @@ def test_a_stopped_run_says_how_far_it_got_and_cleans_up(tmp_path: Path, jobs: i
     import sys
 
     from nstance.simulation.world import SCRATCH_ENV
+    from nstance.testing.procs import as_terminal_job
     from nstance.testing.waiting import eventually_sync
 
     run = subprocess.Popen(
@@ -277,6 +278,7 @@ def test_a_stopped_run_says_how_far_it_got_and_cleans_up(tmp_path: Path, jobs: i
         text=True,
         env={**os.environ, SCRATCH_ENV: str(tmp_path)},
         start_new_session=True,  # its own process group, as a terminal's foreground job
+        preexec_fn=as_terminal_job,  # whose Ctrl-C is never ignored
     )
     try:
         eventually_sync(
