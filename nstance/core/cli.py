@@ -49,8 +49,10 @@ def _raise_stopped(_signum: int, _frame: object) -> None:
 
 def raise_on_sigterm() -> None:
     """From now on SIGTERM raises ``Stopped`` where the main thread is, so ``finally`` blocks and
-    ``atexit`` run; a process forked later inherits the handler (reset it there if it must not)."""
-    signal.signal(signal.SIGTERM, _raise_stopped)
+    ``atexit`` run; a process forked later inherits the handler (reset it there if it must not). A
+    SIGTERM this process was started ignoring stays ignored, as Python leaves an ignored SIGINT."""
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:
+        signal.signal(signal.SIGTERM, _raise_stopped)
 
 
 def stop_signal(exc: KeyboardInterrupt | Stopped) -> signal.Signals:

@@ -149,7 +149,8 @@ class _BetweenSeeds:
 
     def __enter__(self) -> _BetweenSeeds:
         for signum in (signal.SIGINT, signal.SIGTERM):
-            self._saved[signum] = signal.signal(signum, self._remember)
+            if signal.getsignal(signum) is not signal.SIG_IGN:  # ignored when started: stays so
+                self._saved[signum] = signal.signal(signum, self._remember)
         return self
 
     def __exit__(self, *exc: object) -> None:
