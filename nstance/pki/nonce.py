@@ -285,6 +285,10 @@ def verify_nonce(
         raise InvalidArgument("registration nonce verification key must be Ed25519")
     try:
         signature = base64.urlsafe_b64decode(signature_b64 + "=" * (-len(signature_b64) % 4))
+        # Only the canonical spelling: the last character of a segment carries bits the decoder
+        # drops, and an altered token must not verify just because it decodes to the same bytes.
+        if base64.urlsafe_b64encode(signature).rstrip(b"=") != signature_b64.encode("ascii"):
+            raise ValueError("not the canonical base64url spelling of its bytes")
         checked.verify(signature, f"{header_b64}.{payload_b64}".encode("ascii"))
     except (binascii.Error, ValueError, InvalidSignature) as exc:
         raise Unauthenticated("registration nonce signature is invalid (wrong key or altered token)") from exc
