@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import inspect
 import json
 import math
 import os
@@ -153,7 +154,10 @@ class World:
     def spawn(self, inc: Incarnation | None, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]:
         token = CURRENT.set(inc)
         try:
-            task: asyncio.Task[Any] = asyncio.get_running_loop().create_task(_awaited(coro), name=name)
+            # A coroutine becomes the task itself: a task cancelled before its first step (a crash
+            # right after the spawn) then closes it, where a wrapper would leave it never awaited.
+            runs = coro if inspect.iscoroutine(coro) else _awaited(coro)
+            task: asyncio.Task[Any] = asyncio.get_running_loop().create_task(runs, name=name)
         finally:
             CURRENT.reset(token)
         if inc is None:
