@@ -33,8 +33,8 @@ API server except on behalf of its caller.
 
 from __future__ import annotations
 
-import copy
 import logging
+import pickle
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
@@ -65,6 +65,15 @@ def _labels(obj: Mapping[str, Any]) -> Mapping[str, Any]:
 def _label_pairs(obj: Mapping[str, Any]) -> list[tuple[str, str]]:
     """The (label, value) pairs a selection can match: both strings, as the API server sends them."""
     return [(k, v) for k, v in _labels(obj).items() if isinstance(k, str) and isinstance(v, str)]
+
+
+def json_copy(obj: Object) -> Object:
+    """A deep copy of a decoded JSON object, as ``copy.deepcopy`` makes it but about four times faster
+    (pickle's C code; ``deepcopy`` walks in Python and keeps a memo). The cache copies every object it
+    takes in or hands out, several per pool change: with ``deepcopy`` that was a quarter of the
+    operator's CPU in a burst. Only this process's own objects are pickled, never outside bytes."""
+    copied: Object = pickle.loads(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL))
+    return copied
 
 
 def version_of(obj: Mapping[str, Any]) -> int | None:
@@ -123,7 +132,7 @@ class KindCache:
             self._order = None
         else:
             self._unindex(ref, held)
-        kept = copy.deepcopy(dict(obj))
+        kept = json_copy(dict(obj))
         self._objects[ref] = kept
         for pair in _label_pairs(kept):
             self._by_label.setdefault(pair, set()).add(ref)
@@ -152,7 +161,7 @@ class KindCache:
         """A copy of the held object; None when there is none or it is marked stale."""
         ref = (namespace, name)
         obj = self._objects.get(ref)
-        return copy.deepcopy(obj) if obj is not None and ref not in self._stale else None
+        return json_copy(obj) if obj is not None and ref not in self._stale else None
 
     def primed(self, namespace: str | None) -> bool:
         return None in self._primed or namespace in self._primed
@@ -173,7 +182,7 @@ class KindCache:
     def select(self, namespace: str | None, labels: Mapping[str, str]) -> list[Object]:
         """Copies of the objects in ``namespace`` (None = all) carrying every label of ``labels``."""
         if not labels:
-            return [copy.deepcopy(obj) for obj in self.view(namespace)]
+            return [json_copy(obj) for obj in self.view(namespace)]
         # The smallest index set of the wanted labels holds every match; check the others on it.
         refs = min((self._by_label.get(pair, set()) for pair in labels.items()), key=len)
         found = []
@@ -183,7 +192,7 @@ class KindCache:
             obj = self._objects[ref]
             have = _labels(obj)
             if all(have.get(k) == v for k, v in labels.items()):
-                found.append(copy.deepcopy(obj))
+                found.append(json_copy(obj))
         return found
 
     def _unindex(self, ref: Ref, held: Mapping[str, Any]) -> None:

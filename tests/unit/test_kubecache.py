@@ -128,3 +128,31 @@ def test_labels_that_are_not_strings_never_match_and_do_not_break_the_cache() ->
 )
 def test_label_equalities(selector: str, expected: dict[str, str] | None) -> None:
     assert label_equalities(selector) == expected
+
+
+def test_what_goes_in_and_comes_out_is_a_deep_copy_of_equal_json() -> None:
+    kind = KindCache(NSTANCE_SHARD_GROUPS)
+    given = obj("a", 1, labels={"g": "x"})
+    given["status"] = {
+        "providerIDs": ["nstance://s1/a"],
+        "ready": True,
+        "replicas": 1,
+        "ratio": 0.5,
+        "none": None,
+    }
+    kind.put(given)
+    given["status"]["providerIDs"].append("changed by the caller after the put")
+    got = kind.get(NS, "a")
+    assert got is not None
+    assert got["status"] == {
+        "providerIDs": ["nstance://s1/a"],
+        "ready": True,
+        "replicas": 1,
+        "ratio": 0.5,
+        "none": None,
+    }
+    got["status"]["providerIDs"].clear()
+    got["metadata"]["labels"]["g"] = "changed by a reader"
+    selected = kind.select(NS, {"g": "x"})
+    assert [o["status"]["providerIDs"] for o in selected] == [["nstance://s1/a"]]
+    assert kind.view(NS)[0]["metadata"]["labels"] == {"g": "x"}
