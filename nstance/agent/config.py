@@ -7,6 +7,7 @@ caller decides where values come from. A bad value raises ``ConfigError`` naming
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -14,6 +15,8 @@ from pathlib import Path
 
 from nstance.core.durations import parse_duration
 from nstance.core.errors import InvalidArgument
+from nstance.core.hostport import hostname_problem, split_host_port
+from nstance.core.ids import parse_puid
 
 DEFAULT_IDENTITY_DIR = Path("/opt/nstance-agent/identity")
 DEFAULT_KEYS_DIR = Path("/opt/nstance-agent/keys")
@@ -110,11 +113,48 @@ def _mode(env: Mapping[str, str], name: str, default: int) -> int:
     return int(raw.removeprefix("0o"), 8)
 
 
-def _address(env: Mapping[str, str], name: str, fallback: str = "") -> str:
-    value = _required(env, name, fallback)
-    if any(c.isspace() for c in value) or "://" in value:
-        raise ConfigError(f"NSTANCE_{name}", f"must be host:port (got {value!r})")
+def _check_address(name: str, value: str) -> str:
+    """``value`` if it is ``host:port`` (``[v6]:port``, port 1 to 65535), as upstream's ``addr`` check."""
+    if any(c.isspace() for c in value) or split_host_port(value) is None:
+        raise ConfigError(
+            f"NSTANCE_{name}",
+            f"must be host:port with a port from 1 to 65535, an IPv6 host in brackets (got {value!r})",
+        )
     return value
+
+
+def _address(env: Mapping[str, str], name: str, fallback: str = "") -> str:
+    return _check_address(name, _required(env, name, fallback))
+
+
+def _instance_id(env: Mapping[str, str], fallback: str) -> str:
+    value = _required(env, "INSTANCE_ID", fallback)
+    try:
+        parse_puid(value)
+    except InvalidArgument as exc:
+        raise ConfigError("NSTANCE_INSTANCE_ID", f"{exc} (the server writes it into the userdata)") from None
+    return value
+
+
+def _ip(env: Mapping[str, str], name: str, version: int) -> str:
+    raw = _get(env, name)
+    if not raw:
+        return ""
+    try:
+        parsed = ipaddress.ip_address(raw)
+    except ValueError:
+        parsed = None
+    if parsed is None or parsed.version != version:
+        raise ConfigError(f"NSTANCE_{name}", f"must be an IPv{version} address (got {raw!r})")
+    return raw
+
+
+def _hostname(env: Mapping[str, str]) -> str:
+    """The configured host name, checked as the server checks the one a registration reports."""
+    raw = _get(env, "INSTANCE_HOSTNAME")
+    if raw and (problem := hostname_problem(raw)) is not None:
+        raise ConfigError("NSTANCE_INSTANCE_HOSTNAME", f"{raw[:64]!r} {problem}")
+    return raw
 
 
 def _bool(env: Mapping[str, str], name: str) -> bool:
@@ -145,7 +185,7 @@ def load_config(
         value = info.get(key)
         return value if isinstance(value, str) else ""
 
-    instance_id = _required(env, "INSTANCE_ID", fallback("instance_id"))
+    instance_id = _instance_id(env, fallback("instance_id"))
     registration_addr = _address(env, "SERVER_REGISTRATION_ADDR", fallback("server_registration_addr"))
     agent_addr = _address(env, "SERVER_AGENT_ADDR", fallback("server_agent_addr"))
 
@@ -164,8 +204,8 @@ def load_config(
         provider = "local"
 
     health_addr = _get(env, "HEALTH_ADDR")
-    if health_addr and ":" not in health_addr:
-        raise ConfigError("NSTANCE_HEALTH_ADDR", f"must be host:port or :port (got {health_addr!r})")
+    if health_addr:
+        _check_address("HEALTH_ADDR", health_addr)
     metadata_url = _get(env, "METADATA_URL").rstrip("/")
     if metadata_url and not metadata_url.startswith(("http://", "https://")):
         raise ConfigError("NSTANCE_METADATA_URL", f"must be an http:// URL (got {metadata_url!r})")
@@ -183,9 +223,9 @@ def load_config(
         identity_mode=_mode(env, "IDENTITY_MODE", 0o600),
         keys_mode=_mode(env, "KEYS_MODE", 0o640),
         recv_mode=_mode(env, "RECV_MODE", 0o640),
-        hostname=_get(env, "INSTANCE_HOSTNAME"),
-        ipv4=_get(env, "INSTANCE_IPV4"),
-        ipv6=_get(env, "INSTANCE_IPV6"),
+        hostname=_hostname(env),
+        ipv4=_ip(env, "INSTANCE_IPV4", 4),
+        ipv6=_ip(env, "INSTANCE_IPV6", 6),
         report_interval=_seconds(env, "REPORT_INTERVAL", DEFAULT_REPORT_INTERVAL),
         spot_poll_interval=spot_poll,
         health_addr=health_addr,

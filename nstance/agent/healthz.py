@@ -12,6 +12,7 @@ import contextlib
 import logging
 
 from nstance.agent.state import AgentState
+from nstance.core.hostport import split_host_port
 
 log = logging.getLogger("nstance.agent.healthz")
 
@@ -24,20 +25,19 @@ _REASONS = {
 }
 
 
-def split_host_port(addr: str) -> tuple[str, int]:
-    """``host:port``, ``:port`` or ``[v6]:port`` → (host, port); empty host means all interfaces."""
-    host, _, port = addr.rpartition(":")
-    host = host.strip("[]")
-    try:
-        number = int(port)
-    except ValueError as exc:
-        raise ValueError(f"{addr!r} has no numeric port") from exc
-    return host or "0.0.0.0", number
+def listen_address(addr: str) -> tuple[str, int]:
+    """``host:port``, ``:port`` or ``[v6]:port`` → (host, port) to listen on; an empty host means all
+    interfaces, port 0 a free port. Raises ValueError for anything else."""
+    parsed = split_host_port(addr, any_port=True)
+    if parsed is None:
+        raise ValueError(f"{addr!r} is not host:port with a port from 0 to 65535")
+    host, port = parsed
+    return host.strip("[]") or "0.0.0.0", port
 
 
 async def serve_healthz(addr: str, state: AgentState) -> asyncio.Server:
     """Start listening on ``addr``; the caller closes the returned server."""
-    host, port = split_host_port(addr)
+    host, port = listen_address(addr)
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:

@@ -29,6 +29,7 @@ from nstance.config.fields import (
     seconds,
 )
 from nstance.config.limits import LimitsConfig
+from nstance.core.hostport import split_host_port
 
 ADDR_FIELDS: tuple[str, ...] = (
     "health_addr",
@@ -68,16 +69,6 @@ def google_project(options: Mapping[str, Any]) -> str:
         if isinstance(value, str) and value:
             return value
     return ""
-
-
-def split_host_port(addr: str) -> tuple[str, int] | None:
-    """Split ``host:port`` (``[v6]:port`` for IPv6, empty host allowed); None if malformed."""
-    host, sep, port = addr.rpartition(":")
-    if not sep or not port.isdigit() or not 1 <= int(port) <= 65535:
-        return None
-    if ":" in host and not (host.startswith("[") and host.endswith("]")):
-        return None
-    return host, int(port)
 
 
 class AddrsConfig(StrictModel):

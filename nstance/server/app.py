@@ -28,10 +28,10 @@ from typing import TypeVar
 import grpc
 
 from nstance.config import ServerConfig
-from nstance.config.shard import split_host_port
 from nstance.core.backoff import Backoff
 from nstance.core.clock import Clock, SystemClock
 from nstance.core.errors import FailedPrecondition, InvalidArgument, NstanceError, Unauthenticated
+from nstance.core.hostport import split_host_port
 from nstance.core.logformat import JsonFormatter
 from nstance.core.logthrottle import LogThrottle
 from nstance.core.ratelimit import TokenBucket

@@ -33,7 +33,7 @@ def test_bad_variable_exits_2_and_names_it(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "nstance.agent", "--instance-dir", str(directory)],
         env=agent_env(
-            NSTANCE_INSTANCE_ID="web-1",
+            NSTANCE_INSTANCE_ID="web06h1me03z9srk7h6t0f09cb1f4",
             NSTANCE_SERVER_REGISTRATION_ADDR="127.0.0.1:1",
             NSTANCE_SERVER_AGENT_ADDR="127.0.0.1:2",
             NSTANCE_REPORT_INTERVAL="ten seconds",
@@ -63,7 +63,7 @@ def test_missing_nonce_exits_2_and_names_the_file(tmp_path: Path) -> None:
 def test_sigterm_while_registering_exits_0(tmp_path: Path) -> None:
     directory = instance_dir(tmp_path)
     info = {
-        "instance_id": "web-1",
+        "instance_id": "web06h1me03z9srk7h6t0f09cb1f4",
         "server_registration_addr": "127.0.0.1:1",
         "server_agent_addr": "127.0.0.1:1",
     }

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 
-from nstance.agent.healthz import serve_healthz, split_host_port
+from nstance.agent.healthz import listen_address, serve_healthz
 from nstance.agent.state import AgentState
 
 
 async def test_healthz_answers_from_state() -> None:
-    assert split_host_port(":8080") == ("0.0.0.0", 8080)
-    assert split_host_port("[::1]:9") == ("::1", 9)
+    assert listen_address(":8080") == ("0.0.0.0", 8080)
+    assert listen_address("[::1]:9") == ("::1", 9)
+    assert listen_address("127.0.0.1:0") == ("127.0.0.1", 0)
     state = AgentState()
     state.problem = "registration UNAVAILABLE: down"
     server = await serve_healthz("127.0.0.1:0", state)

@@ -152,7 +152,7 @@ def scenarios(tmp: Path) -> dict[str, dict[str, str]]:
             "NSTANCE_ADMIN_SERVERS": f"test=127.0.0.1:{closed}",
             "NSTANCE_SERVER_REGISTRATION_ADDR": f"127.0.0.1:{closed}",
             "NSTANCE_SERVER_AGENT_ADDR": f"127.0.0.1:{closed}",
-            "NSTANCE_INSTANCE_ID": "app01",
+            "NSTANCE_INSTANCE_ID": "app06h1me03z9srk7h6t0f09cb1f4",  # a valid id: the endpoint is the problem
             "KUBECONFIG": str(kubeconfig),
         },
         "missing bucket directory": {"NSTANCE_STORAGE": "file", "NSTANCE_BUCKET": str(tmp / "no-such-dir")},

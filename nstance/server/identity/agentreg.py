@@ -16,7 +16,6 @@ import asyncio
 import dataclasses
 import ipaddress
 import logging
-import re
 from concurrent.futures import Executor
 from datetime import datetime
 from typing import NamedTuple, Protocol
@@ -29,6 +28,7 @@ from nstance.core.errors import (
     Unauthenticated,
     Unavailable,
 )
+from nstance.core.hostport import hostname_problem
 from nstance.core.ids import parse_puid
 from nstance.db import repo
 from nstance.db.models import RECORD_FAILED
@@ -42,9 +42,6 @@ from nstance.server.state.context import ShardContext
 from nstance.server.state.records import InstanceRecord
 
 log = logging.getLogger(__name__)
-
-MAX_HOSTNAME_LENGTH = 253
-_WHITESPACE = re.compile(r"\s")
 
 
 class RegistrationEvents(Protocol):
@@ -65,15 +62,8 @@ def _check_reported(private_ipv4: str, private_ipv6: str, hostname: str) -> None
             ipaddress.IPv6Address(private_ipv6)
         except ValueError:
             raise InvalidArgument(f"private_ipv6 {private_ipv6!r} is not an IPv6 address") from None
-    if hostname and (
-        len(hostname) > MAX_HOSTNAME_LENGTH
-        or not hostname.isprintable()
-        or _WHITESPACE.search(hostname) is not None
-    ):
-        raise InvalidArgument(
-            f"hostname {hostname[:64]!r} is not a host name (printable, no spaces, "
-            f"at most {MAX_HOSTNAME_LENGTH} characters)"
-        )
+    if hostname and (problem := hostname_problem(hostname)) is not None:
+        raise InvalidArgument(f"hostname {hostname[:64]!r} {problem}")
 
 
 class _ClaimRequest(NamedTuple):
