@@ -56,7 +56,7 @@ async def serve_healthz(addr: str, state: AgentState) -> asyncio.Server:
             else:
                 ok, reason = state.healthz()
                 status, body = (200 if ok else 503), reason
-            payload = (body.replace("\n", " ") + "\n").encode()
+            payload = body.replace("\n", " ").encode()  # "ok" exactly, as upstream answers
             head = (
                 f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: text/plain; charset=utf-8\r\n"
                 f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
