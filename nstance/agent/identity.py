@@ -4,9 +4,10 @@ The identity key is Ed25519 when the cluster CA is Ed25519 (an upstream cluster,
 only Ed25519 identities) and ECDSA P-256 otherwise; a stored key of either type is kept.
 
 Responsible for reading ``identity/ca.crt`` and ``identity/nonce.jwt``, creating or reusing
-``identity/identity.key`` (mode 0600), deciding whether a stored ``identity.crt`` can be used, and the
-runtime config hash (``identity/config.hash``, or the nonce's ``config_hash`` claim as a hint). It does
-not talk to the server (register.py, renewal.py) and never verifies the nonce: that is the server's job.
+``identity/identity.key`` with ``identity/identity.pub`` (mode 0600), deciding whether a stored
+``identity.crt`` can be used, and the runtime config hash (``identity/config.hash``, or the nonce's
+``config_hash`` claim as a hint). It does not talk to the server (register.py, renewal.py) and never
+verifies the nonce: that is the server's job.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from nstance.pki.keys import (
     generate_private_key,
     load_private_key_pem,
     private_key_to_pem,
+    public_key_to_pem,
     public_keys_equal,
     require_public_key,
 )
@@ -70,11 +72,29 @@ def identity_key_type(ca_pem: bytes) -> str:
 
 
 def ensure_identity_key(path: Path, *, mode: int = 0o600, key_type: str = "ecdsa-p256") -> PrivateKey:
-    """Load the identity key at ``path`` (ECDSA P-256 or Ed25519), or create one of ``key_type``."""
+    """Load the identity key at ``path`` (ECDSA P-256 or Ed25519), or create one of ``key_type``.
+
+    The public key is kept beside it (``identity.pub``, same mode), as upstream's agent keeps its pair:
+    an identity directory stays usable by the Go agent after a rollback (an Ed25519 key, an upstream
+    cluster), which refuses a private key without its public key. A missing ``identity.pub`` is
+    written from the private key (a directory from an earlier version of this agent, or a crash
+    between the two writes). A public key without its private key is a broken pair, refused as
+    upstream refuses it: a new key would not match the certificate the old one was issued.
+    """
+    public_path = path.with_suffix(".pub")
     if path.exists():
-        return load_private_key_pem(path.read_bytes(), what=f"identity key {path}")
+        key = load_private_key_pem(path.read_bytes(), what=f"identity key {path}")
+        if not public_path.exists():
+            write_atomic(public_path, public_key_to_pem(key), mode=mode, dir_mode=0o700)
+        return key
+    if public_path.exists():
+        raise FailedPrecondition(
+            f"incomplete identity keypair: {public_path} exists but {path} does not; a new key would not "
+            "match the identity it belongs to (restore the key, or remove both to register afresh)"
+        )
     key = generate_private_key(key_type)
     write_atomic(path, private_key_to_pem(key), mode=mode, dir_mode=0o700)
+    write_atomic(public_path, public_key_to_pem(key), mode=mode, dir_mode=0o700)
     return key
 
 

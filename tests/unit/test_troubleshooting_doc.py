@@ -196,6 +196,7 @@ QUOTED_MESSAGES: list[tuple[str, str]] = [
     ("must be an octal file mode like 0640", "nstance/agent/config.py"),
     ("must be host:port with a port from 1 to 65535, an IPv6 host in brackets", "nstance/agent/config.py"),
     ("is missing (the provider writes it from the instance userdata)", "nstance/agent/identity.py"),
+    ("incomplete identity keypair", "nstance/agent/identity.py"),
     ("This nonce will not work again", "nstance/agent/register.py"),
     ("not registered: ", "nstance/agent/state.py"),
     ("health stream down: ", "nstance/agent/state.py"),

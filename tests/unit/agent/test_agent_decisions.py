@@ -14,10 +14,10 @@ from nstance.agent.keys import KeyStore, validate_key_name
 from nstance.agent.register import Outcome, classify_registration_error
 from nstance.agent.renewal import renewal_due, warning_due
 from nstance.core.clock import ManualClock
-from nstance.core.errors import InvalidArgument
+from nstance.core.errors import FailedPrecondition, InvalidArgument
 from nstance.pki.ca import create_ca
 from nstance.pki.certs import issue_client_certificate
-from nstance.pki.keys import load_private_key_pem, load_public_key_pem
+from nstance.pki.keys import load_private_key_pem, load_public_key_pem, public_key_to_pem
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -110,3 +110,21 @@ def test_key_store_creates_reuses_and_lists_keys(tmp_path: Path) -> None:
     assert [k.name for k in listed] == ["etcd.peer", "kubelet.server"]
     pub = load_public_key_pem(listed[1].public_key_pem, ("ecdsa-p256",))
     assert pub == load_private_key_pem(first).public_key()
+
+
+def test_the_identity_key_is_kept_as_a_pair_as_upstreams_agent_keeps_it(tmp_path: Path) -> None:
+    # Upstream's agent (internal/identity) stores identity.key and identity.pub and refuses a
+    # directory with one of them: a Go agent started on this directory after a rollback must find both.
+    key_path = tmp_path / "identity.key"
+    public_path = tmp_path / "identity.pub"
+    key = ensure_identity_key(key_path, key_type="ed25519")
+    assert public_path.read_bytes() == public_key_to_pem(key)
+    assert (public_path.stat().st_mode & 0o777) == 0o600
+    public_path.unlink()  # a directory written by an earlier version of this agent: the pair is completed
+    assert public_key_to_pem(ensure_identity_key(key_path)) == public_key_to_pem(key)
+    assert public_path.read_bytes() == public_key_to_pem(key)
+    key_path.unlink()  # a public key alone: refused, never replaced by a new pair
+    with pytest.raises(FailedPrecondition, match="incomplete identity keypair"):
+        ensure_identity_key(key_path)
+    assert not key_path.exists()
+    assert public_path.read_bytes() == public_key_to_pem(key)
