@@ -2,7 +2,9 @@
 
 Responsible for the receive directory: which names are acceptable (a clean relative path that stays
 inside RECV_DIR), which contents are acceptable (by extension, as upstream), staging deliveries until
-a commit message, writing them atomically on commit followed by ``identity/config.hash``, and the
+a commit message, writing them atomically on commit followed by ``identity/config.hash`` and the
+completion marker ``RECV_DIR/write-files.last`` (the commit's time in Unix milliseconds, as upstream's
+agent writes it: what watchers on the machine wait for before they apply the files), and the
 per-file status the health report carries. The validators are pure functions; ``FileReceiver`` does
 the disk I/O. Nothing here speaks gRPC (streams.py converts messages) or writes outside RECV_DIR and
 the config.hash file.
@@ -29,6 +31,8 @@ from nstance.core.errors import InvalidArgument
 log = logging.getLogger("nstance.agent.files")
 
 MAX_NAME_LENGTH = 255 * 4
+#: Written into RECV_DIR after every applied commit (upstream's name); no pushed file may take it.
+COMPLETION_MARKER = "write-files.last"
 #: Longest path component, in UTF-8 bytes: NAME_MAX (255) less what the temporary file adds around it
 #: (``TEMP_PREFIX`` and a random suffix), so a name that validates can also be written.
 MAX_COMPONENT_BYTES = 255 - len(TEMP_PREFIX) - TEMP_NAME_EXTRA
@@ -68,6 +72,8 @@ def validate_file_name(name: str) -> str:
         raise InvalidArgument(f"file name {name!r} is not a clean path (empty or '.' component)")
     if parts[-1].startswith(TEMP_PREFIX):
         raise InvalidArgument(f"file name {name!r} uses the agent's temporary-file prefix")
+    if name == COMPLETION_MARKER:
+        raise InvalidArgument(f"file name {name!r} is the agent's completion marker")
     return name
 
 
@@ -262,6 +268,9 @@ class FileReceiver:
             self._config_hash_path, config_hash.encode() + b"\n", mode=self._hash_mode, dir_mode=0o700
         )
         result.config_hash_written = True
+        # Last, as upstream's agent: a watcher that sees the marker change finds the files and the hash.
+        stamp = str(int(datetime.now(UTC).timestamp() * 1000)).encode()
+        write_atomic(self._recv_dir / COMPLETION_MARKER, stamp, mode=self._mode, dir_mode=self._dir_mode)
         log.info("applied config %s (%d file(s) written)", config_hash, len(result.written))
         if self._on_commit is not None:
             self._on_commit(config_hash)
@@ -280,6 +289,7 @@ class FileReceiver:
             for path in root.rglob("*"):
                 if path.is_file() and not path.name.startswith(TEMP_PREFIX):
                     names.add(path.relative_to(root).as_posix())
+            names.discard(COMPLETION_MARKER)  # the agent's own file, not one the server pushed
         for name in names:
             try:
                 stamp = (root / name).stat().st_mtime

@@ -102,10 +102,12 @@ def tree(root: Path) -> set[str]:
 
 
 def assert_only_good_files(root: Path, before: set[str]) -> None:
-    """Below ``root``: the good files, the keys and config.hash were written, nothing else anywhere."""
+    """Below ``root``: the good files, the keys, config.hash and the completion marker were written,
+    nothing else anywhere."""
     assert tree(root) - before == {
         *(f"var/lib/nstance/recv/{name}" for name in GOOD),
         "var/lib/nstance/identity/config.hash",
+        "var/lib/nstance/recv/write-files.last",  # the completion marker (upstream's name)
         "var/lib/nstance/keys/good.key",
         "var/lib/nstance/keys/good.pub",
     }

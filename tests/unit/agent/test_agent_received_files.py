@@ -161,3 +161,31 @@ def test_files_already_in_the_directory_are_reported(tmp_path: Path) -> None:
     (recv / "sub").mkdir(parents=True)
     (recv / "sub" / "old.txt").write_text("from a previous run")
     assert set(receiver.statuses()) == {"sub/old.txt"}
+
+
+def test_every_applied_commit_ends_with_the_completion_marker_upstreams_agent_writes(tmp_path: Path) -> None:
+    # Upstream's agent writes RECV_DIR/write-files.last (Unix milliseconds) after the files and
+    # config.hash of a patch; watchers on the machine apply received files when it changes.
+    receiver, recv, hash_path, _ = make_receiver(tmp_path)
+    marker = recv / "write-files.last"
+    before = int(datetime.now(UTC).timestamp() * 1000)
+    receiver.receive(Delivery("app.env", b"A=1\n"))
+    receiver.commit("h1")
+    first = int(marker.read_text())
+    assert before <= first <= int(datetime.now(UTC).timestamp() * 1000)
+    assert marker.stat().st_mtime_ns >= hash_path.stat().st_mtime_ns >= (recv / "app.env").stat().st_mtime_ns
+    assert "write-files.last" not in receiver.statuses()  # the agent's own file, not a pushed one
+
+    receiver.receive(Delivery("", config_hash="h2"))  # a commit without files is applied too
+    assert hash_path.read_text().strip() == "h2"
+    assert int(marker.read_text()) >= first
+
+    recv.joinpath("blocker").write_text("a file where a directory is needed")
+    stamp = marker.read_text()
+    receiver.receive(Delivery("blocker/x.txt", b"x"))
+    assert not receiver.commit("h3").config_hash_written
+    assert marker.read_text() == stamp  # a commit that was not applied leaves the marker alone
+
+    receiver.receive(Delivery("write-files.last", b"0"))  # no pushed file may take its name
+    assert "completion marker" in (receiver.statuses()["write-files.last"].error or "")
+    assert marker.read_text() == stamp
