@@ -1,7 +1,9 @@
 """Key pairs the server asks for on ReceiveKeyRequests: ``KEYS_DIR/<name>.key`` and ``<name>.pub``.
 
-Responsible for validating key names (bare file names only), creating ECDSA P-256 key pairs or reusing
-existing ones, and listing every public key for SubmitPublicKeys. Nothing here speaks gRPC and nothing
+Responsible for validating key names (bare file names only), creating key pairs or reusing existing
+ones, and listing every public key for SubmitPublicKeys. New pairs are of the identity key's type:
+Ed25519 under an Ed25519 cluster CA (a Go server issues workload certificates for Ed25519 keys only),
+ECDSA P-256 otherwise. Nothing here speaks gRPC and nothing
 is written outside KEYS_DIR.
 """
 
@@ -50,10 +52,14 @@ class PublicKeyFile:
 class KeyStore:
     """Creates and lists key pairs in ``keys_dir``."""
 
-    def __init__(self, keys_dir: Path, *, mode: int = 0o640, dir_mode: int = 0o750) -> None:
+    def __init__(
+        self, keys_dir: Path, *, mode: int = 0o640, dir_mode: int = 0o750, key_type: str = "ecdsa-p256"
+    ) -> None:
         self._dir = keys_dir
         self._mode = mode
         self._dir_mode = dir_mode
+        #: The type of new pairs; the agent sets it from the cluster CA once it has read it.
+        self.key_type = key_type
 
     def ensure(self, names: list[str]) -> list[str]:
         """Create (or reuse) a key pair for each valid name; returns the names that are ready."""
@@ -73,7 +79,7 @@ class KeyStore:
                     log.error("cannot reuse %s (%s); leaving it alone", key_path, exc)
                     continue
             else:
-                key = generate_private_key("ecdsa-p256")
+                key = generate_private_key(self.key_type)
                 write_atomic(key_path, private_key_to_pem(key), mode=self._mode, dir_mode=self._dir_mode)
                 log.info("generated key %s", name)
             pem = public_key_to_pem(key)

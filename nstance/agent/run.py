@@ -73,9 +73,9 @@ class Agent:
     async def run(self) -> None:
         config = self.config
         bootstrap = read_bootstrap(config.identity_dir)
-        key = ensure_identity_key(
-            config.key_path, mode=config.identity_mode, key_type=identity_key_type(bootstrap.ca_pem)
-        )
+        key_type = identity_key_type(bootstrap.ca_pem)
+        key = ensure_identity_key(config.key_path, mode=config.identity_mode, key_type=key_type)
+        self.keys.key_type = key_type  # workload key pairs too: a Go server certifies Ed25519 keys only
         background: list[asyncio.Task[object]] = []
         healthz: asyncio.Server | None = None
         try:

@@ -40,7 +40,11 @@ from nstance.testing.waiting import eventually
 pytestmark = pytest.mark.timeout(180)
 SHARD = "zone-a"
 CLUSTER = "mixed"
-FILES = {"app.env": {"kind": "env", "template": {"GREETING": "{{ .Vars.greeting }}"}}}
+FILES = {
+    "app.env": {"kind": "env", "template": {"GREETING": "{{ .Vars.greeting }}"}},
+    # a workload certificate for a key pair the agent makes on request (a Go server certifies Ed25519 only)
+    "tls.crt": {"kind": "certificate", "template": "workload", "key": {"source": "agent", "name": "tls.pub"}},
+}
 CALL_TIMEOUT = 10.0
 CERT = "identity/identity.crt"
 KEY = "identity/identity.key"
@@ -71,7 +75,7 @@ class Running:
 
 
 def _config(root: Path, addrs: dict[str, str], size: int) -> dict[str, Any]:
-    return shard_config(
+    config = shard_config(
         cluster_id=CLUSTER,
         shard=SHARD,
         addrs=addrs,
@@ -82,6 +86,8 @@ def _config(root: Path, addrs: dict[str, str], size: int) -> dict[str, Any]:
         shard_extra={"health_check_interval": "1s"},
         template_extra={"files": FILES, "vars": {"greeting": "hello"}},
     )
+    config["certificates"] = {"workload": {"kind": "client", "cn": "{{ .Instance.ID }}"}}
+    return config
 
 
 @pytest.fixture(autouse=True)
@@ -253,6 +259,13 @@ async def test_an_agent_under_an_ed25519_ca_registers_reports_and_receives_files
             )  # as Go writes env files: no final newline
 
         await eventually(delivered, within=30, what="app.env pushed to the Ed25519 agent")
+
+        # The key pair the server asked for is of the CA's type too, and its certificate arrives.
+        tls_crt = running.instance_dir(iid) / "recv" / "tls.crt"
+        await eventually(tls_crt.is_file, within=30, what="the workload certificate for the agent's key")
+        workload_key = load_private_key_pem((running.instance_dir(iid) / "keys" / "tls.key").read_bytes())
+        assert isinstance(workload_key, ed25519.Ed25519PrivateKey)
+        assert x509.load_pem_x509_certificate(tls_crt.read_bytes()).public_key() == workload_key.public_key()
 
         operator = running.cluster.operator_identity(tmp_path / "op", key_type="ed25519")
         with open_channel(running.addrs["operator_addr"], load_identity(operator)) as channel:

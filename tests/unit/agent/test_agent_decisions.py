@@ -8,6 +8,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from nstance.agent.identity import certificate_problem, ensure_identity_key
 from nstance.agent.keys import KeyStore, validate_key_name
@@ -128,3 +129,11 @@ def test_the_identity_key_is_kept_as_a_pair_as_upstreams_agent_keeps_it(tmp_path
         ensure_identity_key(key_path)
     assert not key_path.exists()
     assert public_path.read_bytes() == public_key_to_pem(key)
+
+
+def test_key_pairs_made_on_request_take_the_type_they_are_told(tmp_path: Path) -> None:
+    store = KeyStore(tmp_path / "keys", key_type="ed25519")  # under an Ed25519 CA (a Go server's cluster)
+    assert store.ensure(["tls"]) == ["tls"]
+    made = load_private_key_pem((tmp_path / "keys" / "tls.key").read_bytes())
+    assert isinstance(made, ed25519.Ed25519PrivateKey)
+    assert load_public_key_pem(store.public_keys()[0].public_key_pem, ("ed25519",)) is not None
