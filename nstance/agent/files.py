@@ -264,9 +264,7 @@ class FileReceiver:
                 len(result.failed),
             )
             return result
-        write_atomic(
-            self._config_hash_path, config_hash.encode() + b"\n", mode=self._hash_mode, dir_mode=0o700
-        )
+        write_atomic(self._config_hash_path, config_hash.encode(), mode=self._hash_mode, dir_mode=0o700)
         result.config_hash_written = True
         # Last, as upstream's agent: a watcher that sees the marker change finds the files and the hash.
         stamp = str(int(datetime.now(UTC).timestamp() * 1000)).encode()

@@ -171,6 +171,7 @@ def test_every_applied_commit_ends_with_the_completion_marker_upstreams_agent_wr
     before = int(datetime.now(UTC).timestamp() * 1000)
     receiver.receive(Delivery("app.env", b"A=1\n"))
     receiver.commit("h1")
+    assert hash_path.read_bytes() == b"h1"  # the hash alone, as upstream's agent writes it
     first = int(marker.read_text())
     assert before <= first <= int(datetime.now(UTC).timestamp() * 1000)
     assert marker.stat().st_mtime_ns >= hash_path.stat().st_mtime_ns >= (recv / "app.env").stat().st_mtime_ns
