@@ -123,14 +123,22 @@ class Agent:
         self.reports.put(msg)
 
     def batch(self, timeout: float = 15) -> tuple[dict[str, bytes], str]:
-        """Files received up to and including the next commit, and the commit's hash."""
+        """Files received up to and including the next commit, and the commit's hash.
+
+        Each message is checked as upstream's newest agent checks a patch (it drops the stream
+        otherwise): a file carries a name and no config hash, appears once per patch, and the commit
+        carries the config hash and nothing else - no name, no content, no ``last_modified``.
+        """
         got: dict[str, bytes] = {}
         deadline = time.monotonic() + timeout
         while True:
             item = self.files.get(timeout=max(0.01, deadline - time.monotonic()))
             assert not isinstance(item, grpc.RpcError), item
-            if not item.filename:
+            if item.config_hash:
+                assert (item.filename, item.content, item.HasField("last_modified")) == ("", b"", False), item
                 return got, item.config_hash
+            assert item.filename, "a file message without a name"
+            assert item.filename not in got, f"{item.filename} twice in one patch"
             got[item.filename] = item.content
 
     def close(self) -> None:

@@ -111,6 +111,11 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
     ) -> AsyncIterator[agent_pb2.FileTransfer]:
         instance_id = _caller("")
         async for delivery in self._hub.files(instance_id):
+            if not delivery.name:
+                # The commit: the config hash alone. Upstream's newest agent drops the stream when a
+                # commit carries anything else (a name, content or a time).
+                yield agent_pb2.FileTransfer(config_hash=delivery.config_hash)
+                continue
             yield agent_pb2.FileTransfer(
                 filename=delivery.name,
                 content=delivery.content,
