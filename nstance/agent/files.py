@@ -207,7 +207,8 @@ class FileReceiver:
     def receive(self, delivery: Delivery) -> CommitResult | None:
         """Stage a file, or commit the staged ones; returns the commit result for a commit message.
 
-        A file that fails validation is not staged; its error is kept for the health report.
+        A file that fails validation is not staged; its error is kept for the health report. A file
+        that carries a config hash (older Go servers send no commit) is committed at once with it.
         """
         with self._lock:
             return self._receive(delivery)
@@ -226,8 +227,12 @@ class FileReceiver:
             log.warning("refused file %r: %s", delivery.filename, exc)
             self._errors[delivery.filename] = str(exc)
             self._staged.pop(delivery.filename, None)
-            return None
-        self._staged[delivery.filename] = delivery
+        else:
+            self._staged[delivery.filename] = delivery
+        if delivery.config_hash:
+            # Go servers before the commit message sent every file with the group's hash and never a
+            # commit; their agent wrote each file and the hash at once. Such a file is its own patch.
+            return self._commit(delivery.config_hash)
         return None
 
     def commit(self, config_hash: str) -> CommitResult:

@@ -190,3 +190,19 @@ def test_every_applied_commit_ends_with_the_completion_marker_upstreams_agent_wr
     receiver.receive(Delivery("write-files.last", b"0"))  # no pushed file may take its name
     assert "completion marker" in (receiver.statuses()["write-files.last"].error or "")
     assert marker.read_text() == stamp
+
+
+def test_files_from_a_go_server_without_commits_are_applied_one_by_one(tmp_path: Path) -> None:
+    # Go servers before the commit message (upstream's older internal/server/agent) send every file
+    # with the group's runtime hash and never a commit; their agent wrote each file and the hash at once.
+    receiver, recv, hash_path, commits = make_receiver(tmp_path)
+    result = receiver.receive(Delivery("app.env", b"A=1", config_hash="sha256:old-server"))
+    assert result is not None
+    assert result.written == ["app.env"]
+    assert (recv / "app.env").read_bytes() == b"A=1"
+    assert hash_path.read_bytes() == b"sha256:old-server"
+    receiver.receive(Delivery("bad.json", b"{", config_hash="sha256:old-server"))
+    assert "not valid JSON" in (receiver.statuses()["bad.json"].error or "")
+    assert not (recv / "bad.json").exists()
+    assert commits == ["sha256:old-server", "sha256:old-server"]
+    assert (recv / "write-files.last").is_file()
