@@ -3,8 +3,7 @@
 Responsible for validating key names (bare file names only), creating key pairs or reusing existing
 ones, and listing every public key for SubmitPublicKeys. New pairs are of the identity key's type:
 Ed25519 under an Ed25519 cluster CA (a Go server issues workload certificates for Ed25519 keys only),
-ECDSA P-256 otherwise. Nothing here speaks gRPC and nothing
-is written outside KEYS_DIR.
+ECDSA P-256 otherwise. Nothing here speaks gRPC and nothing is written outside KEYS_DIR.
 """
 
 from __future__ import annotations
