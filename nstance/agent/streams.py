@@ -26,6 +26,8 @@ from nstance.agent.metrics import MetricsReader
 from nstance.agent.state import AgentState
 from nstance.core.backoff import Backoff
 from nstance.core.clock import Clock
+from nstance.core.errors import InvalidArgument
+from nstance.pki.keys import load_public_key_pem, public_key_to_wire
 from nstance.rpc import agent_pb2, agent_pb2_grpc
 
 log = logging.getLogger("nstance.agent.streams")
@@ -195,9 +197,16 @@ async def submit_public_keys(
     stub: agent_pb2_grpc.AgentServiceStub, store: KeyStore, instance_id: str
 ) -> None:
     keys = store.public_keys()
-    request = agent_pb2.PublicKeysRequest(
-        instance_id=instance_id,
-        keys=[agent_pb2.PublicKeySubmission(filename=k.name, public_key_pem=k.public_key_pem) for k in keys],
-    )
+    submissions = []
+    for k in keys:
+        try:
+            key = load_public_key_pem(k.public_key_pem, what=f"{k.name}.pub")
+        except InvalidArgument as exc:
+            log.warning("not submitting %s.pub: %s", k.name, exc)
+            continue
+        # base64 of the DER, as upstream's agents send it: a Go server decodes the field so and skips a PEM
+        wire = public_key_to_wire(key)
+        submissions.append(agent_pb2.PublicKeySubmission(filename=k.name, public_key_pem=wire))
+    request = agent_pb2.PublicKeysRequest(instance_id=instance_id, keys=submissions)
     await stub.SubmitPublicKeys(request, timeout=SUBMIT_TIMEOUT)
     log.info("submitted %d public key(s)", len(keys))

@@ -16,6 +16,8 @@ Pure functions only: no file or network I/O, no global state.
 
 from __future__ import annotations
 
+import base64
+import binascii
 from collections.abc import Iterable
 from typing import Literal, get_args
 
@@ -197,3 +199,28 @@ def load_public_key_pem(
     """Parse a SubjectPublicKeyInfo PEM public key of an accepted type."""
     names = _check_accepted(accepted)
     return require_public_key(load_any_public_key_pem(data, what=what), names, what=what)
+
+
+def public_key_to_wire(key: PublicKey | PrivateKey) -> bytes:
+    """A public key as ``PublicKeySubmission.public_key_pem`` carries it: base64 (standard alphabet,
+    padded) of the DER SubjectPublicKeyInfo, without PEM armour. Despite the field's name, that is what
+    upstream's agents send and what upstream's servers decode (they skip anything else)."""
+    return base64.b64encode(public_key_to_der(key))
+
+
+def load_public_key_wire(
+    data: bytes, accepted: Iterable[str] = KEY_TYPES, *, what: str = "public key"
+) -> PublicKey:
+    """Parse a submitted public key of an accepted type: base64 of its DER (``public_key_to_wire``, as
+    upstream's agents send it) or PEM (as this project's agents sent it before they followed upstream)."""
+    if b"-----BEGIN" in data:
+        return load_public_key_pem(data, accepted, what=what)
+    try:
+        der = base64.b64decode(data.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidArgument(f"{what} is neither base64 of a DER public key nor a PEM public key") from None
+    try:
+        key = serialization.load_der_public_key(der)
+    except (ValueError, UnsupportedAlgorithm) as exc:
+        raise InvalidArgument(f"{what} is not a readable DER public key: {exc}") from exc
+    return require_public_key(key, _check_accepted(accepted), what=what)

@@ -9,6 +9,7 @@ renewal, and an agent that stays idle (no retry storm) after a permanent registr
 from __future__ import annotations
 
 import asyncio
+import base64
 import stat
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -30,7 +31,12 @@ from nstance.core.backoff import Backoff
 from nstance.core.clock import ManualClock
 from nstance.pki.ca import CertificateAuthority, create_ca
 from nstance.pki.certs import issue_client_certificate
-from nstance.pki.keys import generate_private_key, load_any_public_key_pem, load_private_key_pem
+from nstance.pki.keys import (
+    generate_private_key,
+    load_any_public_key_pem,
+    load_private_key_pem,
+    public_key_to_der,
+)
 from nstance.pki.nonce import agent_nonce_claims, sign_nonce
 from nstance.rpc import agent_pb2, agent_pb2_grpc, registration_pb2, registration_pb2_grpc
 from nstance.server.identity.tls import server_credentials
@@ -320,7 +326,8 @@ async def test_agent_registers_reports_applies_files_makes_keys_and_renews(harne
         assert api.submitted[-1].instance_id == INSTANCE_ID
         key = load_private_key_pem((config.keys_dir / "kubelet.server.key").read_bytes())
         assert isinstance(key, ec.EllipticCurvePrivateKey)
-        assert load_any_public_key_pem(submission.public_key_pem) == key.public_key()
+        # base64 of the DER, as upstream's agents send it (a Go server decodes the field so)
+        assert submission.public_key_pem == base64.b64encode(public_key_to_der(key))
 
         # /healthz says ok while registered with the health stream up.
         assert agent.state.healthz() == (True, "ok")

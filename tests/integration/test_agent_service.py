@@ -19,6 +19,7 @@ import grpc
 import pytest
 from google.protobuf.empty_pb2 import Empty
 
+from nstance.pki.keys import generate_private_key, public_key_to_pem, public_key_to_wire
 from nstance.rpc import agent_pb2, operator_pb2, operator_pb2_grpc
 from nstance.testing.shardproc import LocalCluster, server_addrs, shard_config, start_leader
 from nstance.testing.waiting import eventually_sync
@@ -245,6 +246,33 @@ def test_a_public_key_file_name_with_a_path_is_refused(server: Server) -> None:
         stub.SubmitPublicKeys(bad, timeout=10)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "bare file name" in (caught.value.details() or "")
+
+
+def test_public_keys_are_taken_as_upstreams_agents_send_them_and_garbage_is_refused(server: Server) -> None:
+    # Upstream's agents (pkg/client/agent/public_keys.go) put base64 of the DER SubjectPublicKeyInfo in
+    # public_key_pem; this project's agents sent PEM before they followed upstream. Both are taken.
+    (iid,) = server.instance_ids()
+    identity = server.cluster.agent_identity(server.root / "agent-keys-wire", iid)
+    stub = server.cluster.agent_stub(identity, server.addrs["agent_addr"])
+    go_key, old_key = generate_private_key("ed25519"), generate_private_key("ecdsa-p256")
+    stub.SubmitPublicKeys(
+        agent_pb2.PublicKeysRequest(
+            instance_id=iid,
+            keys=[
+                agent_pb2.PublicKeySubmission(filename="go", public_key_pem=public_key_to_wire(go_key)),
+                agent_pb2.PublicKeySubmission(filename="old", public_key_pem=public_key_to_pem(old_key)),
+            ],
+        ),
+        timeout=10,
+    )
+    for garbage in (b"not a key", b"AAAA", public_key_to_wire(go_key)[:-8]):
+        bad = agent_pb2.PublicKeysRequest(
+            instance_id=iid, keys=[agent_pb2.PublicKeySubmission(filename="x", public_key_pem=garbage)]
+        )
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.SubmitPublicKeys(bad, timeout=10)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "public key 'x'" in (caught.value.details() or "")
 
 
 def test_a_spot_termination_notice_replaces_the_instance(server: Server) -> None:

@@ -17,6 +17,7 @@ from google.protobuf.empty_pb2 import Empty
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from nstance.core.errors import InvalidArgument, PermissionDenied
+from nstance.pki.keys import load_public_key_wire, public_key_to_pem
 from nstance.rpc import agent_pb2, agent_pb2_grpc
 from nstance.server.agents.hub import AgentHub, FileReport, HealthReport, TerminationNotice
 from nstance.server.identity.interceptors import current_peer
@@ -141,9 +142,9 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             name = key.filename
             if not name or "/" in name or "\\" in name or name in (".", "..") or "\x00" in name:
                 raise InvalidArgument(f"public key file name {name!r} must be a bare file name")
-            if b"-----BEGIN PUBLIC KEY-----" not in key.public_key_pem:
-                raise InvalidArgument(f"public key {name!r} is not a PEM PUBLIC KEY")
-            keys[name] = key.public_key_pem
+            # Upstream's agents send base64 of the DER in this field; this project's agents sent PEM.
+            submitted = load_public_key_wire(key.public_key_pem, what=f"public key {name!r}")
+            keys[name] = public_key_to_pem(submitted)
         await self._hub.submit_public_keys(instance_id, keys)
         return Empty()
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa, x25519
@@ -118,3 +120,22 @@ def test_private_key_where_public_expected_and_vice_versa() -> None:
         keys.require_private_key(key.public_key())
     with pytest.raises(InvalidArgument, match="private key is rsa-2048"):
         keys.require_private_key(rsa.generate_private_key(public_exponent=65537, key_size=2048))
+
+
+@pytest.mark.parametrize("key_type", ["ed25519", "ecdsa-p256"])
+def test_a_submitted_public_key_reads_in_upstreams_wire_form_and_as_pem(key_type: str) -> None:
+    # Upstream's agents send base64 (standard, padded) of the DER in PublicKeySubmission.public_key_pem.
+    key = keys.generate_private_key(key_type)
+    wire = keys.public_key_to_wire(key)
+    assert wire == base64.b64encode(keys.public_key_to_der(key))
+    assert b"-----" not in wire
+    assert keys.public_keys_equal(keys.load_public_key_wire(wire), key)
+    assert keys.public_keys_equal(keys.load_public_key_wire(keys.public_key_to_pem(key)), key)
+
+
+@pytest.mark.parametrize(
+    "data", [b"", b"not base64!", b"AAAA", b"-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n"]
+)
+def test_a_submitted_public_key_that_is_neither_form_is_refused(data: bytes) -> None:
+    with pytest.raises(InvalidArgument, match=r"^public key"):
+        keys.load_public_key_wire(data)
