@@ -47,22 +47,39 @@ class Bootstrap:
     nonce: str
 
 
-def read_bootstrap(identity_dir: Path) -> Bootstrap:
-    """Read ``ca.crt`` and ``nonce.jwt``; FailedPrecondition naming the missing or unreadable file."""
+def read_bootstrap(identity_dir: Path, *, nonce_required: bool = True) -> Bootstrap:
+    """Read ``ca.crt`` and ``nonce.jwt``; FailedPrecondition naming the missing or unreadable file.
+
+    Without ``nonce_required`` a missing ``nonce.jwt`` reads as an empty nonce: an agent that holds a
+    usable certificate needs none, and upstream's agent deletes it once registered, so a machine whose
+    Go agent is replaced by this one has none.
+    """
     ca_path = identity_dir / "ca.crt"
     nonce_path = identity_dir / "nonce.jwt"
-    for path in (ca_path, nonce_path):
-        if not path.is_file():
-            raise FailedPrecondition(f"{path} is missing (the provider writes it from the instance userdata)")
+    if not ca_path.is_file():
+        raise _missing(ca_path)
+    ca_pem = _read_ca(ca_path)
+    if not nonce_path.exists() and not nonce_required:
+        return Bootstrap(ca_pem=ca_pem, nonce="")
+    if not nonce_path.is_file():
+        raise _missing(nonce_path)
+    nonce = nonce_path.read_text(encoding="utf-8", errors="replace").strip()
+    if not nonce:
+        raise FailedPrecondition(f"{nonce_path} is empty")
+    return Bootstrap(ca_pem=ca_pem, nonce=nonce)
+
+
+def _missing(path: Path) -> FailedPrecondition:
+    return FailedPrecondition(f"{path} is missing (the provider writes it from the instance userdata)")
+
+
+def _read_ca(ca_path: Path) -> bytes:
     ca_pem = ca_path.read_bytes()
     try:
         parse_certificate(ca_pem, what=str(ca_path))
     except InvalidArgument as exc:
         raise FailedPrecondition(str(exc)) from exc
-    nonce = nonce_path.read_text(encoding="utf-8", errors="replace").strip()
-    if not nonce:
-        raise FailedPrecondition(f"{nonce_path} is empty")
-    return Bootstrap(ca_pem=ca_pem, nonce=nonce)
+    return ca_pem
 
 
 def identity_key_type(ca_pem: bytes) -> str:

@@ -72,7 +72,7 @@ class Agent:
 
     async def run(self) -> None:
         config = self.config
-        bootstrap = read_bootstrap(config.identity_dir)
+        bootstrap = read_bootstrap(config.identity_dir, nonce_required=False)
         key_type = identity_key_type(bootstrap.ca_pem)
         key = ensure_identity_key(config.key_path, mode=config.identity_mode, key_type=key_type)
         self.keys.key_type = key_type  # workload key pairs too: a Go server certifies Ed25519 keys only
@@ -108,6 +108,7 @@ class Agent:
                     log.info("stored identity certificate not usable (%s); registering", problem)
                     cert_pem = b""
             if not cert_pem:
+                read_bootstrap(config.identity_dir)  # registering needs the nonce: exit 2 if it is missing
                 self.state.problem = "registering"
                 cert_pem = await register_until_done(
                     config,

@@ -29,6 +29,7 @@ from nstance.agent.identity import ensure_identity_key
 from nstance.agent.run import Agent
 from nstance.core.backoff import Backoff
 from nstance.core.clock import ManualClock
+from nstance.core.errors import FailedPrecondition
 from nstance.pki.ca import CertificateAuthority, create_ca
 from nstance.pki.certs import issue_client_certificate
 from nstance.pki.keys import (
@@ -356,6 +357,37 @@ async def test_agent_reuses_a_valid_certificate_instead_of_registering(harness: 
         assert api.renewed == []
     finally:
         await stop(task)
+
+
+async def test_an_agent_replacing_a_go_agent_starts_without_the_nonce_it_deleted(harness: Harness) -> None:
+    # Upstream's agent deletes nonce.jwt once registered (pkg/client/registration): a machine whose Go
+    # agent is replaced by this one holds ca.crt, the key pair and identity.crt, and no nonce.
+    config, api = harness.config, harness.api
+    (config.identity_dir / "nonce.jwt").unlink()
+    key_obj = ensure_identity_key(config.key_path)
+    issued = issue_client_certificate(
+        api.ca,
+        key_obj.public_key(),
+        client_id=INSTANCE_ID,
+        tenant="default",
+        role="agent",
+        ttl=timedelta(days=1),
+    )
+    config.cert_path.write_bytes(issued.cert_pem)
+    _, task = start_agent(config)
+    try:
+        await eventually(lambda: len(api.reports) >= 1, what="a health report", within=10)
+        assert harness.registration.requests == []
+        assert api.reports[0][0] == issued.serial
+    finally:
+        await stop(task)
+
+    # Without a usable certificate the nonce is needed after all: the agent stops and names it.
+    config.cert_path.unlink()
+    _, task = start_agent(config)
+    with pytest.raises(FailedPrecondition, match=r"nonce\.jwt is missing"):
+        await asyncio.wait_for(task, 10)
+    assert harness.registration.requests == []
 
 
 async def test_agent_keeps_its_certificate_when_the_server_cannot_renew(
