@@ -337,50 +337,44 @@ async def test_agent_registers_reports_applies_files_makes_keys_and_renews(harne
         await stop(task)
 
 
-async def test_agent_reuses_a_valid_certificate_instead_of_registering(harness: Harness) -> None:
-    config, api = harness.config, harness.api
-    key_obj = ensure_identity_key(config.key_path)
+def store_a_usable_certificate(harness: Harness) -> int:
+    """identity.key and an identity.crt for it from the cluster CA, as a registered machine holds them;
+    returns the certificate's serial."""
+    key_obj = ensure_identity_key(harness.config.key_path)
     issued = issue_client_certificate(
-        api.ca,
+        harness.api.ca,
         key_obj.public_key(),
         client_id=INSTANCE_ID,
         tenant="default",
         role="agent",
         ttl=timedelta(days=1),
     )
-    config.cert_path.write_bytes(issued.cert_pem)
-    _, task = start_agent(config)
+    harness.config.cert_path.write_bytes(issued.cert_pem)
+    return issued.serial
+
+
+async def reports_without_registering(harness: Harness, serial: int) -> None:
+    """The agent reports on the stored certificate ``serial`` and never calls RegisterAgent."""
+    _, task = start_agent(harness.config)
     try:
-        await eventually(lambda: len(api.reports) >= 1, what="a health report", within=10)
+        await eventually(lambda: len(harness.api.reports) >= 1, what="a health report", within=10)
         assert harness.registration.requests == []
-        assert api.reports[0][0] == issued.serial
-        assert api.renewed == []
+        assert harness.api.reports[0][0] == serial
+        assert harness.api.renewed == []
     finally:
         await stop(task)
+
+
+async def test_agent_reuses_a_valid_certificate_instead_of_registering(harness: Harness) -> None:
+    await reports_without_registering(harness, store_a_usable_certificate(harness))
 
 
 async def test_an_agent_replacing_a_go_agent_starts_without_the_nonce_it_deleted(harness: Harness) -> None:
     # Upstream's agent deletes nonce.jwt once registered (pkg/client/registration): a machine whose Go
     # agent is replaced by this one holds ca.crt, the key pair and identity.crt, and no nonce.
-    config, api = harness.config, harness.api
+    config = harness.config
     (config.identity_dir / "nonce.jwt").unlink()
-    key_obj = ensure_identity_key(config.key_path)
-    issued = issue_client_certificate(
-        api.ca,
-        key_obj.public_key(),
-        client_id=INSTANCE_ID,
-        tenant="default",
-        role="agent",
-        ttl=timedelta(days=1),
-    )
-    config.cert_path.write_bytes(issued.cert_pem)
-    _, task = start_agent(config)
-    try:
-        await eventually(lambda: len(api.reports) >= 1, what="a health report", within=10)
-        assert harness.registration.requests == []
-        assert api.reports[0][0] == issued.serial
-    finally:
-        await stop(task)
+    await reports_without_registering(harness, store_a_usable_certificate(harness))
 
     # Without a usable certificate the nonce is needed after all: the agent stops and names it.
     config.cert_path.unlink()
