@@ -108,7 +108,6 @@ class Agent:
                     log.info("stored identity certificate not usable (%s); registering", problem)
                     cert_pem = b""
             if not cert_pem:
-                read_bootstrap(config.identity_dir)  # registering needs the nonce: exit 2 if it is missing
                 self.state.problem = "registering"
                 cert_pem = await register_until_done(
                     config,
