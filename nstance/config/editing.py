@@ -30,7 +30,7 @@ from nstance.config.schema import DynamicGroups, ServerConfig
 from nstance.config.translate import problems_from_validation
 from nstance.config.workloads import DynamicGroupConfig, GroupConfig
 from nstance.core.durations import format_duration
-from nstance.core.errors import FailedPrecondition, InvalidArgument, NotFound
+from nstance.core.errors import FailedPrecondition, InvalidArgument
 from nstance.core.ids import validate_identifier
 
 
@@ -38,7 +38,10 @@ from nstance.core.ids import validate_identifier
 class GroupUpdate:
     """Fields an API caller wants to set; None (or "" for strings, empty for args) means unchanged.
 
-    ``vars``, when given, replaces the group's vars (pass ``{}`` to clear them).
+    ``vars`` are merged key by key into the group's own vars, as upstream's server merges them: a
+    caller that sends only a size (upstream's ``group scale``, an operator whose spec has no vars)
+    keeps the vars set before. A key given with an empty value is removed (upstream stores the empty
+    string, which a template reads the same as a missing key), so a caller can still take a var away.
     """
 
     template: str | None = None
@@ -89,12 +92,23 @@ def _pool_for_new(config: ServerConfig, group: str, template: str, requested: st
     if pool not in config.shard.subnet_pools:
         raise InvalidArgument(f'group "{group}": subnet pool "{pool}" is not defined in shard.subnet_pools')
     allowed = config.shard.dynamic_subnet_pools
-    if allowed is not None and pool not in allowed:
+    if allowed and pool not in allowed:  # unset or empty: every pool, as upstream reads it
         raise InvalidArgument(
             f'group "{group}": subnet pool "{pool}" is not allowed for dynamic groups '
             f"(shard.dynamic_subnet_pools: {', '.join(allowed) or 'none'})"
         )
     return pool
+
+
+def merged_vars(current: Mapping[str, str], given: Mapping[str, str]) -> dict[str, str]:
+    """``current`` with ``given`` applied key by key; an empty value removes its key."""
+    out = dict(current)
+    for key, value in given.items():
+        if value:
+            out[key] = value
+        else:
+            out.pop(key, None)
+    return out
 
 
 def _dynamic_fields(
@@ -153,8 +167,8 @@ def apply_upsert(
         fields["size"] = update.size
     if update.instance_type:
         fields["instance_type"] = update.instance_type
-    if update.vars is not None:
-        fields["vars"] = dict(update.vars)
+    if update.vars:
+        fields["vars"] = merged_vars(existing.vars if existing is not None else {}, update.vars)
     if static is not None:
         _check_static(config, static, group, update)
     else:
@@ -184,12 +198,14 @@ def _with_tenant(dynamic: DynamicGroups, tenant: str) -> DynamicGroups:
 
 
 def apply_delete(dynamic: DynamicGroups, tenant: str, group: str) -> DynamicGroups:
-    """Return ``dynamic`` without the entry for ``tenant/group``; NotFound if there is none.
+    """Return ``dynamic`` without the entry for ``tenant/group``; unchanged if there is none.
 
-    Deleting the dynamic entry of a static group removes only its overrides; the group stays.
+    Deleting the dynamic entry of a static group removes only its overrides; the group stays. An
+    entry that is already gone (a retried call, another server's delete) is not an error: DeleteGroup
+    is idempotent, as upstream's is.
     """
     if group not in dynamic.get(tenant, {}):
-        raise NotFound(f'group "{group}" of tenant "{tenant}" has no dynamic entry')
+        return dynamic
     updated = _with_tenant(dynamic, tenant)
     del updated[tenant][group]
     if not updated[tenant]:

@@ -24,6 +24,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PlainSerializer,
+    ValidationInfo,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -125,6 +126,16 @@ Duration = Annotated[
 
 PositiveDuration = Annotated[Duration, AfterValidator(_positive)]
 """A Go-style duration that must be greater than zero."""
+
+
+def zero_means_default(model: type[BaseModel], value: timedelta, info: ValidationInfo) -> timedelta:
+    """A field validator's body: ``0s`` becomes the field's default, as upstream reads several of its
+    durations (a config that loads there must load here)."""
+    if value == timedelta(0) and info.field_name is not None:
+        default = model.model_fields[info.field_name].default
+        if isinstance(default, timedelta):
+            return default
+    return value
 
 
 def seconds(value: float) -> timedelta:

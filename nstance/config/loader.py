@@ -19,7 +19,7 @@ from nstance.config.checks import Sections, cross_section_problems
 from nstance.config.errors import ConfigError, Problem, join_path
 from nstance.config.fields import GroupName, TenantName
 from nstance.config.jsonc import parse_jsonc
-from nstance.config.schema import UNSUPPORTED_SECTIONS, DynamicGroups, ServerConfig
+from nstance.config.schema import EMPTY_ONLY_SECTIONS, UNSUPPORTED_SECTIONS, DynamicGroups, ServerConfig
 from nstance.config.shard import google_project
 from nstance.config.translate import problems_from_validation
 from nstance.config.workloads import DynamicGroupConfig
@@ -130,6 +130,10 @@ def _validate(raw: object) -> tuple[ServerConfig | None, list[Problem]]:
         if key in UNSUPPORTED_SECTIONS:
             what = UNSUPPORTED_SECTIONS[key]
             problems.append(Problem(key, f'not supported yet ({what}); remove the "{key}" section'))
+        elif key in EMPTY_ONLY_SECTIONS:
+            if raw[key] not in (None, {}) and raw[key] != {"files": {}}:
+                what = EMPTY_ONLY_SECTIONS[key]
+                problems.append(Problem(key, f'not supported yet ({what}); leave the "{key}" section empty'))
         elif key not in _SECTIONS:
             problems.append(Problem(join_path("", key), "unknown field"))
     values: dict[str, Any] = {}

@@ -23,6 +23,13 @@ UNSUPPORTED_SECTIONS: dict[str, str] = {
     "tunnels": "tunnel pods",
 }
 
+EMPTY_ONLY_SECTIONS: dict[str, str] = {
+    "server": "files for services local to nstance-server",
+    "proxy": "the load balancer proxy",
+}
+"""Upstream v2 sections that its own JSON encoder writes as ``{}`` when unused (Go's ``omitempty``
+keeps an empty struct): accepted empty or null, refused with content, like ``UNSUPPORTED_SECTIONS``."""
+
 
 class ServerConfig(StrictModel):
     """One shard server's static configuration."""

@@ -27,6 +27,7 @@ from nstance.config.fields import (
     Rules,
     StrictModel,
     seconds,
+    zero_means_default,
 )
 from nstance.config.limits import LimitsConfig
 from nstance.core.hostport import split_host_port
@@ -164,7 +165,13 @@ class GarbageCollectionConfig(StrictModel):
     """An instance that has not registered this long after its creation is deleted; also the lifetime of
     agent registration nonces. Must be greater than `interval`, or `0s` when `interval` is `0s`."""
     deleted_record_retention: Duration = timedelta(minutes=30)
-    """How long records of deleted instances stay in object storage and SQLite before they are purged."""
+    """How long records of deleted instances stay in object storage and SQLite before they are purged.
+    `0s` means the default, as upstream reads it."""
+
+    @field_validator("deleted_record_retention")
+    @classmethod
+    def _retention_zero_is_default(cls, value: timedelta, info: ValidationInfo) -> timedelta:
+        return zero_means_default(cls, value, info)
 
     @model_validator(mode="after")
     def _rules(self) -> Self:
@@ -287,15 +294,17 @@ class ShardConfig(StrictModel):
     `vmbr0:120` with a VLAN tag)."""
     dynamic_subnet_pools: list[str] | None = None
     """Pools that groups created through the Operator API may use; each must be a pool of `subnet_pools`.
-    Unset: any pool."""
-    request_timeout: PositiveDuration = seconds(30)
+    Unset or empty: any pool (as upstream reads an empty list)."""
+    request_timeout: Duration = seconds(30)
     """Upstream's per-request timeout. Here only garbage collection uses it: a create intent whose provider
-    call never started is retired once older than twice this value."""
+    call never started is retired once older than twice this value. `0s` means the default, as upstream
+    reads it."""
     create_rate_limit: Duration = timedelta(0)
     """Minimum spacing between two provider creates of this shard; `0s`: none."""
-    health_check_interval: PositiveDuration = seconds(60)
+    health_check_interval: Duration = seconds(60)
     """How often agents are expected to report; set the agents' `NSTANCE_REPORT_INTERVAL` to the same
-    value. A registered agent silent for three intervals while its VM runs is replaced and drained."""
+    value. A registered agent silent for three intervals while its VM runs is replaced and drained. `0s`
+    means the default, as upstream reads it."""
     default_drain_timeout: Duration = timedelta(minutes=5)
     """Drain timeout of groups that set none. `0s` disables drain: instances are deleted at once (upstream
     rewrites 0 to 5m)."""
@@ -318,6 +327,11 @@ class ShardConfig(StrictModel):
     """At most this many provider creates in flight at once, across all groups of the shard."""
     limits: LimitsConfig = LimitsConfig()
     """Upper bounds on what the shard accepts through the API and in its documents."""
+
+    @field_validator("request_timeout", "health_check_interval")
+    @classmethod
+    def _zero_is_default(cls, value: timedelta, info: ValidationInfo) -> timedelta:
+        return zero_means_default(cls, value, info)
 
     @field_validator("dynamic_subnet_pools")
     @classmethod

@@ -672,7 +672,11 @@ class InstanceSummary(_message.Message):
     on_demand: _builtins.bool
     """Created by CreateInstance (not counted in the group's size)."""
     status: _builtins.str
-    """Provider status, as in InstanceStatusResponse."""
+    """The instance's state as this server sees it: the provider's status (as in
+    InstanceStatusResponse) until the agent registers, then "registered", and
+    "healthy" once it reports; "draining" while it is drained, "failed" when
+    its creation failed.
+    """
     provider_instance_id: _builtins.str
     draining: _builtins.bool
     """Being drained before deletion (waiting for the operator or the timeout)."""

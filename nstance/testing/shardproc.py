@@ -28,7 +28,7 @@ from nstance.objectstore.file import FileObjectStore
 from nstance.objectstore.scoped import ScopedObjectStore
 from nstance.pki.certs import issue_client_certificate
 from nstance.pki.keys import generate_private_key, private_key_to_pem
-from nstance.rpc import agent_pb2_grpc, operator_pb2_grpc
+from nstance.rpc import agent_pb2_grpc, operator_pb2, operator_pb2_grpc
 from nstance.secrets.cluster_identity import ClusterIdentity, ensure_cluster_identity
 from nstance.secrets.objectstorage import ObjectStorageSecretStore
 from nstance.testing.procs import free_port as free_port  # re-exported for tests
@@ -185,6 +185,15 @@ class LocalCluster:
     def agent_stub(self, directory: Path, target: str) -> agent_pb2_grpc.AgentServiceStub:
         """A synchronous AgentService stub over mTLS with the identity in ``directory``."""
         return agent_pb2_grpc.AgentServiceStub(self.channel(directory, target))
+
+
+def instance_state(
+    stub: operator_pb2_grpc.OperatorServiceStub, instance_id: str, timeout: float = 10.0
+) -> str:
+    """The instance's word in ListInstances (``registered``, ``healthy``, ``draining``...); "gone"
+    when it is not listed. GetInstanceStatus answers with the provider's word (``running``) instead."""
+    reply = stub.ListInstances(operator_pb2.ListInstancesRequest(), timeout=timeout)
+    return next((str(i.status) for i in reply.instances if i.instance_id == instance_id), "gone")
 
 
 @dataclass

@@ -34,7 +34,13 @@ from nstance.pki.keys import load_private_key_pem
 from nstance.rpc import operator_pb2, operator_pb2_grpc
 from nstance.server.app import ServerApp, ServerOptions
 from nstance.testing.identities import make_identity
-from nstance.testing.shardproc import ENCRYPTION_KEY_B64, LocalCluster, server_addrs, shard_config
+from nstance.testing.shardproc import (
+    ENCRYPTION_KEY_B64,
+    LocalCluster,
+    instance_state,
+    server_addrs,
+    shard_config,
+)
 from nstance.testing.waiting import eventually
 
 pytestmark = pytest.mark.timeout(180)
@@ -272,10 +278,7 @@ async def test_an_agent_under_an_ed25519_ca_registers_reports_and_receives_files
             stub = operator_pb2_grpc.OperatorServiceStub(channel)
 
             def healthy() -> bool:
-                reply = stub.GetInstanceStatus(
-                    operator_pb2.GetInstanceStatusRequest(instance_id=iid), timeout=CALL_TIMEOUT
-                )
-                return bool(reply.status == "healthy")
+                return instance_state(stub, iid, timeout=CALL_TIMEOUT) == "healthy"
 
             await _value(healthy, within=30, what="health reports from the Ed25519 agent")
 

@@ -32,11 +32,18 @@ from google.protobuf.empty_pb2 import Empty
 
 from nstance.operator.crds import names
 from nstance.operator.kube import NODES, PODS, Kube, KubeError, Resource, load_configuration
-from nstance.rpc import agent_pb2, operator_pb2, operator_pb2_grpc
+from nstance.rpc import agent_pb2, operator_pb2_grpc
 from nstance.testing.kubeapi import KubeAPIServer
 from nstance.testing.kubeapi.manifests import load_manifests
 from nstance.testing.operatorproc import OperatorProcess, bootstrap_objects, capi_machine_pool
-from nstance.testing.shardproc import LocalCluster, ServerProcess, server_addrs, shard_config, start_leader
+from nstance.testing.shardproc import (
+    LocalCluster,
+    ServerProcess,
+    instance_state,
+    server_addrs,
+    shard_config,
+    start_leader,
+)
 from nstance.testing.waiting import eventually
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
@@ -120,9 +127,8 @@ class System:
         return [json.loads(store.get(key)[0]) for key in store.list("instance/")]
 
     def status(self, shard: str, instance_id: str) -> str:
-        request = operator_pb2.GetInstanceStatusRequest(instance_id=instance_id)
         try:
-            return str(self.stub(shard).GetInstanceStatus(request, timeout=10).status)
+            return instance_state(self.stub(shard), instance_id)
         except grpc.RpcError:
             return "gone"
 

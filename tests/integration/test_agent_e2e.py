@@ -22,8 +22,8 @@ import pytest
 from google.protobuf.empty_pb2 import Empty
 
 from nstance.pki.keys import generate_private_key, public_key_to_pem
-from nstance.rpc import operator_pb2, operator_pb2_grpc, registration_pb2, registration_pb2_grpc
-from nstance.testing.shardproc import LocalCluster, server_addrs, shard_config, start_leader
+from nstance.rpc import operator_pb2_grpc, registration_pb2, registration_pb2_grpc
+from nstance.testing.shardproc import LocalCluster, instance_state, server_addrs, shard_config, start_leader
 from nstance.testing.waiting import eventually_sync
 
 pytestmark = pytest.mark.timeout(180)
@@ -72,11 +72,7 @@ class Shard:
         return [r for r in self.records() if r["status"] not in ("deleting", "deleted", "failed")]
 
     def status(self, instance_id: str) -> str:
-        return str(
-            self.ops.GetInstanceStatus(
-                operator_pb2.GetInstanceStatusRequest(instance_id=instance_id), timeout=10
-            ).status
-        )
+        return instance_state(self.ops, instance_id)
 
     def healthy(self) -> list[str]:
         return [r["instance_id"] for r in self.live() if self.status(r["instance_id"]) == "healthy"]

@@ -21,7 +21,7 @@ from google.protobuf.empty_pb2 import Empty
 
 from nstance.pki.keys import generate_private_key, public_key_to_pem, public_key_to_wire
 from nstance.rpc import agent_pb2, operator_pb2, operator_pb2_grpc
-from nstance.testing.shardproc import LocalCluster, server_addrs, shard_config, start_leader
+from nstance.testing.shardproc import LocalCluster, instance_state, server_addrs, shard_config, start_leader
 from nstance.testing.waiting import eventually_sync
 
 pytestmark = pytest.mark.timeout(120)
@@ -168,13 +168,15 @@ def test_first_report_gets_the_files_then_a_var_change_pushes_new_files_without_
         agent.report(config_hash=first_hash, files=dict.fromkeys(FILES, True))
 
         def status() -> str:
-            return str(
-                server.ops.GetInstanceStatus(operator_pb2.GetInstanceStatusRequest(instance_id=iid)).status
-            )
+            return instance_state(server.ops, iid)
 
         eventually_sync(
             lambda: status() == "healthy", within=10, what=lambda: f"a healthy report (status now {status()})"
         )
+        # GetInstanceStatus answers with the provider's word, as upstream's server does: its operator
+        # counts an on-demand machine ready exactly when that is "running".
+        reply = server.ops.GetInstanceStatus(operator_pb2.GetInstanceStatusRequest(instance_id=iid))
+        assert reply.status == "running"
         assert agent.files.empty(), "files were pushed again although the agent had them"
 
         server.cluster.write_config(SHARD, server.config_with(greeting="bonjour"))

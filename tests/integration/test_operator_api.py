@@ -121,6 +121,9 @@ def test_two_instance_watchers_both_see_deletions(server: Server) -> None:
         deleted = {e.provider_instance_id for e in events if e.status == "deleted"}
         assert deleted == set(created.provider_ids)
         assert all(e.reason == "scale-down" for e in events)
+        # Upstream's operator drains the node of every event but "deleted": only drain notices and
+        # deletions are sent, as upstream's server sends them.
+        assert {e.status for e in events} <= {"pending_deletion", "deleted"}
     cancel_first()
     cancel_second()
 
@@ -212,6 +215,23 @@ def test_a_million_instances_or_a_megabyte_var_is_refused_by_the_limits(server: 
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert words in (err.value.details() or "")
     assert [g.size for g in server.stub.ListGroups(Empty(), timeout=10).groups if g.key == "web"] == [0]
+
+
+def test_delete_group_is_idempotent_and_keeps_static_groups(server: Server) -> None:
+    """DeleteGroup answers OK whenever the group has no dynamic entry, as upstream's does: its
+    operator removes an NstanceShardGroup's finalizer only once DeleteGroup succeeds, so an answer of
+    NOT_FOUND to a retried call kept the resource in deletion for ever."""
+    stub = server.stub
+    config = operator_pb2.GroupConfig(template="app", size=0)
+    stub.UpsertGroup(operator_pb2.UpsertGroupRequest(key="batch", config=config), timeout=10)
+    for _ in range(2):  # the second call is a retry of the first
+        stub.DeleteGroup(operator_pb2.DeleteGroupRequest(key="batch"), timeout=10)
+    stub.DeleteGroup(operator_pb2.DeleteGroupRequest(key="never-created"), timeout=10)
+    stub.DeleteGroup(operator_pb2.DeleteGroupRequest(key="web"), timeout=10)  # static, no overrides
+    groups = {g.key: g for g in stub.ListGroups(Empty(), timeout=10).groups}
+    assert "batch" not in groups
+    assert "never-created" not in groups
+    assert groups["web"].is_static
 
 
 def test_refresh_config_reloads_and_reports_removed_groups(server: Server) -> None:

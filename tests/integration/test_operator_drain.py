@@ -27,7 +27,7 @@ from nstance.operator.drain import DrainCoordinator, condition_reason, event_dea
 from nstance.operator.kube import EVENTS, NODES, PODS, Kube, Object
 from nstance.operator.sync_kinds import CAPI_MACHINES, NSTANCE_MACHINES
 from nstance.rpc import operator_pb2, operator_pb2_grpc
-from nstance.testing.shardproc import LocalCluster, server_addrs, shard_config, start_leader
+from nstance.testing.shardproc import LocalCluster, instance_state, server_addrs, shard_config, start_leader
 from nstance.testing.waiting import eventually
 
 pytestmark = pytest.mark.timeout(120)
@@ -69,8 +69,7 @@ class Shard:
         return {record["instance_id"]: record for record in found}
 
     def status(self, instance_id: str) -> str:
-        request = operator_pb2.GetInstanceStatusRequest(instance_id=instance_id)
-        return str(self.stub.GetInstanceStatus(request, timeout=10).status)
+        return instance_state(self.stub, instance_id)
 
     def provider_id(self, instance_id: str) -> str:
         request = operator_pb2.GetInstanceStatusRequest(instance_id=instance_id)

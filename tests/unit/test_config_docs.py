@@ -109,7 +109,7 @@ def test_defaults_and_rules_read_as_a_user_writes_them() -> None:
     assert '`"5m"`' in rows["shard.garbage_collection.registration_timeout"]
     assert '`"6h"`' in rows["shard.image_refresh_interval"]
     assert '`"1m"`' in rows["shard.health_check_interval"]
-    assert "greater than `0s`" in rows["shard.request_timeout"]
+    assert "greater than `0s`" in rows["shard.image_refresh_interval"]
     assert "at least 1" in rows["shard.max_concurrent_creates"]
     assert "| required |" in rows["cluster.id"]
     assert "identifier" in rows["cluster.id"]

@@ -161,10 +161,6 @@ QUOTED_MESSAGES: list[tuple[str, str]] = [
     ("this server is a standby and cannot make changes", "nstance/server/services/operator.py"),
     ("cannot be changed ", "nstance/config/editing.py"),
     ("args are set in the server config", "nstance/config/editing.py"),
-    (
-        "is static (defined in config.jsonc); remove it there, or scale it to 0",
-        "nstance/server/shard/shard.py",
-    ),
     ("is not allowed for dynamic groups", "nstance/config/editing.py"),
     ('field "template" is required for a new group', "nstance/config/editing.py"),
     ("is not defined in the server config", "nstance/config/editing.py"),

@@ -3,7 +3,8 @@
 ``member_of`` turns one SQLite row into the planner's ``Member`` (``nstance.core.plan``), with the
 timestamps put into this leadership's frame (``leadertime.in_term``); ``read_group`` reads one
 group's active rows and makes its managed and on-demand members (run it in a worker thread);
-``status_of`` is the one word clients see for an instance. Deciding what to do with the members is
+``status_of`` is the word ListInstances shows for an instance and ``provider_status_of`` the one
+GetInstanceStatus and CreateInstance answer with. Deciding what to do with the members is
 the planner's job, and changing instances is ``create`` and ``retire``'s.
 """
 
@@ -69,8 +70,27 @@ def member_of(
     )
 
 
+def provider_status_of(row: InstanceRow) -> str:
+    """The provider's word for the machine, as GetInstanceStatus answers (upstream's meaning).
+
+    Upstream's server answers with the provider's live status, and its operator counts an on-demand
+    machine ready exactly when that is ``running``: an instance whose agent registered or reports is
+    still ``running`` here, and one being drained keeps its provider status. ``pending`` until the
+    provider has reported; ``failed`` when its creation failed (there is no machine); ``deleted``.
+    """
+    if row.deleted_at is not None:
+        return "deleted"
+    if row.record_state == RECORD_FAILED:
+        return "failed"
+    return row.provider_status or "pending"
+
+
 def status_of(row: InstanceRow) -> str:
-    """One word for an instance's state as clients see it."""
+    """One word for an instance's state as ListInstances and the live view show it.
+
+    Richer than ``provider_status_of``: ``registered`` once the agent registered, ``healthy`` once it
+    reports, ``draining`` while drained.
+    """
     if row.deleted_at is not None:
         return "deleted"
     if row.drain_started_at is not None:

@@ -72,7 +72,7 @@ def instance_status(view: InstanceView) -> operator_pb2.InstanceStatusResponse:
     return operator_pb2.InstanceStatusResponse(
         instance_id=view.instance_id,
         tenant=view.tenant,
-        status=view.status,
+        status=view.provider_status or view.status,
         created_at=timestamp(view.created_at),
         last_seen=timestamp(view.last_seen),
         provider_instance_id=view.provider_id,

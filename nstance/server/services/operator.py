@@ -28,6 +28,10 @@ from nstance.server.services import convert, paging
 from nstance.server.shard.api import ShardAPI
 
 
+STREAMED_INSTANCE_STATUSES = frozenset({"pending_deletion", "deleted"})
+"""What WatchInstances sends of the shard's instance events (the shard also publishes "deleting")."""
+
+
 def _tenant() -> str:
     return current_peer().tenant
 
@@ -217,7 +221,11 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
                     delete_at=convert.timestamp(delete_at),
                 )
             async for event in live:
-                yield convert.instance_event(event)
+                # Only drain notices and deletions, as upstream's server sends: its operator drains
+                # the machine of every event but "deleted", so a "deleting" notice would cordon and
+                # evict a machine that is already going and hold that shard's drains for minutes.
+                if event.status in STREAMED_INSTANCE_STATUSES:
+                    yield convert.instance_event(event)
 
     async def WatchErrors(
         self, request: Empty, context: grpc.aio.ServicerContext

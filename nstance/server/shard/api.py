@@ -42,12 +42,15 @@ class InstanceView:
     instance_id: str
     tenant: str
     group: str
+    #: ListInstances' word (``registered``, ``healthy``, ``draining`` besides the provider's).
     status: str
     created_at: datetime
     last_seen: datetime | None
     provider_id: str
     on_demand: bool = False
     draining: bool = False
+    #: GetInstanceStatus' word: the provider's status, as upstream answers (``status`` when empty).
+    provider_status: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,8 +116,9 @@ class ShardAPI(Protocol):
         """Create or change a group; restricted fields of static groups are refused."""
         ...
 
-    async def delete_group(self, tenant: str, group: str) -> None:
-        """Remove a dynamic group (or a static group's overrides)."""
+    async def delete_group(self, tenant: str, group: str) -> bool:
+        """Remove a dynamic group (or a static group's overrides); False when there was no dynamic
+        entry (not an error: DeleteGroup is idempotent)."""
         ...
 
     async def create_instance(self, tenant: str, request: InstanceRequest) -> tuple[str, str]:

@@ -42,7 +42,7 @@ from nstance.server.leadership.session import LeaderSession
 from nstance.server.reconcile.cacherepair import CacheRepair
 from nstance.server.reconcile.images import ImageService
 from nstance.server.reconcile.instances import InstanceOps
-from nstance.server.reconcile.members import status_of
+from nstance.server.reconcile.members import provider_status_of, status_of
 from nstance.server.reconcile.reconciler import INLINE_READ_ROWS, Reconciler
 from nstance.server.shard.api import (
     ConfigStatusView,
@@ -326,15 +326,18 @@ class Shard:
         # In a thread, so a burst of upserts answered together (or a large group) does not hold the loop.
         return await asyncio.to_thread(self._group_view, tenant, group)
 
-    async def delete_group(self, tenant: str, group: str) -> None:
-        snapshot = self._snapshot()
-        if snapshot.merged(tenant, group) is None:
-            raise NotFound(f'group "{group}" of tenant "{tenant}" does not exist')
-        if group in snapshot.config.groups.get(tenant, {}) and group not in snapshot.dynamic.get(tenant, {}):
-            raise FailedPrecondition(
-                f'group "{group}" is static (defined in config.jsonc); remove it there, or scale it to 0'
-            )
+    async def delete_group(self, tenant: str, group: str) -> bool:
+        """Remove the group's dynamic entry (a static group's overrides); whether there was one.
+
+        Idempotent, as upstream's DeleteGroup: a group without a dynamic entry (unknown, already
+        deleted, or static without overrides) is answered OK and nothing is written. Upstream's
+        operator removes an NstanceShardGroup's finalizer only once DeleteGroup succeeds, so a
+        refusal here kept a retried or already-removed group in deletion for ever.
+        """
+        if group not in self._snapshot().dynamic.get(tenant, {}):
+            return False
         await self._groups.submit(lambda current: apply_delete(current, tenant, group), (tenant, group))
+        return True
 
     def _on_demand_config(self, tenant: str, request: InstanceRequest) -> MergedGroupConfig:
         snapshot = self._snapshot()
@@ -376,7 +379,7 @@ class Shard:
             if existing is not None:
                 if (existing.tenant, existing.group_key) != owner:
                     raise FailedPrecondition(f"instance_id {iid!r} is already used by another instance")
-                return existing.id, status_of(existing)
+                return existing.id, provider_status_of(existing)
             # Concurrent calls with this id share one create and all get its answer (docs/operator-api.md).
             task = asyncio.ensure_future(self._create_on_demand(tenant, request))
             running = self._on_demand_creates[iid] = (owner, task)
@@ -473,6 +476,7 @@ def _instance_view(row: InstanceRow) -> InstanceView:
         tenant=row.tenant,
         group=row.group_key,
         status=status_of(row),
+        provider_status=provider_status_of(row),
         created_at=row.created_at,
         last_seen=row.health_at or row.provider_at,
         provider_id=row.provider_id or "",

@@ -245,6 +245,24 @@ def test_dynamic_subnet_pool_must_exist_and_be_allowed() -> None:
     assert apply_upsert(config, {}, "t1", "new", GroupUpdate(template="web", subnet_pool="other"))
 
 
+def test_an_empty_dynamic_subnet_pools_list_allows_every_pool_as_upstream_reads_it() -> None:
+    config = rich_config(dynamic_subnet_pools=[])
+    updated = apply_upsert(config, {}, "t1", "new", GroupUpdate(template="web"))
+    assert updated["t1"]["new"].subnet_pool == "default"
+
+
+def test_upsert_merges_vars_key_by_key_and_an_empty_value_removes_one() -> None:
+    """Upstream merges UpsertGroup's vars into the group's: a size-only call (its ``group scale``, an
+    operator spec without vars) keeps the vars set before instead of clearing them."""
+    config = rich_config()
+    first = apply_upsert(config, {}, "t1", "svc", GroupUpdate(template="web", vars={"a": "1", "b": "2"}))
+    scaled = apply_upsert(config, first, "t1", "svc", GroupUpdate(size=3, vars={}))
+    assert scaled["t1"]["svc"].vars == {"a": "1", "b": "2"}
+    changed = apply_upsert(config, scaled, "t1", "svc", GroupUpdate(vars={"b": "", "c": "3"}))
+    assert changed["t1"]["svc"].vars == {"a": "1", "c": "3"}
+    assert first["t1"]["svc"].vars == {"a": "1", "b": "2"}  # documents are never changed in place
+
+
 def test_dynamic_group_is_fully_editable_and_updates_merge() -> None:
     config = rich_config()
     first = apply_upsert(
@@ -299,8 +317,7 @@ def test_apply_delete() -> None:
     assert set(once["t1"]) == {"b"}
     assert set(dynamic["t1"]) == {"a", "b"}
     assert apply_delete(once, "t1", "b") == {}
-    with pytest.raises(NotFound, match='group "a" of tenant "t1" has no dynamic entry'):
-        apply_delete(once, "t1", "a")
+    assert apply_delete(once, "t1", "a") is once  # already gone: nothing to do, not an error
 
 
 # ---- groups.jsonc ----------------------------------------------------------------------------

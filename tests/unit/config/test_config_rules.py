@@ -174,13 +174,40 @@ def test_durations_are_go_style_strings() -> None:
         ("soon", "invalid duration 'soon': expected <number><unit> with unit ns, us, ms, s, m or h"),
         ("-5s", "must not be negative"),
         (30, 'must be a duration string such as "90s", "5m" or "1h30m"'),
-        ("0s", "must be greater than 0"),
     ],
 )
 def test_duration_errors(value: Any, message: str) -> None:
     doc = base_config()
     doc["shard"]["request_timeout"] = value
     assert only(doc).startswith(f"shard.request_timeout: {message}")
+
+
+def test_zero_durations_mean_the_default_where_upstream_reads_them_so() -> None:
+    """Upstream replaces a zero request timeout, health check interval and deleted-record retention
+    by its default; a config written for it loads here with the same meaning (a zero retention used to
+    purge every deleted record at the next collection)."""
+    doc = base_config()
+    doc["shard"]["request_timeout"] = "0s"
+    doc["shard"]["health_check_interval"] = "0s"
+    doc["shard"]["garbage_collection"] = {"deleted_record_retention": "0s"}
+    shard = load(doc).shard
+    assert shard.request_timeout == timedelta(seconds=30)
+    assert shard.health_check_interval == timedelta(seconds=60)
+    assert shard.garbage_collection.deleted_record_retention == timedelta(minutes=30)
+
+
+def test_upstreams_empty_v2_sections_load_and_content_there_is_refused() -> None:
+    """Go's encoder writes upstream v2's unused ``server`` (and ``proxy``) section as ``{}``."""
+    for section in ("server", "proxy"):
+        doc = base_config()
+        doc[section] = {}
+        assert problems(doc) == []
+    doc = base_config()
+    doc["server"] = {"files": {"proxy.env": {"kind": "env", "template": {"A": "b"}}}}
+    assert only(doc) == (
+        'server: not supported yet (files for services local to nstance-server); leave the "server" '
+        "section empty"
+    )
 
 
 def test_gc_interval_and_registration_timeout_are_both_zero_or_both_set() -> None:
