@@ -6,6 +6,9 @@ signs an operator registration JWT; ``register-operator`` issues an operator cli
 with the CA key, records it at ``operator/{tenant}.{cluster_id}.json`` in the cluster scope and
 writes the identity directory the shard commands read. The only objects written are the cluster
 identity and that record.
+
+The storage and secrets options belong to ``cluster`` and are accepted after each ``cluster`` command
+too (``persistent``); the commands read them with ``storage_options``.
 """
 
 from __future__ import annotations
@@ -52,17 +55,29 @@ from .options import (
     temp_dir,
 )
 from .output import checked_identifier, expected_errors, fail, rfc3339
+from .persistent import PersistentGroup, option_value
 from .stores import StorageOptions, cluster_id_from_storage, open_cluster_stores
 
-cluster_app = typer.Typer(add_completion=False, help="Cluster bootstrap (direct storage access, no server).")
+cluster_app = typer.Typer(
+    cls=PersistentGroup, add_completion=False, help="Cluster bootstrap (direct storage access, no server)."
+)
 secrets_app = typer.Typer(add_completion=False, help="Secrets helpers.")
 
 ClusterIdOpt = Annotated[str, typer.Option("--cluster-id", help="Cluster identifier. Required.")]
+STORAGE_OPTIONS = (
+    "storage_provider",
+    "storage_bucket",
+    "storage_prefix",
+    "secrets_provider",
+    "secrets_prefix",
+    "secrets_project",
+    "key_provider",
+    "key_source",
+)
 
 
-@cluster_app.command("init")
-def cluster_init(
-    cluster_id: ClusterIdOpt,
+@cluster_app.callback()
+def cluster_options(
     storage_provider: StorageProviderOpt = "s3",
     storage_bucket: StorageBucketOpt = "",
     storage_prefix: StoragePrefixOpt = "cluster/",
@@ -71,6 +86,21 @@ def cluster_init(
     secrets_project: SecretsProjectOpt = "",
     key_provider: KeyProviderOpt = "env",
     key_source: KeySourceOpt = "NSTANCE_ENCRYPTION_KEY",
+) -> None:
+    """Storage and secrets of the cluster: options of ``cluster`` and of each ``cluster`` command."""
+    del storage_provider, storage_bucket, storage_prefix, secrets_provider
+    del secrets_prefix, secrets_project, key_provider, key_source
+
+
+def storage_options(ctx: typer.Context) -> StorageOptions:
+    """The storage and secrets options given to ``cluster`` or to the running ``cluster`` command."""
+    return StorageOptions(**{name: option_value(ctx, name) for name in STORAGE_OPTIONS})
+
+
+@cluster_app.command("init")
+def cluster_init(
+    ctx: typer.Context,
+    cluster_id: ClusterIdOpt,
     ca_key_type: Annotated[
         str,
         typer.Option(
@@ -86,16 +116,7 @@ def cluster_init(
     checked_identifier(cluster_id, "--cluster-id")
     if ca_key_type not in ("ecdsa-p256", "ed25519"):
         raise fail(f"--ca-key-type {ca_key_type!r} is not supported; use ecdsa-p256 or ed25519")
-    opts = StorageOptions(
-        storage_provider=storage_provider,
-        storage_bucket=storage_bucket,
-        storage_prefix=storage_prefix,
-        secrets_provider=secrets_provider,
-        secrets_prefix=secrets_prefix,
-        secrets_project=secrets_project,
-        key_provider=key_provider,
-        key_source=key_source,
-    )
+    opts = storage_options(ctx)
     with expected_errors():
         stores = open_cluster_stores(opts, create=True)
         state = identity_state(stores.cluster, stores.secrets)
@@ -138,28 +159,11 @@ def cluster_nonce(
             help="File to write; '-' prints to stdout. Default <temp-dir>/cli-operator-identity/nonce.jwt.",
         ),
     ] = None,
-    storage_provider: StorageProviderOpt = "s3",
-    storage_bucket: StorageBucketOpt = "",
-    storage_prefix: StoragePrefixOpt = "cluster/",
-    secrets_provider: SecretsProviderOpt = "object-storage",
-    secrets_prefix: SecretsPrefixOpt = "",
-    secrets_project: SecretsProjectOpt = "",
-    key_provider: KeyProviderOpt = "env",
-    key_source: KeySourceOpt = "NSTANCE_ENCRYPTION_KEY",
 ) -> None:
     """Sign an operator registration nonce (JWT) with the cluster's registration-nonce key."""
     checked_identifier(cluster_id, "--cluster-id")
     checked_identifier(tenant, "--tenant")
-    opts = StorageOptions(
-        storage_provider=storage_provider,
-        storage_bucket=storage_bucket,
-        storage_prefix=storage_prefix,
-        secrets_provider=secrets_provider,
-        secrets_prefix=secrets_prefix,
-        secrets_project=secrets_project,
-        key_provider=key_provider,
-        key_source=key_source,
-    )
+    opts = storage_options(ctx)
     with expected_errors():
         ttl = parse_duration(expiry)
         if ttl.total_seconds() <= 0:
@@ -255,14 +259,6 @@ def cluster_register_operator(
     force: Annotated[
         bool, typer.Option("--force", help="Replace an identity already in the output directory.")
     ] = False,
-    storage_provider: StorageProviderOpt = "s3",
-    storage_bucket: StorageBucketOpt = "",
-    storage_prefix: StoragePrefixOpt = "cluster/",
-    secrets_provider: SecretsProviderOpt = "object-storage",
-    secrets_prefix: SecretsPrefixOpt = "",
-    secrets_project: SecretsProjectOpt = "",
-    key_provider: KeyProviderOpt = "env",
-    key_source: KeySourceOpt = "NSTANCE_ENCRYPTION_KEY",
 ) -> None:
     """Issue an operator certificate with the cluster CA key (no server needed) and write the identity."""
     if cluster_id:
@@ -280,16 +276,7 @@ def cluster_register_operator(
         private_key = generate_private_key("ecdsa-p256")
         public_key = private_key.public_key()
 
-    opts = StorageOptions(
-        storage_provider=storage_provider,
-        storage_bucket=storage_bucket,
-        storage_prefix=storage_prefix,
-        secrets_provider=secrets_provider,
-        secrets_prefix=secrets_prefix,
-        secrets_project=secrets_project,
-        key_provider=key_provider,
-        key_source=key_source,
-    )
+    opts = storage_options(ctx)
     with expected_errors():
         stores = open_cluster_stores(opts)
         identity = load_cluster_identity(stores.cluster, stores.secrets)
@@ -341,7 +328,7 @@ def cluster_register_operator(
     )
     typer.echo(f"wrote {', '.join(str(p) for p in written)}")
     verb = "replaced" if replaced else "wrote"
-    typer.echo(f"{verb} registration record {storage_prefix}{record_key}")
+    typer.echo(f"{verb} registration record {opts.storage_prefix}{record_key}")
     if private_key is None:
         typer.echo(f"put the private key of {public_key_file} in {directory / KEY_FILE} to use this identity")
 

@@ -747,6 +747,38 @@ def test_env_vars_supply_servers_identity_and_shard(cluster: Cluster, shards: Sh
     assert result.stdout.splitlines()[1].split()[:3] == ["b", "web", "9"]
 
 
+def test_shard_options_work_on_their_group_and_after_its_commands(shards: Shards, tmp_path: Path) -> None:
+    # upstream declares --servers, --identity-dir, --shard, --all-shards and --timeout persistent on
+    # `group` and `config` (cobra): accepted on the group and after any of its commands
+    seed_group(shards.a, size=4)
+    seed_group(shards.b, size=6)
+    where = ["--servers", shards.servers, "--identity-dir", str(shards.identity)]
+    result = run("group", *where, "--shard", "a", "list")
+    assert result.code == 0, result.err
+    assert result.out.splitlines()[1].split()[:3] == ["a", "web", "4"]
+    result = run("group", *where, "--shard", "a", "list", "--shard", "b")  # the later value wins
+    assert result.out.splitlines()[1].split()[:3] == ["b", "web", "6"]
+    result = run("group", "--servers", shards.servers, "scale", "web", "5", "--shard", "b",
+                 "--identity-dir", str(shards.identity), "--timeout", "10s")  # fmt: skip
+    assert result.code == 0, result.err
+    assert shards.b.groups["web"].size == 5
+    result = run("config", *where, "--all-shards", "status", "-o", "json")
+    assert result.code == 0, result.err
+    assert [row["shard"] for row in json.loads(result.out)] == ["a", "b"]
+    result = run("instance", *where, "list", "--shard", "a")
+    assert result.code == 0, result.err
+    assert "i-0aaa" in result.out
+
+    # the root's --temp-dir (where the default identity is) and -v after a subcommand
+    temp = tmp_path / "work"
+    (temp / "cli-operator-identity").mkdir(parents=True)
+    for name in ("ca.crt", "identity.key", "identity.crt"):
+        (temp / "cli-operator-identity" / name).write_bytes((shards.identity / name).read_bytes())
+    result = run("group", "list", "--servers", shards.servers, "--shard", "a", "--temp-dir", str(temp), "-v")
+    assert result.code == 0, result.err
+    assert "web" in result.out
+
+
 def test_help_lists_the_new_commands() -> None:
     result = run("--help")
     assert "group" in result.out
