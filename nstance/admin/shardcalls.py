@@ -2,7 +2,7 @@
 ``--all-shards``, ``--timeout`` and ``--output`` flags, and ``execute``, which runs one action on
 each selected shard (one after the other), prints the rows and reports each failing shard as
 ``error: shard NAME (ADDR): CODE: details`` on stderr, exiting 1 when any failed. Also the small
-flag parsers the group and instance commands share (``--var KEY=VALUE``, sizes).
+flag parsers the group and instance commands share (``--var KEY=VALUE,...``, sizes).
 
 ``shard_options`` declares the first five once, as the callback of the ``group``, ``instance`` and
 ``config`` groups, whose commands accept them too (``persistent``) and read them with
@@ -36,6 +36,7 @@ from .client import (
 from .options import temp_dir
 from .output import OUTPUT_FORMATS, Row, View, expected_errors, fail
 from .persistent import option_value
+from .stringslice import split_string_slice
 
 INT32_MAX = 2**31 - 1
 
@@ -64,7 +65,16 @@ AllShardsOpt = Annotated[
 ]
 TimeoutOpt = Annotated[str, typer.Option("--timeout", help="Per-call timeout as a Go duration (30s, 2m).")]
 OutputOpt = Annotated[str, typer.Option("--output", "-o", help="Output format: table or json.")]
-VarsOpt = Annotated[list[str] | None, typer.Option("--var", help="Template variable KEY=VALUE (repeatable).")]
+VarsOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--var",
+        help=(
+            "Template variables KEY=VALUE, comma-separated and repeatable (--var a=1,b=2 --var c=3); "
+            "a value with a comma or a quote is CSV-quoted: --var '\"k=a,b\"'."
+        ),
+    ),
+]
 
 
 def shard_options(
@@ -79,15 +89,22 @@ def shard_options(
 
 
 def parse_vars(values: Sequence[str] | None) -> dict[str, str]:
+    """``--var`` values as upstream's StringSlice flag reads them: each one a CSV record of ``KEY=VALUE``
+    items (``a=1,b=2`` is two), every occurrence added to the last."""
     out: dict[str, str] = {}
-    for item in values or ():
-        key, sep, value = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise fail(f"--var {item!r}: expected KEY=VALUE")
-        if key in out:
-            raise fail(f"--var {key!r} is given twice")
-        out[key] = value
+    for given in values or ():
+        try:
+            items = split_string_slice(given)
+        except ValueError as exc:
+            raise fail(f"--var {given!r}: {exc}") from None
+        for item in items:
+            key, sep, value = item.partition("=")
+            key = key.strip()
+            if not sep or not key:
+                raise fail(f"--var {item!r}: expected KEY=VALUE")
+            if key in out:
+                raise fail(f"--var {key!r} is given twice")
+            out[key] = value
     return out
 
 

@@ -86,6 +86,7 @@ class FakeShard(operator_pb2_grpc.OperatorServiceServicer):  # type: ignore[misc
     groups: dict[str, operator_pb2.GroupStatus] = field(default_factory=dict)
     instances: dict[str, operator_pb2.InstanceStatusResponse] = field(default_factory=dict)
     upserts: list[operator_pb2.UpsertGroupRequest] = field(default_factory=list)
+    creates: list[operator_pb2.CreateInstanceRequest] = field(default_factory=list)
     peers: list[str] = field(default_factory=list)
     standby: bool = False
     etag: str = '"etag-1"'
@@ -145,6 +146,7 @@ class FakeShard(operator_pb2_grpc.OperatorServiceServicer):  # type: ignore[misc
         self, request: operator_pb2.CreateInstanceRequest, context: grpc.ServicerContext
     ) -> operator_pb2.CreateInstanceResponse:
         self._enter(context)
+        self.creates.append(request)
         if request.config.group not in self.groups:
             context.abort(grpc.StatusCode.NOT_FOUND, f"group {request.config.group!r} not found")
         instance_id = request.instance_id or f"tst{len(self.instances):026d}"
@@ -777,6 +779,32 @@ def test_shard_options_work_on_their_group_and_after_its_commands(shards: Shards
     result = run("group", "list", "--servers", shards.servers, "--shard", "a", "--temp-dir", str(temp), "-v")
     assert result.code == 0, result.err
     assert "web" in result.out
+
+
+def test_var_is_comma_separated_as_upstreams_string_slice(shards: Shards) -> None:
+    # upstream's --var is a pflag StringSlice: each value is a CSV record of KEY=VALUE items
+    result = shards.run(
+        "group", "create", "web", "--template", "knd", "--shard", "a",
+        "--var", "role=worker,zone=a", "--var", '"motd=hello, world","quote=say ""hi"""', "--var", "x=1",
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    assert dict(shards.a.upserts[-1].config.vars) == {
+        "role": "worker", "zone": "a", "motd": "hello, world", "quote": 'say "hi"', "x": "1",
+    }  # fmt: skip
+    result = shards.run("instance", "create", "--group", "web", "--shard", "a", "--var", "a=1,b=2")
+    assert result.code == 0, result.err
+    assert dict(shards.a.creates[-1].config.vars) == {"a": "1", "b": "2"}
+
+    for bad, message in [
+        ("a=1,b", "--var 'b': expected KEY=VALUE"),
+        ("a=1,a=2", "--var 'a' is given twice"),
+        ('k=say "hi"', 'bare " in unquoted item'),
+        ('"k=1', 'no closing "'),
+    ]:
+        result = shards.run("group", "create", "web", "--template", "knd", "--shard", "a", "--var", bad)
+        assert result.code == 1, bad
+        assert result.err.startswith("error: ")
+        assert message in result.err
 
 
 def test_help_lists_the_new_commands() -> None:
