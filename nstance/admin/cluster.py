@@ -2,10 +2,10 @@
 identity, worked on directly in storage with the CA and nonce keys (no server needed).
 
 ``init`` creates the CA and the registration-nonce key and refuses to overwrite a cluster; ``nonce``
-signs an operator registration JWT; ``register-operator`` issues an operator client certificate
-with the CA key, records it at ``operator/{tenant}.{cluster_id}.json`` in the cluster scope and
-writes the identity directory the shard commands read. The only objects written are the cluster
-identity and that record.
+signs an operator registration JWT; ``register-operator`` issues an operator client certificate (for
+a new Ed25519 key, as upstream's admin, unless given a public key) with the CA key, records it at
+``operator/{tenant}.{cluster_id}.json`` in the cluster scope and writes the identity directory the
+shard commands read. The only objects written are the cluster identity and that record.
 
 The storage and secrets options belong to ``cluster`` and are accepted after each ``cluster`` command
 too (``persistent``); the commands read them with ``storage_options``.
@@ -21,7 +21,7 @@ from typing import Annotated
 import typer
 from cryptography.x509.oid import NameOID
 
-from nstance.core.atomicfile import write_atomic
+from nstance.core.atomicfile import ensure_dir, write_atomic
 from nstance.core.durations import parse_duration
 from nstance.core.errors import NstanceError
 from nstance.core.ids import new_puid
@@ -62,6 +62,13 @@ cluster_app = typer.Typer(
     cls=PersistentGroup, add_completion=False, help="Cluster bootstrap (direct storage access, no server)."
 )
 secrets_app = typer.Typer(add_completion=False, help="Secrets helpers.")
+
+#: The key type of an identity register-operator generates: Ed25519, as upstream's admin generates, the
+#: only type a Go server and a Go admin's identity loader accept (this server takes ECDSA P-256 too).
+GENERATED_KEY_TYPE = "ed25519"
+#: Modes of what upstream's admin writes: missing directories 0700; ca.crt, identity.* 0600.
+PRIVATE_DIR_MODE = 0o700
+IDENTITY_FILE_MODE = 0o600
 
 ClusterIdOpt = Annotated[str, typer.Option("--cluster-id", help="Cluster identifier. Required.")]
 STORAGE_OPTIONS = (
@@ -239,7 +246,7 @@ def cluster_register_operator(
         Path | None,
         typer.Option(
             "--public-key-file",
-            help="ECDSA P-256 or Ed25519 public key (PEM) to certify. Default: generate a key pair.",
+            help="Ed25519 or ECDSA P-256 public key (PEM) to certify. Default: generate an Ed25519 key pair.",
         ),
     ] = None,
     output_dir: Annotated[
@@ -273,7 +280,7 @@ def cluster_register_operator(
     _check_output_dir(directory, public_key, force)
     private_key: PrivateKey | None = None
     if public_key is None:
-        private_key = generate_private_key("ecdsa-p256")
+        private_key = generate_private_key(GENERATED_KEY_TYPE)
         public_key = private_key.public_key()
 
     opts = storage_options(ctx)
@@ -292,7 +299,7 @@ def cluster_register_operator(
             ttl=timedelta(hours=cert_ttl_hours),
         )
     try:
-        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        ensure_dir(directory, PRIVATE_DIR_MODE)
     except OSError as exc:
         raise fail(f"cannot create --output-dir {directory}: {exc.strerror or exc}") from None
 
@@ -311,11 +318,12 @@ def cluster_register_operator(
 
     written = [directory / CA_FILE]
     try:
-        write_atomic(directory / CA_FILE, identity.ca.cert_pem, mode=0o644, dir_mode=None)
+        write_atomic(directory / CA_FILE, identity.ca.cert_pem, mode=IDENTITY_FILE_MODE, dir_mode=None)
         if private_key is not None:
-            write_atomic(directory / KEY_FILE, private_key_to_pem(private_key), mode=0o600, dir_mode=None)
+            key_pem = private_key_to_pem(private_key)
+            write_atomic(directory / KEY_FILE, key_pem, mode=IDENTITY_FILE_MODE, dir_mode=None)
             written.append(directory / KEY_FILE)
-        write_atomic(directory / CERT_FILE, issued.cert_pem, mode=0o644, dir_mode=None)
+        write_atomic(directory / CERT_FILE, issued.cert_pem, mode=IDENTITY_FILE_MODE, dir_mode=None)
         written.append(directory / CERT_FILE)
     except OSError as exc:
         raise fail(

@@ -225,10 +225,17 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Cluster:
     bucket = base / "store"
     result = run("cluster", "init", "--cluster-id", "demo", *store_flags(bucket))
     assert result.code == 0, result.err
+    # The test doubles serve grpcio's own TLS, which never asks a client for an Ed25519 signature (the
+    # real server terminates TLS in OpenSSL), so the shard tests certify an ECDSA P-256 key of their own
+    # instead of the Ed25519 key register-operator generates (tests/compat/test_admin_generated_identity.py).
     identity = base / "identity"
+    identity.mkdir()
+    key = ec.generate_private_key(ec.SECP256R1())
+    (identity / "identity.key").write_bytes(private_key_to_pem(key))
+    (base / "operator.pub").write_bytes(public_key_to_pem(key))
     result = run(
         "cluster", "register-operator", "--cluster-id", "demo", "--operator-id", "opr-admin-test",
-        "--output-dir", str(identity), *store_flags(bucket),
+        "--public-key-file", str(base / "operator.pub"), "--output-dir", str(identity), *store_flags(bucket),
     )  # fmt: skip
     assert result.code == 0, result.err
     return Cluster(bucket, identity, "opr-admin-test", cluster_ca(bucket))
@@ -275,20 +282,28 @@ def seed_group(shard: FakeShard, key: str = "web", size: int = 2) -> None:
 # --- cluster register-operator ---------------------------------------------------------------------
 
 
-def test_register_operator_writes_identity_and_record(cluster: Cluster) -> None:
-    ca_pem = (cluster.identity / "ca.crt").read_bytes()
-    assert ca_pem == cluster.ca.cert_pem
-    key_path = cluster.identity / "identity.key"
-    assert stat.S_IMODE(key_path.stat().st_mode) == 0o600
-    key = load_private_key_pem(key_path.read_bytes())
-    assert isinstance(key, ec.EllipticCurvePrivateKey)
-    peer = verify_client_certificate((cluster.identity / "identity.crt").read_bytes(), cluster.ca)
-    assert (peer.client_id, peer.tenant, peer.role) == ("opr-admin-test", "default", "operator")
+def test_register_operator_writes_identity_and_record(cluster: Cluster, tmp_path: Path) -> None:
+    identity = tmp_path / "new" / "identity"  # missing directories are made 0700, as upstream's admin
+    result = run(
+        "cluster", "register-operator", "--cluster-id", "demo", "--tenant", "team-gen",
+        "--operator-id", "opr-generated", "--output-dir", str(identity), *store_flags(cluster.bucket),
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    assert (identity / "ca.crt").read_bytes() == cluster.ca.cert_pem
+    # 0700 directories and 0600 files, as upstream's admin writes them (ca.crt and identity.crt too)
+    assert [stat.S_IMODE(d.stat().st_mode) for d in (identity.parent, identity)] == [0o700, 0o700]
+    for name in ("ca.crt", "identity.key", "identity.crt"):
+        assert stat.S_IMODE((identity / name).stat().st_mode) == 0o600, name
+    # Ed25519, as upstream's admin generates: the only key type a Go server and a Go admin accept
+    key = load_private_key_pem((identity / "identity.key").read_bytes())
+    assert isinstance(key, Ed25519PrivateKey)
+    peer = verify_client_certificate((identity / "identity.crt").read_bytes(), cluster.ca)
+    assert (peer.client_id, peer.tenant, peer.role) == ("opr-generated", "team-gen", "operator")
     assert public_keys_equal(peer.certificate.public_key(), key)  # type: ignore[arg-type]
     lifetime = peer.not_after - peer.certificate.not_valid_before_utc
     assert 8759 * 3600 < lifetime.total_seconds() <= 8760 * 3600 + 600
 
-    record = json.loads((cluster.bucket / "cluster" / "operator" / "default.demo.json").read_text())
+    record = json.loads((cluster.bucket / "cluster" / "operator" / "team-gen.demo.json").read_text())
     # the union of upstream's registration and renewal record shapes (docs/files.md)
     assert set(record) == {
         "cluster_id", "client_id", "tenant", "operator_id", "public_key", "public_key_pem",
@@ -296,8 +311,8 @@ def test_register_operator_writes_identity_and_record(cluster: Cluster) -> None:
     }  # fmt: skip
     assert (record["client_id"], record["public_key_pem"]) == (record["cluster_id"], record["public_key"])
     assert record["type"] == "operator"
-    assert record["operator_id"] == "opr-admin-test"
-    assert (record["cluster_id"], record["tenant"]) == ("demo", "default")
+    assert record["operator_id"] == "opr-generated"
+    assert (record["cluster_id"], record["tenant"]) == ("demo", "team-gen")
     assert record["cert_serial"] == peer.serial
     assert record["public_key"] == public_key_to_pem(key).decode()
     assert record["expires_at"] == peer.not_after.strftime("%Y-%m-%dT%H:%M:%SZ")
