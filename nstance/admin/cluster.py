@@ -66,7 +66,7 @@ secrets_app = typer.Typer(add_completion=False, help="Secrets helpers.")
 #: The key type of an identity register-operator generates: Ed25519, as upstream's admin generates, the
 #: only type a Go server and a Go admin's identity loader accept (this server takes ECDSA P-256 too).
 GENERATED_KEY_TYPE = "ed25519"
-#: Modes of what upstream's admin writes: missing directories 0700; ca.crt, identity.* 0600.
+#: Modes of what upstream's admin writes: missing directories 0700; nonce, ca.crt, identity.* 0600.
 PRIVATE_DIR_MODE = 0o700
 IDENTITY_FILE_MODE = 0o600
 
@@ -184,7 +184,8 @@ def cluster_nonce(
         sys.stdout.write(token + "\n")
         return
     path = Path(output) if output else temp_dir(ctx) / "cli-operator-identity" / "nonce.jwt"
-    write_atomic(path, (token + "\n").encode(), mode=0o600, dir_mode=None)
+    # As upstream's admin: the token alone (no newline), missing directories 0700, the file 0600.
+    write_atomic(path, token.encode(), mode=0o600, dir_mode=PRIVATE_DIR_MODE)
     typer.echo(f"wrote operator nonce for tenant {tenant} (valid {expiry}) to {path}")
 
 

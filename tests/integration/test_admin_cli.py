@@ -126,11 +126,19 @@ def test_nonce_default_output_and_stdout(
     assert _invoke(runner, ["cluster", "init", "--cluster-id", "demo", *_store_flags(bucket)])[0] == 0
     code, _, _ = _invoke(runner, ["cluster", "nonce", "--cluster-id", "demo", *_store_flags(bucket)])
     assert code == 0
-    assert (tmp_path / "temp" / "cli-operator-identity" / "nonce.jwt").is_file()
+    # as upstream's admin writes it: missing directories 0700, the file 0600 with the token alone
+    nonce = tmp_path / "temp" / "cli-operator-identity" / "nonce.jwt"
+    for directory in (nonce.parent.parent, nonce.parent):
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700, directory
+    assert stat.S_IMODE(nonce.stat().st_mode) == 0o600
+    token = nonce.read_text()
+    assert token.count(".") == 2
+    assert token == token.strip()  # no final newline
     code, out, _ = _invoke(
         runner, ["cluster", "nonce", "--cluster-id", "demo", "-o", "-", *_store_flags(bucket)]
     )
     assert code == 0
+    assert out.endswith("\n")  # on stdout a line, as upstream's fmt.Println
     header = json.loads(base64.urlsafe_b64decode(out.split(".")[0] + "=="))
     assert header["alg"] == "EdDSA"
 
