@@ -5,6 +5,9 @@ generate-key``), ``configcmds`` (config validate/upload/status/refresh) and ``pl
 ``groups``, ``instances``, ``certs`` (cert revoke/list-revoked) and ``watch``. Every expected failure
 prints ``error: ...`` on stderr and exits with status 1 (``output.fail``); nothing is written before
 every check that can fail has passed.
+
+The root, ``cluster``, ``group``, ``instance`` and ``config`` are ``persistent.PersistentGroup``s: their
+options are accepted after any command below them too, as upstream's cobra persistent flags.
 """
 
 from __future__ import annotations
@@ -25,16 +28,32 @@ from .cluster import cluster_app, secrets_app
 from .configcmds import register_config
 from .groups import group_app
 from .instances import instance_app
+from .persistent import PersistentGroup
 from .plan import register_plan
+from .shardcalls import shard_options
 from .watch import register_watch
 
 app = typer.Typer(
-    add_completion=False, help="Nstance administration: cluster bootstrap, nonces, config checks."
+    cls=PersistentGroup,
+    add_completion=False,
+    help="Nstance administration: cluster bootstrap, nonces, config checks.",
 )
-config_app = typer.Typer(add_completion=False, help="Shard config files: validate and upload.")
+config_app = typer.Typer(
+    cls=PersistentGroup, add_completion=False, help="Shard config files: validate and upload."
+)
+config_app.callback()(shard_options)
 app.add_typer(cluster_app, name="cluster")
 app.add_typer(config_app, name="config")
 app.add_typer(secrets_app, name="secrets")
+
+
+def _debug_logs(value: bool) -> bool:
+    """``--debug``: debug logs on stderr, and NSTANCE_DEBUG for the last-resort traceback. An option
+    callback, so that ``-v`` given after a subcommand (where the root callback has already run) works."""
+    if value:
+        os.environ[DEBUG_ENV] = "1"
+        logging.basicConfig(level=logging.DEBUG, format=TEXT_FORMAT, stream=sys.stderr)
+    return value
 
 
 @app.callback()
@@ -52,15 +71,17 @@ def main_options(
             "--debug",
             "-v",
             envvar=DEBUG_ENV,
+            callback=_debug_logs,
             help="Debug logs on stderr, and a traceback for an unexpected error.",
         ),
     ] = False,
 ) -> None:
-    """Nstance administration."""
-    del temp_dir  # read by the commands from the context (``options.temp_dir``)
-    if debug:
-        os.environ[DEBUG_ENV] = "1"
-        logging.basicConfig(level=logging.DEBUG, format=TEXT_FORMAT, stream=sys.stderr)
+    """Nstance administration.
+
+    ``--temp-dir`` and ``--debug`` are accepted after any subcommand too (``persistent``); the commands
+    read ``--temp-dir`` from the context (``options.temp_dir``).
+    """
+    del temp_dir, debug
 
 
 app.add_typer(group_app, name="group")

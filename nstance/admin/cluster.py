@@ -2,10 +2,13 @@
 identity, worked on directly in storage with the CA and nonce keys (no server needed).
 
 ``init`` creates the CA and the registration-nonce key and refuses to overwrite a cluster; ``nonce``
-signs an operator registration JWT; ``register-operator`` issues an operator client certificate
-with the CA key, records it at ``operator/{tenant}.{cluster_id}.json`` in the cluster scope and
-writes the identity directory the shard commands read. The only objects written are the cluster
-identity and that record.
+signs an operator registration JWT; ``register-operator`` issues an operator client certificate (for
+a new Ed25519 key, as upstream's admin, unless given a public key) with the CA key, records it at
+``operator/{tenant}.{cluster_id}.json`` in the cluster scope and writes the identity directory the
+shard commands read. The only objects written are the cluster identity and that record.
+
+The storage and secrets options belong to ``cluster`` and are accepted after each ``cluster`` command
+too (``persistent``); the commands read them with ``storage_options``.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Annotated
 import typer
 from cryptography.x509.oid import NameOID
 
-from nstance.core.atomicfile import write_atomic
+from nstance.core.atomicfile import ensure_dir, write_atomic
 from nstance.core.durations import parse_duration
 from nstance.core.errors import NstanceError
 from nstance.core.ids import new_puid
@@ -52,17 +55,36 @@ from .options import (
     temp_dir,
 )
 from .output import checked_identifier, expected_errors, fail, rfc3339
+from .persistent import PersistentGroup, option_value
 from .stores import StorageOptions, cluster_id_from_storage, open_cluster_stores
 
-cluster_app = typer.Typer(add_completion=False, help="Cluster bootstrap (direct storage access, no server).")
+cluster_app = typer.Typer(
+    cls=PersistentGroup, add_completion=False, help="Cluster bootstrap (direct storage access, no server)."
+)
 secrets_app = typer.Typer(add_completion=False, help="Secrets helpers.")
 
+#: The key type of an identity register-operator generates: Ed25519, as upstream's admin generates, the
+#: only type a Go server and a Go admin's identity loader accept (this server takes ECDSA P-256 too).
+GENERATED_KEY_TYPE = "ed25519"
+#: Modes of what upstream's admin writes: missing directories 0700; nonce, ca.crt, identity.* 0600.
+PRIVATE_DIR_MODE = 0o700
+IDENTITY_FILE_MODE = 0o600
+
 ClusterIdOpt = Annotated[str, typer.Option("--cluster-id", help="Cluster identifier. Required.")]
+STORAGE_OPTIONS = (
+    "storage_provider",
+    "storage_bucket",
+    "storage_prefix",
+    "secrets_provider",
+    "secrets_prefix",
+    "secrets_project",
+    "key_provider",
+    "key_source",
+)
 
 
-@cluster_app.command("init")
-def cluster_init(
-    cluster_id: ClusterIdOpt,
+@cluster_app.callback()
+def cluster_options(
     storage_provider: StorageProviderOpt = "s3",
     storage_bucket: StorageBucketOpt = "",
     storage_prefix: StoragePrefixOpt = "cluster/",
@@ -71,6 +93,21 @@ def cluster_init(
     secrets_project: SecretsProjectOpt = "",
     key_provider: KeyProviderOpt = "env",
     key_source: KeySourceOpt = "NSTANCE_ENCRYPTION_KEY",
+) -> None:
+    """Storage and secrets of the cluster: options of ``cluster`` and of each ``cluster`` command."""
+    del storage_provider, storage_bucket, storage_prefix, secrets_provider
+    del secrets_prefix, secrets_project, key_provider, key_source
+
+
+def storage_options(ctx: typer.Context) -> StorageOptions:
+    """The storage and secrets options given to ``cluster`` or to the running ``cluster`` command."""
+    return StorageOptions(**{name: option_value(ctx, name) for name in STORAGE_OPTIONS})
+
+
+@cluster_app.command("init")
+def cluster_init(
+    ctx: typer.Context,
+    cluster_id: ClusterIdOpt,
     ca_key_type: Annotated[
         str,
         typer.Option(
@@ -86,16 +123,7 @@ def cluster_init(
     checked_identifier(cluster_id, "--cluster-id")
     if ca_key_type not in ("ecdsa-p256", "ed25519"):
         raise fail(f"--ca-key-type {ca_key_type!r} is not supported; use ecdsa-p256 or ed25519")
-    opts = StorageOptions(
-        storage_provider=storage_provider,
-        storage_bucket=storage_bucket,
-        storage_prefix=storage_prefix,
-        secrets_provider=secrets_provider,
-        secrets_prefix=secrets_prefix,
-        secrets_project=secrets_project,
-        key_provider=key_provider,
-        key_source=key_source,
-    )
+    opts = storage_options(ctx)
     with expected_errors():
         stores = open_cluster_stores(opts, create=True)
         state = identity_state(stores.cluster, stores.secrets)
@@ -138,28 +166,11 @@ def cluster_nonce(
             help="File to write; '-' prints to stdout. Default <temp-dir>/cli-operator-identity/nonce.jwt.",
         ),
     ] = None,
-    storage_provider: StorageProviderOpt = "s3",
-    storage_bucket: StorageBucketOpt = "",
-    storage_prefix: StoragePrefixOpt = "cluster/",
-    secrets_provider: SecretsProviderOpt = "object-storage",
-    secrets_prefix: SecretsPrefixOpt = "",
-    secrets_project: SecretsProjectOpt = "",
-    key_provider: KeyProviderOpt = "env",
-    key_source: KeySourceOpt = "NSTANCE_ENCRYPTION_KEY",
 ) -> None:
     """Sign an operator registration nonce (JWT) with the cluster's registration-nonce key."""
     checked_identifier(cluster_id, "--cluster-id")
     checked_identifier(tenant, "--tenant")
-    opts = StorageOptions(
-        storage_provider=storage_provider,
-        storage_bucket=storage_bucket,
-        storage_prefix=storage_prefix,
-        secrets_provider=secrets_provider,
-        secrets_prefix=secrets_prefix,
-        secrets_project=secrets_project,
-        key_provider=key_provider,
-        key_source=key_source,
-    )
+    opts = storage_options(ctx)
     with expected_errors():
         ttl = parse_duration(expiry)
         if ttl.total_seconds() <= 0:
@@ -173,7 +184,8 @@ def cluster_nonce(
         sys.stdout.write(token + "\n")
         return
     path = Path(output) if output else temp_dir(ctx) / "cli-operator-identity" / "nonce.jwt"
-    write_atomic(path, (token + "\n").encode(), mode=0o600, dir_mode=None)
+    # As upstream's admin: the token alone (no newline), missing directories 0700, the file 0600.
+    write_atomic(path, token.encode(), mode=0o600, dir_mode=PRIVATE_DIR_MODE)
     typer.echo(f"wrote operator nonce for tenant {tenant} (valid {expiry}) to {path}")
 
 
@@ -235,7 +247,7 @@ def cluster_register_operator(
         Path | None,
         typer.Option(
             "--public-key-file",
-            help="ECDSA P-256 or Ed25519 public key (PEM) to certify. Default: generate a key pair.",
+            help="Ed25519 or ECDSA P-256 public key (PEM) to certify. Default: generate an Ed25519 key pair.",
         ),
     ] = None,
     output_dir: Annotated[
@@ -255,14 +267,6 @@ def cluster_register_operator(
     force: Annotated[
         bool, typer.Option("--force", help="Replace an identity already in the output directory.")
     ] = False,
-    storage_provider: StorageProviderOpt = "s3",
-    storage_bucket: StorageBucketOpt = "",
-    storage_prefix: StoragePrefixOpt = "cluster/",
-    secrets_provider: SecretsProviderOpt = "object-storage",
-    secrets_prefix: SecretsPrefixOpt = "",
-    secrets_project: SecretsProjectOpt = "",
-    key_provider: KeyProviderOpt = "env",
-    key_source: KeySourceOpt = "NSTANCE_ENCRYPTION_KEY",
 ) -> None:
     """Issue an operator certificate with the cluster CA key (no server needed) and write the identity."""
     if cluster_id:
@@ -277,19 +281,10 @@ def cluster_register_operator(
     _check_output_dir(directory, public_key, force)
     private_key: PrivateKey | None = None
     if public_key is None:
-        private_key = generate_private_key("ecdsa-p256")
+        private_key = generate_private_key(GENERATED_KEY_TYPE)
         public_key = private_key.public_key()
 
-    opts = StorageOptions(
-        storage_provider=storage_provider,
-        storage_bucket=storage_bucket,
-        storage_prefix=storage_prefix,
-        secrets_provider=secrets_provider,
-        secrets_prefix=secrets_prefix,
-        secrets_project=secrets_project,
-        key_provider=key_provider,
-        key_source=key_source,
-    )
+    opts = storage_options(ctx)
     with expected_errors():
         stores = open_cluster_stores(opts)
         identity = load_cluster_identity(stores.cluster, stores.secrets)
@@ -305,7 +300,7 @@ def cluster_register_operator(
             ttl=timedelta(hours=cert_ttl_hours),
         )
     try:
-        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        ensure_dir(directory, PRIVATE_DIR_MODE)
     except OSError as exc:
         raise fail(f"cannot create --output-dir {directory}: {exc.strerror or exc}") from None
 
@@ -324,11 +319,12 @@ def cluster_register_operator(
 
     written = [directory / CA_FILE]
     try:
-        write_atomic(directory / CA_FILE, identity.ca.cert_pem, mode=0o644, dir_mode=None)
+        write_atomic(directory / CA_FILE, identity.ca.cert_pem, mode=IDENTITY_FILE_MODE, dir_mode=None)
         if private_key is not None:
-            write_atomic(directory / KEY_FILE, private_key_to_pem(private_key), mode=0o600, dir_mode=None)
+            key_pem = private_key_to_pem(private_key)
+            write_atomic(directory / KEY_FILE, key_pem, mode=IDENTITY_FILE_MODE, dir_mode=None)
             written.append(directory / KEY_FILE)
-        write_atomic(directory / CERT_FILE, issued.cert_pem, mode=0o644, dir_mode=None)
+        write_atomic(directory / CERT_FILE, issued.cert_pem, mode=IDENTITY_FILE_MODE, dir_mode=None)
         written.append(directory / CERT_FILE)
     except OSError as exc:
         raise fail(
@@ -341,7 +337,7 @@ def cluster_register_operator(
     )
     typer.echo(f"wrote {', '.join(str(p) for p in written)}")
     verb = "replaced" if replaced else "wrote"
-    typer.echo(f"{verb} registration record {storage_prefix}{record_key}")
+    typer.echo(f"{verb} registration record {opts.storage_prefix}{record_key}")
     if private_key is None:
         typer.echo(f"put the private key of {public_key_file} in {directory / KEY_FILE} to use this identity")
 

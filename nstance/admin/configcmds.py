@@ -17,14 +17,9 @@ from .client import ShardClient
 from .options import StorageBucketOpt, StorageProviderOpt
 from .output import Row, View, checked_identifier, expected_errors, fail, timestamp
 from .shardcalls import (
-    AllShardsOpt,
-    IdentityDirOpt,
     OutputOpt,
-    ServersOpt,
-    ShardOpt,
-    TimeoutOpt,
     execute,
-    resolve_target,
+    group_target,
 )
 from .stores import StorageOptions, open_cluster_stores
 
@@ -72,15 +67,10 @@ def config_upload(
 
 def config_status(
     ctx: typer.Context,
-    servers: ServersOpt = "",
-    identity_dir: IdentityDirOpt = None,
-    shard: ShardOpt = None,
-    all_shards: AllShardsOpt = False,
-    timeout: TimeoutOpt = "30s",
     output: OutputOpt = "table",
 ) -> None:
     """Show the config.jsonc each shard server has loaded (etag, last modified, size)."""
-    target = resolve_target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
+    target = group_target(ctx, output)
 
     def action(client: ShardClient) -> list[Row]:
         status = client.get_config_status()
@@ -99,15 +89,10 @@ def config_status(
 
 def config_refresh(
     ctx: typer.Context,
-    servers: ServersOpt = "",
-    identity_dir: IdentityDirOpt = None,
-    shard: ShardOpt = None,
-    all_shards: AllShardsOpt = False,
-    timeout: TimeoutOpt = "30s",
     output: OutputOpt = "table",
 ) -> None:
     """Make shard servers download their config again and apply it without a restart."""
-    target = resolve_target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
+    target = group_target(ctx, output)
 
     def action(client: ShardClient) -> list[Row]:
         result = client.refresh_config()

@@ -14,21 +14,21 @@ from nstance.rpc import operator_pb2
 
 from .client import ShardClient
 from .output import Column, Row, View, checked_identifier, fail
+from .persistent import PersistentGroup
 from .shardcalls import (
-    AllShardsOpt,
-    IdentityDirOpt,
     OutputOpt,
-    ServersOpt,
-    ShardOpt,
-    TimeoutOpt,
     VarsOpt,
     check_size,
     execute,
+    group_target,
     parse_vars,
-    resolve_target,
+    shard_options,
 )
 
-group_app = typer.Typer(add_completion=False, help="Groups on shard servers (Operator API).")
+group_app = typer.Typer(
+    cls=PersistentGroup, add_completion=False, help="Groups on shard servers (Operator API)."
+)
+group_app.callback()(shard_options)
 
 
 def _group_row(shard: str, group: operator_pb2.GroupStatus) -> Row:
@@ -76,15 +76,10 @@ GROUP_DETAILS: list[Column] = [
 @group_app.command("list")
 def group_list(
     ctx: typer.Context,
-    servers: ServersOpt = "",
-    identity_dir: IdentityDirOpt = None,
-    shard: ShardOpt = None,
-    all_shards: AllShardsOpt = False,
-    timeout: TimeoutOpt = "30s",
     output: OutputOpt = "table",
 ) -> None:
     """List the groups of your tenant (static and dynamic) with desired and actual size."""
-    target = resolve_target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
+    target = group_target(ctx, output)
 
     def action(client: ShardClient) -> list[Row]:
         return [_group_row(client.shard, g) for g in sorted(client.list_groups(), key=lambda g: g.key)]
@@ -96,15 +91,10 @@ def group_list(
 def group_status(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="Group name.")],
-    servers: ServersOpt = "",
-    identity_dir: IdentityDirOpt = None,
-    shard: ShardOpt = None,
-    all_shards: AllShardsOpt = False,
-    timeout: TimeoutOpt = "30s",
     output: OutputOpt = "table",
 ) -> None:
     """Show one group: settings, merged vars, actual size and provider IDs (a shard without it fails)."""
-    target = resolve_target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
+    target = group_target(ctx, output)
     execute(
         target,
         lambda client: [_group_row(client.shard, client.get_group(name))],
@@ -125,11 +115,6 @@ def group_create(
         str, typer.Option("--subnet-pool", help="Override of the template's subnet pool.")
     ] = "",
     var: VarsOpt = None,
-    servers: ServersOpt = "",
-    identity_dir: IdentityDirOpt = None,
-    shard: ShardOpt = None,
-    all_shards: AllShardsOpt = False,
-    timeout: TimeoutOpt = "30s",
     output: OutputOpt = "table",
 ) -> None:
     """Create a dynamic group, or replace its settings if it exists (UpsertGroup)."""
@@ -138,7 +123,7 @@ def group_create(
         raise fail("--template must not be empty")
     check_size(size, "--size")
     variables = parse_vars(var)
-    target = resolve_target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
+    target = group_target(ctx, output)
     config = operator_pb2.GroupConfig(
         template=template,
         size=size,
@@ -159,11 +144,6 @@ def group_scale(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="Group name.")],
     size: Annotated[int, typer.Argument(help="New desired number of instances on each selected shard.")],
-    servers: ServersOpt = "",
-    identity_dir: IdentityDirOpt = None,
-    shard: ShardOpt = None,
-    all_shards: AllShardsOpt = False,
-    timeout: TimeoutOpt = "30s",
     output: OutputOpt = "table",
 ) -> None:
     """Change a group's size and nothing else.
@@ -174,7 +154,7 @@ def group_scale(
     """
     checked_identifier(name, "group")
     check_size(size, "SIZE")
-    target = resolve_target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
+    target = group_target(ctx, output)
 
     def action(client: ShardClient) -> list[Row]:
         current = client.get_group(name)
@@ -203,11 +183,6 @@ def group_delete(
             help="For a static group (from config.jsonc): drop its runtime changes, back to the config.",
         ),
     ] = False,
-    servers: ServersOpt = "",
-    identity_dir: IdentityDirOpt = None,
-    shard: ShardOpt = None,
-    all_shards: AllShardsOpt = False,
-    timeout: TimeoutOpt = "30s",
     output: OutputOpt = "table",
 ) -> None:
     """Delete a dynamic group and its instances.
@@ -216,7 +191,7 @@ def group_delete(
     --reset-static its runtime changes (size, overrides) are dropped and it returns to its config.
     """
     checked_identifier(name, "group")
-    target = resolve_target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
+    target = group_target(ctx, output)
 
     def action(client: ShardClient) -> list[Row]:
         before = client.get_group(name)

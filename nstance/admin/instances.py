@@ -14,20 +14,20 @@ from nstance.rpc import operator_pb2
 
 from .client import ShardClient
 from .output import Column, Row, View, checked_identifier, fail, timestamp
+from .persistent import PersistentGroup, option_value
 from .shardcalls import (
-    AllShardsOpt,
-    IdentityDirOpt,
     OutputOpt,
-    ServersOpt,
-    ShardOpt,
-    TimeoutOpt,
     VarsOpt,
     execute,
+    group_target,
     parse_vars,
-    resolve_target,
+    shard_options,
 )
 
-instance_app = typer.Typer(add_completion=False, help="Instances on shard servers (Operator API).")
+instance_app = typer.Typer(
+    cls=PersistentGroup, add_completion=False, help="Instances on shard servers (Operator API)."
+)
+instance_app.callback()(shard_options)
 
 
 INSTANCE_DETAILS: list[Column] = [
@@ -45,11 +45,6 @@ INSTANCE_DETAILS: list[Column] = [
 def instance_list(
     ctx: typer.Context,
     group: Annotated[str | None, typer.Option("--group", help="Only this group.")] = None,
-    servers: ServersOpt = "",
-    identity_dir: IdentityDirOpt = None,
-    shard: ShardOpt = None,
-    all_shards: AllShardsOpt = False,
-    timeout: TimeoutOpt = "30s",
     output: OutputOpt = "table",
 ) -> None:
     """List the instances of each shard - managed and on-demand - with their instance IDs.
@@ -57,7 +52,7 @@ def instance_list(
     A server without ListInstances (upstream's) is asked for its groups instead: then only the
     provider IDs of running managed instances can be shown, and a note on stderr says so.
     """
-    target = resolve_target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
+    target = group_target(ctx, output)
 
     def action(client: ShardClient) -> list[Row]:
         try:
@@ -110,15 +105,10 @@ def _provider_ids_only(client: ShardClient, group: str | None) -> list[Row]:
 def instance_show(
     ctx: typer.Context,
     instance_id: Annotated[str, typer.Argument(help="Instance ID.")],
-    servers: ServersOpt = "",
-    identity_dir: IdentityDirOpt = None,
-    shard: ShardOpt = None,
-    all_shards: AllShardsOpt = False,
-    timeout: TimeoutOpt = "30s",
     output: OutputOpt = "table",
 ) -> None:
     """Show one instance's status as the server sees it (GetInstanceStatus)."""
-    target = resolve_target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
+    target = group_target(ctx, output)
 
     def action(client: ShardClient) -> list[Row]:
         status = client.get_instance_status(instance_id)
@@ -150,19 +140,14 @@ def instance_create(
     ] = "",
     subnet_pool: Annotated[str, typer.Option("--subnet-pool", help="Override of the subnet pool.")] = "",
     var: VarsOpt = None,
-    servers: ServersOpt = "",
-    identity_dir: IdentityDirOpt = None,
-    shard: ShardOpt = None,
-    all_shards: AllShardsOpt = False,
-    timeout: TimeoutOpt = "30s",
     output: OutputOpt = "table",
 ) -> None:
     """Create an on-demand instance in a group (CreateInstance); prints its ID and status."""
     checked_identifier(group, "--group")
-    if instance_id and all_shards:
+    if instance_id and option_value(ctx, "all_shards"):
         raise fail("--instance-id names one instance; use it with --shard, not --all-shards")
     variables = parse_vars(var)
-    target = resolve_target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
+    target = group_target(ctx, output)
     config = operator_pb2.InstanceConfig(
         group=group,
         template=template,
@@ -183,15 +168,10 @@ def instance_create(
 def instance_delete(
     ctx: typer.Context,
     instance_id: Annotated[str, typer.Argument(help="Instance ID.")],
-    servers: ServersOpt = "",
-    identity_dir: IdentityDirOpt = None,
-    shard: ShardOpt = None,
-    all_shards: AllShardsOpt = False,
-    timeout: TimeoutOpt = "30s",
     output: OutputOpt = "table",
 ) -> None:
     """Delete an instance (idempotent: prints deleting or deleted; an unknown ID is an error)."""
-    target = resolve_target(ctx, servers, identity_dir, shard, all_shards, timeout, output)
+    target = group_target(ctx, output)
 
     def action(client: ShardClient) -> list[Row]:
         result = client.delete_instance(instance_id)

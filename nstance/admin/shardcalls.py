@@ -2,7 +2,11 @@
 ``--all-shards``, ``--timeout`` and ``--output`` flags, and ``execute``, which runs one action on
 each selected shard (one after the other), prints the rows and reports each failing shard as
 ``error: shard NAME (ADDR): CODE: details`` on stderr, exiting 1 when any failed. Also the small
-flag parsers the group and instance commands share (``--var KEY=VALUE``, sizes).
+flag parsers the group and instance commands share (``--var KEY=VALUE,...``, sizes).
+
+``shard_options`` declares the first five once, as the callback of the ``group``, ``instance`` and
+``config`` groups, whose commands accept them too (``persistent``) and read them with
+``group_target``, as upstream declares them persistent on ``group`` and ``config``.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from .client import (
 )
 from .options import temp_dir
 from .output import OUTPUT_FORMATS, Row, View, expected_errors, fail
+from .persistent import option_value
+from .stringslice import split_string_slice
 
 INT32_MAX = 2**31 - 1
 
@@ -59,19 +65,46 @@ AllShardsOpt = Annotated[
 ]
 TimeoutOpt = Annotated[str, typer.Option("--timeout", help="Per-call timeout as a Go duration (30s, 2m).")]
 OutputOpt = Annotated[str, typer.Option("--output", "-o", help="Output format: table or json.")]
-VarsOpt = Annotated[list[str] | None, typer.Option("--var", help="Template variable KEY=VALUE (repeatable).")]
+VarsOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--var",
+        help=(
+            "Template variables KEY=VALUE, comma-separated and repeatable (--var a=1,b=2 --var c=3); "
+            "a value with a comma or a quote is CSV-quoted: --var '\"k=a,b\"'."
+        ),
+    ),
+]
+
+
+def shard_options(
+    servers: ServersOpt = "",
+    identity_dir: IdentityDirOpt = None,
+    shard: ShardOpt = None,
+    all_shards: AllShardsOpt = False,
+    timeout: TimeoutOpt = "30s",
+) -> None:
+    """The shard servers to call and the identity to call them with (see ``group_target``)."""
+    del servers, identity_dir, shard, all_shards, timeout
 
 
 def parse_vars(values: Sequence[str] | None) -> dict[str, str]:
+    """``--var`` values as upstream's StringSlice flag reads them: each one a CSV record of ``KEY=VALUE``
+    items (``a=1,b=2`` is two), every occurrence added to the last."""
     out: dict[str, str] = {}
-    for item in values or ():
-        key, sep, value = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise fail(f"--var {item!r}: expected KEY=VALUE")
-        if key in out:
-            raise fail(f"--var {key!r} is given twice")
-        out[key] = value
+    for given in values or ():
+        try:
+            items = split_string_slice(given)
+        except ValueError as exc:
+            raise fail(f"--var {given!r}: {exc}") from None
+        for item in items:
+            key, sep, value = item.partition("=")
+            key = key.strip()
+            if not sep or not key:
+                raise fail(f"--var {item!r}: expected KEY=VALUE")
+            if key in out:
+                raise fail(f"--var {key!r} is given twice")
+            out[key] = value
     return out
 
 
@@ -111,6 +144,20 @@ def resolve_target(
             raise fail(f"--timeout {timeout!r} must be a positive duration")
         identity = load_identity(identity_dir or default_identity_dir(temp_dir(ctx)))
     return Target(parsed, shards, identity, seconds, output)
+
+
+def group_target(ctx: typer.Context, output: str) -> Target:
+    """``resolve_target`` with the ``shard_options`` given to the command's group or to the command."""
+    identity_dir = option_value(ctx, "identity_dir")
+    return resolve_target(
+        ctx,
+        option_value(ctx, "servers"),
+        Path(identity_dir) if identity_dir else None,
+        option_value(ctx, "shard"),
+        option_value(ctx, "all_shards"),
+        option_value(ctx, "timeout"),
+        output,
+    )
 
 
 def execute(target: Target, action: Callable[[ShardClient], list[Row]], view: View) -> None:

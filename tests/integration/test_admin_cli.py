@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import stat
 import subprocess
@@ -125,13 +126,61 @@ def test_nonce_default_output_and_stdout(
     assert _invoke(runner, ["cluster", "init", "--cluster-id", "demo", *_store_flags(bucket)])[0] == 0
     code, _, _ = _invoke(runner, ["cluster", "nonce", "--cluster-id", "demo", *_store_flags(bucket)])
     assert code == 0
-    assert (tmp_path / "temp" / "cli-operator-identity" / "nonce.jwt").is_file()
+    # as upstream's admin writes it: missing directories 0700, the file 0600 with the token alone
+    nonce = tmp_path / "temp" / "cli-operator-identity" / "nonce.jwt"
+    for directory in (nonce.parent.parent, nonce.parent):
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700, directory
+    assert stat.S_IMODE(nonce.stat().st_mode) == 0o600
+    token = nonce.read_text()
+    assert token.count(".") == 2
+    assert token == token.strip()  # no final newline
     code, out, _ = _invoke(
         runner, ["cluster", "nonce", "--cluster-id", "demo", "-o", "-", *_store_flags(bucket)]
     )
     assert code == 0
+    assert out.endswith("\n")  # on stdout a line, as upstream's fmt.Println
     header = json.loads(base64.urlsafe_b64decode(out.split(".")[0] + "=="))
     assert header["alg"] == "EdDSA"
+
+
+def test_cluster_and_root_options_work_on_their_group_and_after_cluster_commands(
+    runner: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # upstream declares the storage and secrets flags persistent on `cluster`, and --temp-dir and
+    # --debug/-v on the root (cobra): accepted there and after any command below
+    bucket = str(tmp_path / "store")
+    provider = ["--storage-provider", "file"]
+    code, _, err = _invoke(
+        runner, ["cluster", *provider, "--storage-bucket", bucket, "init", "--cluster-id", "x"]
+    )
+    assert code == 0, err
+    nonce = ["nonce", "--cluster-id", "x"]
+    code, out, err = _invoke(
+        runner, ["cluster", *provider, *nonce, "--storage-bucket", bucket, "--output", "-"]
+    )
+    assert code == 0, err
+    assert out.count(".") == 2
+
+    debug: list[object] = []
+    monkeypatch.setattr("logging.basicConfig", lambda **kwargs: debug.append(kwargs.get("level")))
+    t1 = tmp_path / "t1"
+    code, _, err = _invoke(
+        runner, ["cluster", *nonce, *_store_flags(tmp_path / "store"), "--temp-dir", str(t1), "-v"]
+    )
+    assert code == 0, err
+    assert (t1 / "cli-operator-identity" / "nonce.jwt").is_file()
+    assert debug == [logging.DEBUG]
+
+    temps = ["--temp-dir", str(tmp_path / "t2"), "cluster", "--temp-dir", str(tmp_path / "t3")]
+    code, _, err = _invoke(runner, [*temps, "register-operator", *_store_flags(tmp_path / "store")])
+    assert code == 0, err
+    assert not (tmp_path / "t2").exists()  # the later --temp-dir wins
+    assert (tmp_path / "t3" / "cli-operator-identity" / "identity.crt").is_file()
+
+    # --version stays an option of nstance-admin itself, as upstream's local flag
+    code, _, err = _invoke(runner, ["cluster", "--version"])
+    assert code == 2
+    assert "No such option" in err
 
 
 def test_nonce_refuses_uninitialised_cluster_and_wrong_key(runner: CliRunner, tmp_path: Path) -> None:

@@ -86,6 +86,7 @@ class FakeShard(operator_pb2_grpc.OperatorServiceServicer):  # type: ignore[misc
     groups: dict[str, operator_pb2.GroupStatus] = field(default_factory=dict)
     instances: dict[str, operator_pb2.InstanceStatusResponse] = field(default_factory=dict)
     upserts: list[operator_pb2.UpsertGroupRequest] = field(default_factory=list)
+    creates: list[operator_pb2.CreateInstanceRequest] = field(default_factory=list)
     peers: list[str] = field(default_factory=list)
     standby: bool = False
     etag: str = '"etag-1"'
@@ -145,6 +146,7 @@ class FakeShard(operator_pb2_grpc.OperatorServiceServicer):  # type: ignore[misc
         self, request: operator_pb2.CreateInstanceRequest, context: grpc.ServicerContext
     ) -> operator_pb2.CreateInstanceResponse:
         self._enter(context)
+        self.creates.append(request)
         if request.config.group not in self.groups:
             context.abort(grpc.StatusCode.NOT_FOUND, f"group {request.config.group!r} not found")
         instance_id = request.instance_id or f"tst{len(self.instances):026d}"
@@ -223,10 +225,17 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Cluster:
     bucket = base / "store"
     result = run("cluster", "init", "--cluster-id", "demo", *store_flags(bucket))
     assert result.code == 0, result.err
+    # The test doubles serve grpcio's own TLS, which never asks a client for an Ed25519 signature (the
+    # real server terminates TLS in OpenSSL), so the shard tests certify an ECDSA P-256 key of their own
+    # instead of the Ed25519 key register-operator generates (tests/compat/test_admin_generated_identity.py).
     identity = base / "identity"
+    identity.mkdir()
+    key = ec.generate_private_key(ec.SECP256R1())
+    (identity / "identity.key").write_bytes(private_key_to_pem(key))
+    (base / "operator.pub").write_bytes(public_key_to_pem(key))
     result = run(
         "cluster", "register-operator", "--cluster-id", "demo", "--operator-id", "opr-admin-test",
-        "--output-dir", str(identity), *store_flags(bucket),
+        "--public-key-file", str(base / "operator.pub"), "--output-dir", str(identity), *store_flags(bucket),
     )  # fmt: skip
     assert result.code == 0, result.err
     return Cluster(bucket, identity, "opr-admin-test", cluster_ca(bucket))
@@ -273,20 +282,28 @@ def seed_group(shard: FakeShard, key: str = "web", size: int = 2) -> None:
 # --- cluster register-operator ---------------------------------------------------------------------
 
 
-def test_register_operator_writes_identity_and_record(cluster: Cluster) -> None:
-    ca_pem = (cluster.identity / "ca.crt").read_bytes()
-    assert ca_pem == cluster.ca.cert_pem
-    key_path = cluster.identity / "identity.key"
-    assert stat.S_IMODE(key_path.stat().st_mode) == 0o600
-    key = load_private_key_pem(key_path.read_bytes())
-    assert isinstance(key, ec.EllipticCurvePrivateKey)
-    peer = verify_client_certificate((cluster.identity / "identity.crt").read_bytes(), cluster.ca)
-    assert (peer.client_id, peer.tenant, peer.role) == ("opr-admin-test", "default", "operator")
+def test_register_operator_writes_identity_and_record(cluster: Cluster, tmp_path: Path) -> None:
+    identity = tmp_path / "new" / "identity"  # missing directories are made 0700, as upstream's admin
+    result = run(
+        "cluster", "register-operator", "--cluster-id", "demo", "--tenant", "team-gen",
+        "--operator-id", "opr-generated", "--output-dir", str(identity), *store_flags(cluster.bucket),
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    assert (identity / "ca.crt").read_bytes() == cluster.ca.cert_pem
+    # 0700 directories and 0600 files, as upstream's admin writes them (ca.crt and identity.crt too)
+    assert [stat.S_IMODE(d.stat().st_mode) for d in (identity.parent, identity)] == [0o700, 0o700]
+    for name in ("ca.crt", "identity.key", "identity.crt"):
+        assert stat.S_IMODE((identity / name).stat().st_mode) == 0o600, name
+    # Ed25519, as upstream's admin generates: the only key type a Go server and a Go admin accept
+    key = load_private_key_pem((identity / "identity.key").read_bytes())
+    assert isinstance(key, Ed25519PrivateKey)
+    peer = verify_client_certificate((identity / "identity.crt").read_bytes(), cluster.ca)
+    assert (peer.client_id, peer.tenant, peer.role) == ("opr-generated", "team-gen", "operator")
     assert public_keys_equal(peer.certificate.public_key(), key)  # type: ignore[arg-type]
     lifetime = peer.not_after - peer.certificate.not_valid_before_utc
     assert 8759 * 3600 < lifetime.total_seconds() <= 8760 * 3600 + 600
 
-    record = json.loads((cluster.bucket / "cluster" / "operator" / "default.demo.json").read_text())
+    record = json.loads((cluster.bucket / "cluster" / "operator" / "team-gen.demo.json").read_text())
     # the union of upstream's registration and renewal record shapes (docs/files.md)
     assert set(record) == {
         "cluster_id", "client_id", "tenant", "operator_id", "public_key", "public_key_pem",
@@ -294,8 +311,8 @@ def test_register_operator_writes_identity_and_record(cluster: Cluster) -> None:
     }  # fmt: skip
     assert (record["client_id"], record["public_key_pem"]) == (record["cluster_id"], record["public_key"])
     assert record["type"] == "operator"
-    assert record["operator_id"] == "opr-admin-test"
-    assert (record["cluster_id"], record["tenant"]) == ("demo", "default")
+    assert record["operator_id"] == "opr-generated"
+    assert (record["cluster_id"], record["tenant"]) == ("demo", "team-gen")
     assert record["cert_serial"] == peer.serial
     assert record["public_key"] == public_key_to_pem(key).decode()
     assert record["expires_at"] == peer.not_after.strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -745,6 +762,64 @@ def test_env_vars_supply_servers_identity_and_shard(cluster: Cluster, shards: Sh
     result = CliRunner().invoke(app, ["group", "list"], env=env)
     assert result.exit_code == 0, result.stderr
     assert result.stdout.splitlines()[1].split()[:3] == ["b", "web", "9"]
+
+
+def test_shard_options_work_on_their_group_and_after_its_commands(shards: Shards, tmp_path: Path) -> None:
+    # upstream declares --servers, --identity-dir, --shard, --all-shards and --timeout persistent on
+    # `group` and `config` (cobra): accepted on the group and after any of its commands
+    seed_group(shards.a, size=4)
+    seed_group(shards.b, size=6)
+    where = ["--servers", shards.servers, "--identity-dir", str(shards.identity)]
+    result = run("group", *where, "--shard", "a", "list")
+    assert result.code == 0, result.err
+    assert result.out.splitlines()[1].split()[:3] == ["a", "web", "4"]
+    result = run("group", *where, "--shard", "a", "list", "--shard", "b")  # the later value wins
+    assert result.out.splitlines()[1].split()[:3] == ["b", "web", "6"]
+    result = run("group", "--servers", shards.servers, "scale", "web", "5", "--shard", "b",
+                 "--identity-dir", str(shards.identity), "--timeout", "10s")  # fmt: skip
+    assert result.code == 0, result.err
+    assert shards.b.groups["web"].size == 5
+    result = run("config", *where, "--all-shards", "status", "-o", "json")
+    assert result.code == 0, result.err
+    assert [row["shard"] for row in json.loads(result.out)] == ["a", "b"]
+    result = run("instance", *where, "list", "--shard", "a")
+    assert result.code == 0, result.err
+    assert "i-0aaa" in result.out
+
+    # the root's --temp-dir (where the default identity is) and -v after a subcommand
+    temp = tmp_path / "work"
+    (temp / "cli-operator-identity").mkdir(parents=True)
+    for name in ("ca.crt", "identity.key", "identity.crt"):
+        (temp / "cli-operator-identity" / name).write_bytes((shards.identity / name).read_bytes())
+    result = run("group", "list", "--servers", shards.servers, "--shard", "a", "--temp-dir", str(temp), "-v")
+    assert result.code == 0, result.err
+    assert "web" in result.out
+
+
+def test_var_is_comma_separated_as_upstreams_string_slice(shards: Shards) -> None:
+    # upstream's --var is a pflag StringSlice: each value is a CSV record of KEY=VALUE items
+    result = shards.run(
+        "group", "create", "web", "--template", "knd", "--shard", "a",
+        "--var", "role=worker,zone=a", "--var", '"motd=hello, world","quote=say ""hi"""', "--var", "x=1",
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    assert dict(shards.a.upserts[-1].config.vars) == {
+        "role": "worker", "zone": "a", "motd": "hello, world", "quote": 'say "hi"', "x": "1",
+    }  # fmt: skip
+    result = shards.run("instance", "create", "--group", "web", "--shard", "a", "--var", "a=1,b=2")
+    assert result.code == 0, result.err
+    assert dict(shards.a.creates[-1].config.vars) == {"a": "1", "b": "2"}
+
+    for bad, message in [
+        ("a=1,b", "--var 'b': expected KEY=VALUE"),
+        ("a=1,a=2", "--var 'a' is given twice"),
+        ('k=say "hi"', 'bare " in unquoted item'),
+        ('"k=1', 'no closing "'),
+    ]:
+        result = shards.run("group", "create", "web", "--template", "knd", "--shard", "a", "--var", bad)
+        assert result.code == 1, bad
+        assert result.err.startswith("error: ")
+        assert message in result.err
 
 
 def test_help_lists_the_new_commands() -> None:
