@@ -4,7 +4,8 @@ Every object is a plain ``dict`` (the JSON the API server speaks), addressed by 
 (group, version, plural, namespaced). ``Kube`` offers what the controllers, sync manager and drain
 coordinator need and nothing else: get (None when absent), list with label/field selectors, create,
 merge or JSON patch (also on the ``status`` subresource), delete (False when already gone), pod
-eviction, watch as an async iterator of ``(type, object)``, and Kubernetes Events on an object.
+eviction, service-account tokens (TokenRequest), watch as an async iterator of ``(type, object)``, and
+Kubernetes Events on an object.
 
 The HTTP session does not read proxy settings or ``~/.netrc`` from the environment (aiohttp's
 ``trust_env``, which kubernetes_asyncio turns on): with it on, every request looked up the proxy
@@ -77,6 +78,7 @@ NODES: Final = Resource("", "v1", "nodes", "Node", namespaced=False)
 PODS: Final = Resource("", "v1", "pods", "Pod")
 EVENTS: Final = Resource("", "v1", "events", "Event")
 SECRETS: Final = Resource("", "v1", "secrets", "Secret")
+SERVICE_ACCOUNTS: Final = Resource("", "v1", "serviceaccounts", "ServiceAccount")
 CONFIGMAPS: Final = Resource("", "v1", "configmaps", "ConfigMap")
 LEASES: Final = Resource("coordination.k8s.io", "v1", "leases", "Lease")
 
@@ -294,6 +296,17 @@ class Kube:
         if grace_period is not None:
             body["deleteOptions"] = {"gracePeriodSeconds": grace_period}
         await self._call("POST", PODS.path(namespace, name, "eviction"), body=body)
+
+    async def request_token(self, service_account: str, namespace: str, *, expiration_seconds: int) -> Object:
+        """A token for ``service_account`` (TokenRequest, ``POST serviceaccounts/{name}/token``) with the
+        API server's default audiences; the answer carries ``status.token`` and
+        ``status.expirationTimestamp`` (the server may shorten the lifetime asked for)."""
+        body: Object = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"expirationSeconds": expiration_seconds},
+        }
+        return await self._call("POST", SERVICE_ACCOUNTS.path(namespace, service_account, "token"), body=body)
 
     async def watch(
         self,

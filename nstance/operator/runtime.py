@@ -7,9 +7,11 @@ Always running (leader or not): the health endpoint, the config source, and the 
    registration with the nonce);
 2. ``ShardSet`` connected to every configured shard (and following config changes);
 3. the Node index, the certificate renewer;
-4. ``controllers.cluster.ensure_cluster(ctx)`` (NstanceCluster + CAPI Cluster), retried until it works;
+4. ``controllers.cluster.ensure_cluster(ctx, endpoint)`` (NstanceCluster + CAPI Cluster; the endpoint is
+   ``NSTANCE_CAPI_ENDPOINT`` when set), retried until it works;
 5. kopf (``standalone``, cluster-wide, login from the Kube configuration, Events posted, webhook server per
-   settings) with ``handlers.register``, plus ``SyncManager`` and ``DrainCoordinator``.
+   settings) with ``handlers.register``, plus ``SyncManager``, ``DrainCoordinator`` and, unless
+   ``NSTANCE_CAPI_ENDPOINT`` is set, ``WorkloadKubeconfig`` (Cluster API's kubeconfig Secret).
 
 kopf runs on the runtime's event loop through ``kopf.spawn_tasks`` + ``kopf.run_tasks`` rather than
 ``kopf.operator``: on exit, ``run_tasks`` cancels every task created after kopf started, and only kopf's
@@ -33,8 +35,9 @@ completes.
 H4's ``handlers`` / ``controllers.cluster`` and H5's ``sync`` / ``drain`` are imported lazily; while one
 is missing the runtime logs it and runs without it (tests of the runtime itself rely on that).
 
-Startup problems that only an admin can fix (Kubernetes credentials that do not load, a health port
-in use) raise ``SettingsError`` from ``run`` so the CLI exits 2 with the message.
+Startup problems that only an admin can fix (a bad ``NSTANCE_CAPI_ENDPOINT`` or
+``NSTANCE_CAPI_SERVICEACCOUNT``, Kubernetes credentials that do not load, a health port in use) raise
+``SettingsError`` from ``run`` so the CLI exits 2 with the message.
 
 Must not: contain controller, sync or drain behaviour, exit the process, or wait without a deadline
 while stopping.
@@ -68,6 +71,8 @@ from nstance.operator import handlers
 from nstance.operator.config import ConfigMapSource, ConfigSource, FileSource
 from nstance.operator.context import OperatorContext
 from nstance.operator.controllers.cluster import ensure_cluster
+from nstance.operator.controllers.kubeconfig import WorkloadKubeconfig
+from nstance.operator.controllers.kubeconfig_secret import WorkloadAccess
 from nstance.operator.crds import names
 from nstance.operator.drain import DrainCoordinator
 from nstance.operator.health import HealthServer, OperatorMetrics
@@ -249,12 +254,24 @@ def _default_register(registry: kopf.OperatorRegistry) -> None:
     handlers.register(registry)
 
 
-async def _default_ensure_cluster(ctx: OperatorContext) -> None:
-    await ensure_cluster(ctx)
+def default_ensure_cluster(access: WorkloadAccess) -> EnsureCluster:
+    """``ensure_cluster`` with the control plane endpoint of ``access`` (None: the API server used)."""
+
+    async def ensure(ctx: OperatorContext) -> None:
+        await ensure_cluster(ctx, access.endpoint)
+
+    return ensure
 
 
-def _default_components() -> list[tuple[str, ComponentFactory]]:
-    return [("sync manager", SyncManager), ("drain coordinator", DrainCoordinator)]
+def default_components(access: WorkloadAccess) -> list[tuple[str, ComponentFactory]]:
+    """The lead session's loops: sync, drain, and the kubeconfig Secret of a self-managed cluster."""
+    components: list[tuple[str, ComponentFactory]] = [
+        ("sync manager", SyncManager),
+        ("drain coordinator", DrainCoordinator),
+    ]
+    if access.self_managed:
+        components.append(("workload kubeconfig", lambda ctx: WorkloadKubeconfig(ctx, access)))
+    return components
 
 
 # --- bounded stopping ------------------------------------------------------------------------------
@@ -346,6 +363,7 @@ class OperatorRuntime:
         register_handlers: RegisterHandlers | None = None,
         ensure_cluster: EnsureCluster | None = None,
         components: list[tuple[str, ComponentFactory]] | None = None,
+        workload: WorkloadAccess | None = None,
     ) -> None:
         self.settings = settings
         self.clock: Clock = clock or SystemClock()
@@ -354,8 +372,10 @@ class OperatorRuntime:
         self._kube = kube
         self._owns_kube = kube is None
         self._register = register_handlers or _default_register
-        self._ensure_cluster = ensure_cluster or _default_ensure_cluster
+        self._ensure_cluster = ensure_cluster
         self._components = components
+        self.workload = workload
+        """How Cluster API reaches the workload cluster; read from the environment by ``run`` when None."""
         self._stop = asyncio.Event()
         self._graceful = True
         self.config: ConfigSource | None = None
@@ -427,6 +447,8 @@ class OperatorRuntime:
         """Run until ``request_stop`` (or cancellation); never exits for shard, API or Lease trouble."""
         background: list[asyncio.Task[None]] = []
         session: asyncio.Task[None] | None = None
+        if self.workload is None:
+            self.workload = WorkloadAccess.from_environ(os.environ)
         try:
             if self._kube is None:
                 try:
@@ -633,8 +655,13 @@ class OperatorRuntime:
             tasks.append(
                 asyncio.create_task(self._supervise("certificate renewal", self.renewer.run), name="renewal")
             )
-            await self._ensure_cluster_until_done(ctx)
-            components = self._components if self._components is not None else _default_components()
+            workload = self.workload or WorkloadAccess()
+            await self._ensure_cluster_until_done(
+                ctx, self._ensure_cluster or default_ensure_cluster(workload)
+            )
+            components = self._components
+            if components is None:
+                components = default_components(workload)
             for label, factory in components:
                 component = factory(ctx)
                 tasks.append(asyncio.create_task(self._supervise(label, component.run), name=label))
@@ -702,11 +729,11 @@ class OperatorRuntime:
             version = self.config.version
             shards.update(config.shards)
 
-    async def _ensure_cluster_until_done(self, ctx: OperatorContext) -> None:
+    async def _ensure_cluster_until_done(self, ctx: OperatorContext, ensure: EnsureCluster) -> None:
         attempt = 0
         while True:
             try:
-                await self._ensure_cluster(ctx)
+                await ensure(ctx)
                 return
             except asyncio.CancelledError:
                 raise

@@ -1192,6 +1192,85 @@ async def test_eviction_deletes_the_pod(kube: Kube) -> None:
     await eventually(deleted, within=10, every=0.1, what="the evicted pod deleted")
 
 
+# ---------------------------------------------------------------------------- service-account tokens
+
+
+def _token_path(ns: str, account: str) -> str:
+    return f"/api/v1/namespaces/{ns}/serviceaccounts/{account}/token"
+
+
+def _token_request(seconds: int | None = None, **meta: str) -> dict[str, Any]:
+    spec = {} if seconds is None else {"expirationSeconds": seconds}
+    body: dict[str, Any] = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
+    if meta:
+        body["metadata"] = meta
+    return body
+
+
+async def test_token_request_answers_a_token_of_the_service_account(kube: Kube) -> None:
+    account = await kube.core.create_namespaced_service_account(kube.ns, {"metadata": {"name": "robot"}})
+    before = datetime.datetime.now(datetime.UTC)
+    status, answer = await kube.raw("POST", _token_path(kube.ns, "robot"), _token_request(3600))
+    assert status == 201, answer
+    assert (answer["apiVersion"], answer["kind"]) == ("authentication.k8s.io/v1", "TokenRequest")
+    meta = answer["metadata"]
+    assert (meta["name"], meta["namespace"], meta["uid"]) == ("robot", kube.ns, account.metadata.uid)
+    assert meta["creationTimestamp"]
+    assert answer["spec"]["expirationSeconds"] == 3600
+    assert answer["spec"]["audiences"]  # the server's own audiences when none are asked for
+    assert len(answer["status"]["token"].split(".")) == 3  # a JWT
+    expiry = datetime.datetime.fromisoformat(answer["status"]["expirationTimestamp"])
+    after = datetime.datetime.now(datetime.UTC)
+    hour = datetime.timedelta(hours=1)
+    assert (
+        before + hour - datetime.timedelta(seconds=2)
+        <= expiry
+        <= after + hour + datetime.timedelta(seconds=2)
+    )
+
+    # expirationSeconds defaults to an hour; the body's name may be given when it is the URL's.
+    status, answer = await kube.raw("POST", _token_path(kube.ns, "robot"), _token_request(name="robot"))
+    assert status == 201, answer
+    assert answer["spec"]["expirationSeconds"] == 3600
+
+
+async def test_token_request_refusals(kube: Kube) -> None:
+    status, body = await kube.raw("POST", _token_path(kube.ns, "nobody"), _token_request(3600))
+    assert (status, body["reason"]) == (404, "NotFound")
+    assert body["message"] == 'serviceaccounts "nobody" not found'
+
+    await kube.core.create_namespaced_service_account(kube.ns, {"metadata": {"name": "robot"}})
+    status, body = await kube.raw("POST", _token_path(kube.ns, "robot"), _token_request(60))
+    assert (status, body["reason"]) == (422, "Invalid")
+    assert body["message"] == (
+        'TokenRequest.authentication.k8s.io "" is invalid: spec.expirationSeconds: Invalid value: 60: '
+        "may not specify a duration less than 10 minutes"
+    )
+    assert body["details"]["kind"] == "TokenRequest"
+    assert body["details"]["group"] == "authentication.k8s.io"
+    assert body["details"]["causes"][0]["field"] == "spec.expirationSeconds"
+
+    status, body = await kube.raw("POST", _token_path(kube.ns, "robot"), _token_request(name="other"))
+    assert (status, body["reason"]) == (422, "Invalid")
+    assert body["message"] == (
+        'TokenRequest.authentication.k8s.io "robot" is invalid: metadata.name: Invalid value: "other": '
+        "must match the service account name if specified"
+    )
+
+
+async def test_discovery_lists_the_token_subresource(kube: Kube) -> None:
+    _status, core = await kube.raw("GET", "/api/v1")
+    by_name = {r["name"]: r for r in core["resources"]}
+    token = by_name["serviceaccounts/token"]
+    assert (token["kind"], token["group"], token["version"]) == (
+        "TokenRequest",
+        "authentication.k8s.io",
+        "v1",
+    )
+    assert token["verbs"] == ["create"]
+    assert token["namespaced"] is True
+
+
 async def test_eviction_hook_answers_429(kube: Kube) -> None:
     emulator = kube.require_emulator("the 429 eviction hook is an emulator test hook")
     await _pod(kube, "guarded")

@@ -15,6 +15,7 @@ sees: objects in Kubernetes, groups and instances on the servers.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import os
@@ -28,10 +29,21 @@ from typing import Any
 
 import grpc
 import pytest
+import yaml
 from google.protobuf.empty_pb2 import Empty
+from kubernetes_asyncio.client import Configuration
 
 from nstance.operator.crds import names
-from nstance.operator.kube import NODES, PODS, Kube, KubeError, Resource, load_configuration
+from nstance.operator.kube import (
+    NODES,
+    PODS,
+    SECRETS,
+    SERVICE_ACCOUNTS,
+    Kube,
+    KubeError,
+    Resource,
+    load_configuration,
+)
 from nstance.rpc import agent_pb2, operator_pb2_grpc
 from nstance.testing.kubeapi import KubeAPIServer
 from nstance.testing.kubeapi.manifests import load_manifests
@@ -165,6 +177,9 @@ class System:
                 elif obj["kind"] == "Secret":
                     res = Resource("", "v1", "secrets", "Secret")
                 await kube.create(res, obj, self.namespace)
+            # The chart's workload ServiceAccount, whose tokens go into Cluster API's kubeconfig Secret.
+            account = {"metadata": {"name": names.CAPI_WORKLOAD_SERVICE_ACCOUNT, "namespace": self.namespace}}
+            await kube.create(SERVICE_ACCOUNTS, account, self.namespace)
         finally:
             await kube.close()
 
@@ -592,6 +607,42 @@ async def test_the_examples_apply_and_the_machine_pool_scales(system: System) ->
         with contextlib.suppress(KubeError):
             await kube.delete(POOLS, "workers", system.namespace)
             await kube.delete(CAPI_POOLS, "workers", system.namespace)
+        await kube.close()
+
+
+async def test_the_operator_writes_cluster_apis_kubeconfig_secret(system: System) -> None:
+    cluster = f"{system.cluster.cluster_id}--default"
+    kube = await system.kube()
+    try:
+
+        async def written() -> dict[str, Any] | None:
+            return await kube.get(SECRETS, f"{cluster}-kubeconfig", system.namespace)
+
+        secret = await eventually(
+            written, within=30, what="Secret <cluster>-kubeconfig", log=system.operator_log, every=0.2
+        )
+        assert secret["metadata"]["labels"][names.CAPI_CLUSTER_NAME_LABEL] == cluster
+        assert names.TOKEN_EXPIRY_ANNOTATION in secret["metadata"]["annotations"]
+        config = yaml.safe_load(base64.b64decode(secret["data"][names.KUBECONFIG_SECRET_KEY]))
+        assert config["current-context"] == cluster
+        assert config["clusters"][0]["cluster"]["server"] == "https://kubernetes.default.svc:443"
+        token = config["users"][0]["user"]["token"]
+        if system.backend == "real":
+            # The token is the workload ServiceAccount's, for this API server.
+            review = Resource("authentication.k8s.io", "v1", "selfsubjectreviews", "SelfSubjectReview", False)
+            admin = await load_configuration(str(system.kubeconfig))
+            bearer = Configuration()
+            bearer.host, bearer.ssl_ca_cert = admin.host, admin.ssl_ca_cert
+            bearer.api_key = {"BearerToken": token}
+            bearer.api_key_prefix = {"BearerToken": "Bearer"}
+            as_account = Kube.from_configuration(bearer)
+            try:
+                answer = await as_account.create(review, {})
+            finally:
+                await as_account.close()
+            user = answer["status"]["userInfo"]["username"]
+            assert user == f"system:serviceaccount:{system.namespace}:{names.CAPI_WORKLOAD_SERVICE_ACCOUNT}"
+    finally:
         await kube.close()
 
 

@@ -98,6 +98,9 @@ def test_default_values_render_the_operator_with_a_cert_manager_webhook(chart: h
         ("ServiceAccount", "nstance-operator"),
         ("ClusterRole", "nstance-operator"),
         ("ClusterRoleBinding", "nstance-operator"),
+        ("ServiceAccount", crds.CAPI_WORKLOAD_SERVICE_ACCOUNT),
+        ("ClusterRole", "nstance-operator-capi-workload"),
+        ("ClusterRoleBinding", "nstance-operator-capi-workload"),
         ("ConfigMap", crds.CONFIG_CONFIGMAP),
         ("Deployment", "nstance-operator"),
         ("Service", crds.WEBHOOK_SERVICE),
@@ -172,6 +175,9 @@ def test_deployment_runs_the_operator_non_root_with_probes_and_config(chart: hel
     assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}  # leader-election identity
     assert env["NSTANCE_WEBHOOK_PORT"] == str(crds.WEBHOOK_PORT)
     assert env["NSTANCE_WEBHOOK_CERT_DIR"] == crds.WEBHOOK_CERT_DIR
+    # Self-managed by default: the operator writes Cluster API's kubeconfig with this account's tokens.
+    assert env["NSTANCE_CAPI_SERVICEACCOUNT"] == crds.CAPI_WORKLOAD_SERVICE_ACCOUNT
+    assert "NSTANCE_CAPI_ENDPOINT" not in env
     ports = {port["name"]: port["containerPort"] for port in container["ports"]}
     assert ports == {"health": crds.HEALTH_PORT, "webhook": crds.WEBHOOK_PORT}
     assert container["livenessProbe"]["httpGet"] == {"path": crds.HEALTH_PATH, "port": "health"}
@@ -282,6 +288,45 @@ def test_cluster_role_rules_equal_config_rbac(chart: helm.Chart) -> None:
     generated_binding = _generated("config/rbac/role_binding.yaml")
     assert binding["roleRef"] == generated_binding["roleRef"]
     assert binding["subjects"] == generated_binding["subjects"]
+
+
+def test_capi_workload_account_and_rules_equal_config_rbac(chart: helm.Chart) -> None:
+    objects = _by_kind(_render(chart))
+    generated = list(yaml.safe_load_all((REPO_ROOT / "config/rbac/capi_workload.yaml").read_text()))
+    generated_role = next(doc for doc in generated if doc["kind"] == "ClusterRole")
+    role = objects[("ClusterRole", "nstance-operator-capi-workload")]
+    assert role["rules"] == generated_role["rules"] == manifests.capi_workload_rules()
+    binding = objects[("ClusterRoleBinding", "nstance-operator-capi-workload")]
+    assert binding["roleRef"]["name"] == "nstance-operator-capi-workload"
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": crds.CAPI_WORKLOAD_SERVICE_ACCOUNT, "namespace": NAMESPACE}
+    ]
+
+
+def test_capi_values_name_the_account_or_an_external_workload_cluster(chart: helm.Chart) -> None:
+    renamed = _by_kind(_render(chart, {"capi": {"serviceAccount": {"name": "capi-reader"}}}))
+    assert ("ServiceAccount", "capi-reader") in renamed
+    binding = renamed[("ClusterRoleBinding", "nstance-operator-capi-workload")]
+    assert binding["subjects"][0]["name"] == "capi-reader"
+    (container,) = renamed[("Deployment", "nstance-operator")]["spec"]["template"]["spec"]["containers"]
+    assert _env(container)["NSTANCE_CAPI_SERVICEACCOUNT"] == "capi-reader"
+
+    values = {
+        **PRODUCTION_VALUES,
+        "capi": {"endpoint": "https://workload.example.com:6443", "serviceAccount": {"enabled": False}},
+    }
+    external = _by_kind(_render(chart, values))
+    assert not {name for _, name in external} & {
+        crds.CAPI_WORKLOAD_SERVICE_ACCOUNT,
+        "nstance-operator-capi-workload",
+    }
+    (container,) = external[("Deployment", "nstance-operator")]["spec"]["template"]["spec"]["containers"]
+    assert _env(container)["NSTANCE_CAPI_ENDPOINT"] == "https://workload.example.com:6443"
+    notes = chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    assert (
+        "Create Secret prod--acme-kubeconfig in namespace nstance-system"
+        in notes["nstance-operator/templates/NOTES.txt"]
+    )
 
 
 def test_webhook_configuration_equals_config_webhook(chart: helm.Chart) -> None:

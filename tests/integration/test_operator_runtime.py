@@ -40,7 +40,7 @@ from nstance.operator import runtime as runtime_module
 from nstance.operator.context import OperatorContext
 from nstance.operator.kube import CONFIGMAPS, EVENTS, LEASES, SECRETS, Kube, KubeError
 from nstance.operator.runtime import OperatorRuntime, RuntimeOptions
-from nstance.operator.settings import build_settings
+from nstance.operator.settings import SettingsError, build_settings
 from nstance.pki.nonce import operator_nonce_claims, sign_nonce
 from nstance.testing.kubeapi import KubeAPIServer
 from nstance.testing.shardproc import (
@@ -558,3 +558,22 @@ async def test_a_loop_that_ignores_its_stop_does_not_keep_the_operator_from_stop
     finally:
         runtime.request_stop()
         await stopped(task, 20, "the runtime to stop")
+
+
+async def test_a_bad_capi_endpoint_stops_the_start_with_one_line_naming_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("NSTANCE_CAPI_ENDPOINT", "https://workload.example.com:port")
+    runtime = OperatorRuntime(build_settings(namespace="default", disable_webhooks=True, environ={}))
+    with pytest.raises(SettingsError, match=r"^NSTANCE_CAPI_ENDPOINT='https://workload.example.com:port': "):
+        await runtime.run()
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NSTANCE_", "KUBERNETES_"))}
+    env["NSTANCE_CAPI_SERVICEACCOUNT"] = "Bad_Name"
+    command = [sys.executable, "-m", "nstance.operator", "--namespace", "default", "--disable-webhooks"]
+    done = await asyncio.to_thread(
+        subprocess.run, command, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("nstance-operator: NSTANCE_CAPI_SERVICEACCOUNT='Bad_Name': ")
+    assert len(done.stderr.strip().splitlines()) == 1

@@ -21,7 +21,7 @@ import yaml
 from pydantic import BaseModel
 
 from nstance.operator import crds
-from nstance.operator.crds import manifests, models
+from nstance.operator.crds import clusterctl, manifests, models
 from nstance.operator.crds.schema import SchemaError, schema_problems, structural_schema
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -110,8 +110,10 @@ def test_every_generated_file_says_it_is_generated_and_has_no_yaml_aliases(gen: 
         "config/rbac/role.yaml",
         "config/rbac/service_account.yaml",
         "config/rbac/role_binding.yaml",
+        "config/rbac/capi_workload.yaml",
         "config/webhook/manifests.yaml",
         "deploy/helm/nstance-operator/files/rbac-rules.yaml",
+        "deploy/helm/nstance-operator/files/capi-workload-rules.yaml",
         "deploy/clusterctl/metadata.yaml",
         "deploy/clusterctl/infrastructure-components.yaml",
         "deploy/clusterctl/cluster-template.yaml",
@@ -384,7 +386,7 @@ def test_helm_crd_copies_are_the_base_crds_plus_the_keep_annotation(gen: ModuleT
 
 def _allowed(rules: list[dict[str, Any]], group: str, resource: str, verb: str) -> bool:
     return any(
-        group in rule["apiGroups"] and resource in rule["resources"] and verb in rule["verbs"]
+        group in rule.get("apiGroups", ()) and resource in rule.get("resources", ()) and verb in rule["verbs"]
         for rule in rules
     )
 
@@ -412,6 +414,8 @@ def test_cluster_role_grants_what_the_operator_needs() -> None:
         ("events.k8s.io", "events", ("create", "patch")),
         ("", "configmaps", ("get", "list", "watch")),
         ("", "secrets", ("get", "list", "watch", "create", "update", "patch", "delete")),
+        # Cluster API's kubeconfig Secret carries tokens of the workload ServiceAccount (TokenRequest).
+        ("", "serviceaccounts/token", ("create",)),
         ("", "namespaces", ("list", "watch")),
         ("apiextensions.k8s.io", "customresourcedefinitions", ("list", "watch")),
         (
@@ -437,6 +441,36 @@ def test_binding_ties_the_role_to_the_service_account() -> None:
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "nstance-operator", "namespace": "nstance-system"}
     ]
+
+
+def test_capi_workload_account_may_read_nodes_get_pods_and_probe_the_root_and_nothing_else() -> None:
+    account, role, binding = manifests.capi_workload_manifests()
+    assert (account["kind"], role["kind"], binding["kind"]) == (
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+    )
+    assert account["metadata"] == {"name": "nstance-capi-workload", "namespace": "nstance-system"}
+    assert role["metadata"]["name"] == binding["roleRef"]["name"] == "nstance-capi-workload"
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "nstance-capi-workload", "namespace": "nstance-system"}
+    ]
+    rules = role["rules"]
+    for verb in ("get", "list", "watch"):
+        assert _allowed(rules, "", "nodes", verb)
+    assert _allowed(rules, "", "pods", "get")
+    assert {"nonResourceURLs": ["/"], "verbs": ["get"]} in rules
+    assert not _allowed(rules, "", "pods", "list")
+    assert not _allowed(rules, "", "nodes", "patch")
+    assert not _allowed(rules, "", "secrets", "get")
+    # The clusterctl components install the same objects next to the operator.
+    components = clusterctl.infrastructure_components()
+    names_by_kind = {(doc["kind"], doc["metadata"]["name"]) for doc in components}
+    assert {
+        ("ServiceAccount", "nstance-capi-workload"),
+        ("ClusterRole", "nstance-capi-workload"),
+        ("ClusterRoleBinding", "nstance-capi-workload"),
+    } <= names_by_kind
 
 
 def test_webhook_configuration_validates_pool_updates_through_the_operator_service() -> None:

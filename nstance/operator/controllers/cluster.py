@@ -4,10 +4,11 @@ Cluster API needs a ``Cluster`` (with an infrastructure cluster) before it accep
 Machines. Nstance manages infrastructure per pool and machine, so the NstanceCluster is a stub:
 ``ensure_cluster(ctx)`` (run once by the runtime before kopf starts) creates the NstanceCluster named
 ``{cluster_id}--{tenant}`` in the operator's namespace with ``spec.controlPlaneEndpoint`` taken from the
-API server URL the operator talks to (or the endpoint given), marks it provisioned and Ready, and
-creates the CAPI ``Cluster`` of the same name referencing it. Every step is idempotent. The kopf
-handler on NstanceClusters runs ``STEPS`` (mark provisioned + Ready) for any NstanceCluster, so one
-created by hand works too.
+API server URL the operator talks to (or the endpoint given: ``NSTANCE_CAPI_ENDPOINT``), marks it
+provisioned and Ready, and creates the CAPI ``Cluster`` of the same name referencing it. Every step is
+idempotent; an existing NstanceCluster's endpoint is not changed. The kopf handler on NstanceClusters
+runs ``STEPS`` (mark provisioned + Ready) for any NstanceCluster, so one created by hand works too.
+Cluster API's kubeconfig Secret for the cluster is ``controllers.kubeconfig``'s job.
 
 Must not: delete anything, or call shards.
 """

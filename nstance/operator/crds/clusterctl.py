@@ -4,11 +4,13 @@ Built from the same models as the CRDs, RBAC and webhook of ``manifests``:
 
 * ``metadata.yaml``: the release series and the Cluster API contract (v1beta2) they implement;
 * ``infrastructure-components.yaml``: the Nstance CRDs (labelled with the contract version they serve),
-  the operator's ServiceAccount, ClusterRole and binding, its Deployment, the webhook Service, a
-  cert-manager Issuer and Certificate and the ValidatingWebhookConfiguration. The namespace is
-  ``${NSTANCE_NAMESPACE:=nstance-system}`` and the image ``${NSTANCE_OPERATOR_IMAGE:=...}``; clusterctl
-  substitutes both. The operator's own ConfigMap (cluster id, tenant, shards), the cluster CA ConfigMap
-  and the nonce Secret are not part of it: ``nstance-admin`` makes them for an existing Nstance cluster;
+  the operator's ServiceAccount, ClusterRole and binding, the ``nstance-capi-workload`` ServiceAccount
+  (with its ClusterRole and binding) whose tokens go into Cluster API's kubeconfig Secret, its Deployment,
+  the webhook Service, a cert-manager Issuer and Certificate and the ValidatingWebhookConfiguration. The
+  namespace is ``${NSTANCE_NAMESPACE:=nstance-system}`` and the image ``${NSTANCE_OPERATOR_IMAGE:=...}``;
+  clusterctl substitutes both. The operator's own ConfigMap (cluster id, tenant, shards), the cluster CA
+  ConfigMap and the nonce Secret are not part of it: ``nstance-admin`` makes them for an existing Nstance
+  cluster;
 * ``cluster-template.yaml``: a Cluster, its NstanceCluster, and a MachinePool with its
   NstanceMachinePool, for ``clusterctl generate cluster NAME --from cluster-template.yaml``.
 
@@ -21,6 +23,7 @@ from typing import Any
 
 from nstance.operator.crds.manifests import (
     WEBHOOK_CERTIFICATE,
+    capi_workload_manifests,
     cluster_role,
     cluster_role_binding,
     nstance_crds,
@@ -166,6 +169,7 @@ def infrastructure_components() -> list[Manifest]:
         service_account(NAMESPACE),
         cluster_role(),
         cluster_role_binding(NAMESPACE),
+        *capi_workload_manifests(NAMESPACE),
         deployment(),
         webhook_service(),
         *certificates(),

@@ -3,8 +3,10 @@
 Responsible for: the five Nstance CustomResourceDefinitions (schemas from ``models.py`` through
 ``schema.py``, printer columns, status subresources, Cluster API contract labels), the minimal Cluster API
 CRDs our Kubernetes API emulator and e2e tests install, the operator's RBAC (ClusterRole, ServiceAccount,
-ClusterRoleBinding) and its ValidatingWebhookConfiguration, plus the Helm-specific variants (CRDs that
-Helm keeps on uninstall, the ClusterRole rules the chart loads). ``scripts/gen_manifests.py`` writes them
+ClusterRoleBinding), the ``nstance-capi-workload`` ServiceAccount whose tokens the operator puts in Cluster
+API's kubeconfig Secret (with its ClusterRole and binding), and the operator's
+ValidatingWebhookConfiguration, plus the Helm-specific variants (CRDs that Helm keeps on uninstall, the
+ClusterRole rules the chart loads). ``scripts/gen_manifests.py`` writes them
 as YAML; tests and the emulator can use the dicts directly.
 
 Must not: import kopf, kubernetes_asyncio, grpc or nstance.rpc, serialise YAML, or touch files.
@@ -25,6 +27,7 @@ from nstance.operator.crds.names import (
     CAPI_KIND_MACHINE,
     CAPI_KIND_MACHINE_POOL,
     CAPI_VERSION,
+    CAPI_WORKLOAD_SERVICE_ACCOUNT,
     CATEGORY,
     CLUSTERS,
     DEFAULT_NAMESPACE,
@@ -512,6 +515,8 @@ def rbac_rules() -> list[Manifest]:
             "resources": ["secrets"],
             "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
         },
+        # Tokens of the workload ServiceAccount for Cluster API's kubeconfig Secret (TokenRequest).
+        {"apiGroups": [""], "resources": ["serviceaccounts/token"], "verbs": ["create"]},
         {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
         {
             "apiGroups": ["apiextensions.k8s.io"],
@@ -559,6 +564,41 @@ def cluster_role_binding(namespace: str = DEFAULT_NAMESPACE) -> Manifest:
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": OPERATOR_NAME},
         "subjects": [{"kind": "ServiceAccount", "name": OPERATOR_NAME, "namespace": namespace}],
     }
+
+
+def capi_workload_rules() -> list[Manifest]:
+    """What Cluster API may do with the kubeconfig the operator writes (the ``nstance-capi-workload``
+    ClusterRole; also loaded by the Helm chart from files/capi-workload-rules.yaml)."""
+    return [
+        # Its ClusterCache matches MachinePool provider IDs to Nodes.
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
+        # It GETs its own pod through the kubeconfig to tell whether it runs in the workload cluster; any
+        # answer but 200 or 404 (a 403) keeps it from connecting.
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
+        # Its health probe is a GET of "/", which the system:discovery role does not cover.
+        {"nonResourceURLs": ["/"], "verbs": ["get"]},
+    ]
+
+
+def capi_workload_manifests(namespace: str = DEFAULT_NAMESPACE) -> list[Manifest]:
+    """ServiceAccount, ClusterRole and ClusterRoleBinding ``nstance-capi-workload``."""
+    name = CAPI_WORKLOAD_SERVICE_ACCOUNT
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": namespace}},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": name},
+            "rules": capi_workload_rules(),
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+        },
+    ]
 
 
 # --- Webhook ---------------------------------------------------------------------------------------------
@@ -618,11 +658,16 @@ def helm_rbac_rules_path() -> str:
     return f"{HELM_CHART_DIR}/files/rbac-rules.yaml"
 
 
+def helm_capi_workload_rules_path() -> str:
+    """Where the chart's ``nstance-capi-workload`` ClusterRole rules are generated."""
+    return f"{HELM_CHART_DIR}/files/capi-workload-rules.yaml"
+
+
 def generated_documents() -> dict[str, list[Any]]:
     """Every generated file (path relative to the repository root) and the YAML documents it holds.
 
-    Most files hold manifests; the chart's ``files/rbac-rules.yaml`` holds one document that is the list
-    of ClusterRole rules.
+    Most files hold manifests; the chart's ``files/rbac-rules.yaml`` and ``files/capi-workload-rules.yaml``
+    each hold one document that is a list of ClusterRole rules.
     """
     out: dict[str, list[Any]] = {}
     for kind, crd in zip(NSTANCE_KINDS, nstance_crds(), strict=True):
@@ -634,6 +679,8 @@ def generated_documents() -> dict[str, list[Any]]:
     out["config/rbac/role.yaml"] = [cluster_role()]
     out["config/rbac/service_account.yaml"] = [service_account()]
     out["config/rbac/role_binding.yaml"] = [cluster_role_binding()]
+    out["config/rbac/capi_workload.yaml"] = capi_workload_manifests()
     out["config/webhook/manifests.yaml"] = [webhook_configuration()]
     out[helm_rbac_rules_path()] = [rbac_rules()]
+    out[helm_capi_workload_rules_path()] = [capi_workload_rules()]
     return out

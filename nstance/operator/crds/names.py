@@ -96,6 +96,19 @@ WEBHOOK_SERVICE: Final = "nstance-operator-webhook"
 WEBHOOK_PORT: Final = 9443
 WEBHOOK_CERT_DIR: Final = "/etc/nstance/webhook"
 
+# --- Cluster API's access to the workload cluster (Secret ``<cluster>-kubeconfig``) ----------------------
+
+#: ServiceAccount whose short-lived tokens the operator puts in the kubeconfig Secret (upstream's default
+#: of ``NSTANCE_CAPI_SERVICEACCOUNT``); its ClusterRole lets Cluster API read Nodes, get pods and ``GET /``.
+CAPI_WORKLOAD_SERVICE_ACCOUNT: Final = "nstance-capi-workload"
+#: Label Cluster API finds a cluster's Secrets by (value: the Cluster's name).
+CAPI_CLUSTER_NAME_LABEL: Final = "cluster.x-k8s.io/cluster-name"
+KUBECONFIG_SECRET_SUFFIX: Final = "-kubeconfig"
+KUBECONFIG_SECRET_KEY: Final = "value"
+#: When the token in the operator-written kubeconfig expires (RFC 3339); also marks the Secret as the
+#: operator's (upstream's Go operator writes the same annotation).
+TOKEN_EXPIRY_ANNOTATION: Final = "nstance.dev/token-expiry"
+
 # --- Naming rules --------------------------------------------------------------------------------------
 
 SHARD_GROUP_SEPARATOR: Final = "--"

@@ -134,7 +134,7 @@ BUILTINS: tuple[ResourceType, ...] = (
     _core("events", "Event", True, short=("ev",), fields=EVENT_FIELDS),
     _core("configmaps", "ConfigMap", True, short=("cm",)),
     _core("secrets", "Secret", True, fields=("type",)),
-    _core("serviceaccounts", "ServiceAccount", True, short=("sa",)),
+    _core("serviceaccounts", "ServiceAccount", True, short=("sa",), subs=("token",)),
     _core("services", "Service", True, short=("svc",), subs=("status",), categories=("all",)),
     _core("leases", "Lease", True, group="coordination.k8s.io"),
     _core("events", "Event", True, short=("ev",), group="events.k8s.io", fields=("regarding.name",)),
@@ -170,6 +170,7 @@ BUILTINS: tuple[ResourceType, ...] = (
 SUBRESOURCE_DISCOVERY: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
     "status": ("", "", "", ("get", "patch", "update")),
     "eviction": ("Eviction", "policy", "v1", ("create",)),
+    "token": ("TokenRequest", "authentication.k8s.io", "v1", ("create",)),
     "finalize": ("", "", "", ("update",)),
     "scale": ("Scale", "autoscaling", "v1", ("get", "patch", "update")),
 }

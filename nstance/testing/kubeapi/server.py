@@ -1,7 +1,7 @@
 """The HTTP face of the Kubernetes API emulator: aiohttp routes, watch streams, and the server lifecycle.
 
 ``KubeAPIServer`` serves discovery, OpenAPI v3, CRUD, patches (server-side apply included), the
-status/scale/eviction/finalize subresources, Table output and watches over plain HTTP on 127.0.0.1, with
+status/scale/eviction/finalize/token subresources, Table output and watches over plain HTTP on 127.0.0.1, with
 JSON only (no protobuf, no authentication). It names each write's field manager (``fieldManager``, else the
 User-Agent's product token) and runs validating admission webhooks between computing and storing a write.
 Object semantics live in ``store.Store``; this module must not implement them itself, only translate HTTP
@@ -17,13 +17,13 @@ import json
 import logging
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
 from aiohttp import web
 
-from nstance.testing.kubeapi import discovery, errors, openapi, scale, tables
+from nstance.testing.kubeapi import discovery, errors, openapi, scale, tables, tokens
 from nstance.testing.kubeapi.admission import Admission, AdmissionRequest
 from nstance.testing.kubeapi.manifests import load_manifests
 from nstance.testing.kubeapi.metrics import RequestCounter, RequestKey, client_of, verb_of
@@ -93,7 +93,8 @@ class KubeAPIServer:
         self.host = host
         self.bookmark_interval = bookmark_interval
         self.registry = Registry()
-        self.store = Store(self.registry, clock=clock, history_limit=history_limit)
+        self.clock: Callable[[], datetime] = clock or (lambda: datetime.now(UTC))
+        self.store = Store(self.registry, clock=self.clock, history_limit=history_limit)
         self.store.eviction_blocker = self._eviction_blocker
         self.admission = Admission()
         self.requests: list[tuple[str, str]] = []  # (method, path_qs) of every request, for debugging tests
@@ -452,6 +453,8 @@ class KubeAPIServer:
                 return _warn(await self._create(target, body, dry_run, manager), warnings)
             if target.sub == "eviction":
                 return await self._evict(target, body)
+            if target.sub == "token":
+                return await self._token(target, body)
             if target.sub is None and isinstance(body, dict):
                 # Like the real server: a POST to an object's own path is a create of that name.
                 meta = body.setdefault("metadata", {})
@@ -709,6 +712,16 @@ class KubeAPIServer:
         return _json_response(
             {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}, 201
         )
+
+    async def _token(self, target: _Target, body: Any) -> web.StreamResponse:
+        """``POST serviceaccounts/{name}/token``: a TokenRequest answered by ``tokens`` (webhooks on
+        ``serviceaccounts/token`` CREATE run after the checks, as on a real server)."""
+        namespace, name = str(target.namespace), str(target.name)
+        request = tokens.check_request(body, namespace, name)
+        account = self.store.get(target.rtype, namespace, name)
+        request = tokens.validated(request, account)
+        await self._admit("CREATE", target, request, None, False)
+        return _json_response(tokens.issue(request, account, self.clock()), 201)
 
     # ----------------------------------------------------------------------------- watch
 

@@ -63,3 +63,13 @@ app.kubernetes.io/part-of: nstance
 {{- required "webhook.tlsSecretName is required when webhook.enabled is true and webhook.certManager is false" .Values.webhook.tlsSecretName }}
 {{- end }}
 {{- end }}
+
+{{/* ServiceAccount whose tokens go into Cluster API's kubeconfig Secret (NSTANCE_CAPI_SERVICEACCOUNT). */}}
+{{- define "nstance-operator.capiServiceAccount" -}}
+{{- default "nstance-capi-workload" .Values.capi.serviceAccount.name }}
+{{- end }}
+
+{{/* ClusterRole (and binding) of that ServiceAccount: one per release. */}}
+{{- define "nstance-operator.capiWorkloadRole" -}}
+{{- printf "%s-capi-workload" (include "nstance-operator.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
