@@ -6,15 +6,31 @@ is fsynced, renamed over the target with ``os.replace`` and followed by an fsync
 Readers therefore see the old or the new content, never a mix, and a crash leaves at most an orphaned
 temporary file, which no read or listing ever shows.
 
-Conditional writes and deletes (``put_if_match``, ``delete(if_match=...)``) and plain puts run their
-read-compare-write under an exclusive ``fcntl.flock`` on one of ``LOCK_STRIPES`` lock files in
-``ROOT/.nstance-locks/`` (``stripe-NN.lock``, chosen by a hash of the key). flock locks belong to an
-open file description, so they exclude other threads of this process as well as other processes on
-the same host: two servers sharing one directory still get exactly one winner. Lock files are never
-deleted while in use (deleting a lock file that someone else is waiting on would break mutual
-exclusion), and there are never more than ``LOCK_STRIPES`` of them: two keys may share a stripe, which
-costs at most a short wait. Per-key lock files left by older versions (40 hex digits + ``.lock``) are
-removed when a store is opened.
+Every write and delete runs under two exclusive ``fcntl.flock`` locks, always taken in this order, so
+that neither servers of this project nor upstream's Go servers sharing the directory can interleave
+with a read-compare-write:
+
+1. one of ``LOCK_STRIPES`` lock files in ``ROOT/.nstance-locks/`` (``stripe-NN.lock``, chosen by a
+   hash of the key): what earlier versions of this store take, so they and this one exclude each
+   other during an upgrade. There are never more than ``LOCK_STRIPES`` of them;
+2. upstream's per-key lock, ``<real path of ROOT>.locks/<md5 hex of the key>.lock`` (a directory
+   *beside* the root, created with mode 0700 when first needed; lock files 0600): the one lock a Go
+   server takes around its ``PutIfMatch``. The root's real path (symlinks resolved, ``..`` removed)
+   names it, as Go's does, so both name the same file whatever path each was given. Like Go, these
+   files are never deleted: one per key ever written stays behind.
+
+Go holds one lock at a time and this store always takes the stripe first, so no wait cycle can form.
+flock locks belong to an open file description: they exclude other threads of this process as well as
+other processes on the same host. Lock files are never deleted while in use (deleting one that someone
+waits on would break mutual exclusion); per-key lock files left in ``.nstance-locks`` by older versions
+of this project (40 hex digits + ``.lock``) are removed when a store is opened. When the directory
+beside the root cannot be created or used (its parent is read-only to this user), no Go server with
+the same rights can be writing there either: the store logs one warning and relies on the stripes.
+
+Create-only writes (``put_if_match(key, data, None)``) publish with ``os.link`` of a fsynced temporary
+file, which fails when the key exists, so they are atomic even against a writer that takes no lock at
+all (a Go server's plain ``Put``); file systems without hard links fall back to check-then-replace
+under the locks.
 
 ETags are ``content_etag`` (quoted MD5 of the content), the same as the memory backend and as S3 for
 plain puts. For objects of at least ``KNOWN_MIN_BYTES`` (a shard's ``groups.jsonc`` with thousands of
@@ -22,10 +38,11 @@ groups) the store remembers the last content it read or wrote at a few keys with
 reuses the ETag when the bytes it reads are equal to those, byte for byte: a conditional write then
 hashes only the new content, not the current one as well.
 
-Names that begin with ``.nstance-`` are reserved for the lock directory and temporary files; keys
-using them are refused, as are keys that could escape the root or alias another key (empty, absolute,
-``.``/``..`` or empty segments, backslashes, NUL). ``validate_key`` applies the same rules on every
-backend that wants keys to stay portable to this one.
+Names that begin with ``.nstance-`` are reserved for the lock directory and temporary files (ours are
+``.nstance-tmp-*``, a Go server's ``.nstance-create-*``, ``.nstance-update-*`` and ``.nstance-put-*``);
+no listing shows them and keys using them are refused, as are keys that could escape the root or
+alias another key (empty, absolute, ``.``/``..`` or empty segments, backslashes, NUL).
+``validate_key`` applies the same rules on every backend that wants keys to stay portable to this one.
 
 This module must not be used on network file systems without working flock, must not follow keys
 outside the root, and caches no content: every read goes to the file system. POSIX only.
@@ -38,7 +55,9 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import logging
 import os
+import secrets
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -64,9 +83,28 @@ KNOWN_MIN_BYTES = 64 * 1024
 KNOWN_KEYS = 8
 """How many such objects are remembered at once (the oldest is forgotten first)."""
 
+GO_LOCK_DIR_SUFFIX = ".locks"
+"""Upstream's per-key lock directory is the root's real path with this appended (``/data`` ->
+``/data.locks``)."""
+
 _LOCK_DIR = RESERVED_PREFIX + "locks"
 _TMP_PREFIX = RESERVED_PREFIX + "tmp-"
 _HEX = frozenset("0123456789abcdef")
+_NO_HARD_LINKS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS})
+
+log = logging.getLogger(__name__)
+
+
+def go_lock_dir(root: Path | str) -> Path:
+    """Where upstream's Go server keeps the per-key locks of a store rooted at ``root`` (which must
+    exist): its real path plus ``GO_LOCK_DIR_SUFFIX``."""
+    return Path(os.path.realpath(root) + GO_LOCK_DIR_SUFFIX)
+
+
+def go_lock_name(key: str) -> str:
+    """The name of upstream's lock file for ``key``: the MD5 of the key's bytes in hex, ``.lock``."""
+    digest = hashlib.md5(key.encode("utf-8", "surrogatepass"), usedforsecurity=False).hexdigest()
+    return digest + ".lock"
 
 
 def validate_key(key: str) -> str:
@@ -104,6 +142,8 @@ class FileObjectStore:
         self._root.mkdir(parents=True, exist_ok=True)
         self._locks = self._root / _LOCK_DIR
         self._locks.mkdir(exist_ok=True)
+        self._go_locks = go_lock_dir(self._root)
+        self._go_locks_unusable = False
         self._remove_legacy_locks()
         self._known: dict[str, tuple[bytes, str]] = {}
         self._known_lock = threading.Lock()
@@ -156,12 +196,13 @@ class FileObjectStore:
     def put_if_match(self, key: str, data: bytes, etag: str | None) -> str:
         path = self._path(key)
         with self._locked(key):
-            current = self._read(path)
-            if etag is None and current is not None:
-                raise PreconditionFailed(f"object {key!r} already exists")
-            if etag is not None and (current is None or self._etag(key, current) != etag):
-                raise PreconditionFailed(f"object {key!r} changed (etag mismatch)")
-            self._write_atomic(key, path, data)
+            if etag is None:
+                self._create(key, path, data)
+            else:
+                current = self._read(path)
+                if current is None or self._etag(key, current) != etag:
+                    raise PreconditionFailed(f"object {key!r} changed (etag mismatch)")
+                self._write_atomic(key, path, data)
         return self._etag(key, data)
 
     def delete(self, key: str, if_match: str | None = None) -> None:
@@ -247,19 +288,96 @@ class FileObjectStore:
 
     @contextlib.contextmanager
     def _locked(self, key: str) -> Iterator[None]:
+        """Hold this project's stripe lock, then upstream's per-key lock (see the module docstring)."""
         digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
         name = f"stripe-{int.from_bytes(digest[:4], 'big') % LOCK_STRIPES:02d}.lock"
-        lock_path = self._locks / name
         try:
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            stripe = os.open(self._locks / name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         except FileNotFoundError:  # someone removed the lock directory; recreate it
             self._locks.mkdir(exist_ok=True)
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            stripe = os.open(self._locks / name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)  # blocks without holding the GIL
-            yield
+            fcntl.flock(stripe, fcntl.LOCK_EX)  # blocks without holding the GIL
+            per_key = self._open_go_lock(key)
+            try:
+                if per_key is not None:
+                    fcntl.flock(per_key, fcntl.LOCK_EX)
+                yield
+            finally:
+                if per_key is not None:
+                    os.close(per_key)
         finally:
-            os.close(fd)  # closing the descriptor releases the lock
+            os.close(stripe)  # closing a descriptor releases its lock
+
+    def _open_go_lock(self, key: str) -> int | None:
+        """A descriptor on upstream's lock file for ``key``, or None if its directory is unusable."""
+        if self._go_locks_unusable:
+            return None
+        path = self._go_locks / go_lock_name(key)
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
+        try:
+            try:
+                return os.open(path, flags, 0o600)
+            except FileNotFoundError:
+                os.makedirs(self._go_locks, mode=0o700, exist_ok=True)
+                return os.open(path, flags, 0o600)
+        except OSError as exc:
+            if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+                raise
+            self._go_locks_unusable = True
+            log.warning(
+                "cannot use %s for upstream's per-key locks (%s); conditional writes to %s exclude "
+                "other servers of this project but not a Go nstance-server sharing the directory",
+                self._go_locks,
+                exc.strerror,
+                self._root,
+            )
+            return None
+
+    def _create(self, key: str, path: Path, data: bytes) -> None:
+        """Publish ``data`` at ``path`` only if nothing is there (PreconditionFailed otherwise), with
+        ``os.link`` of a fsynced temporary file, so even a writer that takes no lock cannot be
+        overwritten."""
+        directory = path.parent
+        self._ensure_dir(key, directory)
+        if path.is_dir():
+            raise InvalidArgument(f"object key {key!r} is a prefix of other keys and cannot hold data")
+        tmp = directory / (_TMP_PREFIX + secrets.token_hex(8))
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fchmod(fd, 0o600)  # the create mode is filtered by the umask
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                raise PreconditionFailed(f"object {key!r} already exists") from None
+            except OSError as exc:
+                if exc.errno not in _NO_HARD_LINKS:
+                    raise
+                self._create_without_links(key, path, data)
+                return
+        except OSError as exc:
+            if exc.errno == errno.ENAMETOOLONG:
+                raise InvalidArgument(
+                    f"object key {key!r} has a segment too long for the file system"
+                ) from exc
+            raise
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        fsync_dir(directory)
+
+    def _create_without_links(self, key: str, path: Path, data: bytes) -> None:
+        """Create-only for a file system without hard links: check, then replace, under the locks."""
+        if path.exists():
+            raise PreconditionFailed(f"object {key!r} already exists")
+        self._write_atomic(key, path, data)
 
     def _ensure_dir(self, key: str, directory: Path) -> None:
         if directory.is_dir():

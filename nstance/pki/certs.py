@@ -19,7 +19,10 @@ serverAuth and SANs: the given DNS names and IP addresses plus DNS ``nstance-ser
 ``localhost`` and IPs ``127.0.0.1`` and ``::1`` (clients verify with server name ``nstance-server``).
 
 Workload certificates are issued for public keys agents submit (Ed25519 or ECDSA P-256), with EKU
-clientAuth or serverAuth by kind, and the subject and SANs given as already-rendered strings.
+clientAuth or serverAuth by kind, and the subject and SANs given as already-rendered strings. Their IP
+SANs are read as Go's ``net.ParseIP`` reads them (``san_ip_address``), so a server rendering a
+template can drop what a Go server drops; ``subject_value_problem`` says which subject values cannot
+be encoded at all.
 
 Every certificate gets a random 128-bit serial (see ``serial``), starts ``BACKDATE`` (5 min) before
 now for clock skew, and never outlives the CA (its expiry is clamped to the CA's). The returned
@@ -234,6 +237,35 @@ def _parse_ip(value: str | IPAddress, what: str) -> IPAddress:
         raise InvalidArgument(f"{what}: {value!r} is not an IP address") from exc
 
 
+def san_ip_address(text: str) -> IPAddress | None:
+    """The address ``text`` holds as Go's ``net.ParseIP`` reads it, or None when it holds none.
+
+    Surrounding whitespace is ignored; otherwise as Go: no brackets, no zone (``fe80::1%eth0``),
+    IPv4 in dotted decimal without leading zeros. An IPv4-mapped IPv6 address (``::ffff:10.0.0.1``)
+    comes back as the IPv4 address, which is how Go's x509 writes it into a certificate (4 bytes).
+    """
+    value = text.strip()
+    if "%" in value:
+        return None
+    try:
+        ip = ipaddress.ip_address(value)
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
+
+
+def subject_value_problem(oid: x509.ObjectIdentifier, value: str) -> str | None:
+    """Why ``value`` cannot be a subject attribute of type ``oid`` (a country not of two letters),
+    or None when it can."""
+    try:
+        x509.NameAttribute(oid, value)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 def _check_dns(value: str, what: str) -> str:
     name = value.strip().lower()
     if not name or any(c.isspace() for c in name) or not name.isascii() or len(name) > 253:
@@ -423,7 +455,9 @@ def issue_workload_certificate(
     """Issue a workload certificate (template ``files`` of kind ``certificate``) for an agent's key.
 
     ``kind`` picks the EKU (``client`` -> clientAuth, ``server`` -> serverAuth). All strings are used
-    as given (templates were rendered by the caller); invalid IPs or URIs without a scheme are refused.
+    as given (templates were rendered by the caller); IPs are read by ``san_ip_address``. Anything
+    that is not an IP, a URI without a scheme or a subject value that cannot be encoded is refused:
+    callers that must drop such entries instead, as upstream does, filter them first.
     """
     if kind not in WORKLOAD_KINDS:
         raise InvalidArgument(f"unknown certificate kind {kind!r}; use one of: {', '.join(WORKLOAD_KINDS)}")
@@ -442,7 +476,11 @@ def issue_workload_certificate(
         attrs.extend((oid, v) for v in values)
     subject = _name(attrs, "workload certificate")
     sans: list[x509.GeneralName] = [x509.DNSName(_check_dns(d, "workload DNS name")) for d in dns_names]
-    sans.extend(x509.IPAddress(_parse_ip(i, "workload IP address")) for i in ip_addresses)
+    for text in ip_addresses:
+        ip = san_ip_address(text)
+        if ip is None:
+            raise InvalidArgument(f"workload IP address: {text!r} is not an IP address")
+        sans.append(x509.IPAddress(ip))
     for uri in uris:
         if not urlsplit(uri).scheme:
             raise InvalidArgument(f"workload URI {uri!r} must be an absolute URI with a scheme")

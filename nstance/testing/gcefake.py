@@ -5,9 +5,10 @@ real ``google-cloud-compute`` client (REST transport) parses them: ``instances``
 numeric id), list (``filter``, ``maxResults``, ``pageToken``), delete and ``updateNetworkInterface``
 (``PATCH``; alias IP ranges only); zone ``operations`` get and wait, with **numeric-string** ``id``
 fields (a hex id makes the client fail to parse); machine types get (with ``architecture``); regional
-subnetworks get; zonal ``networkEndpointGroups`` get, ``attachNetworkEndpoints``,
-``detachNetworkEndpoints`` (both return zone operations) and ``listNetworkEndpoints`` (paged, with
-``healthStatus: SHOW`` giving each endpoint's ``healths[].healthState``); zonal unmanaged
+subnetworks get; regional ``forwardingRules`` list (paged); zonal ``networkEndpointGroups`` get,
+``attachNetworkEndpoints``, ``detachNetworkEndpoints`` (both return zone operations) and
+``listNetworkEndpoints`` (paged, with ``healthStatus: SHOW`` giving each endpoint's ``healths``);
+zonal unmanaged
 ``instanceGroups`` get, ``addInstances``, ``removeInstances`` (both return zone operations) and
 ``listInstances`` (paged, ``instanceState`` ``ALL`` or ``RUNNING``). Errors use Google's JSON error
 body (``{"error": {"code", "message", "errors": [{"domain", "reason", "message"}]}}``) with the real
@@ -26,12 +27,17 @@ subnetwork's primary range or an address another VM of the subnetwork uses: "IP 
 being used by another resource" (or, after ``report_ip_conflicts_in_operations``, an operation ending in
 ``IP_IN_USE_BY_ANOTHER_RESOURCE``). Network endpoint groups (``add_network_endpoint_group``) are
 ``GCE_VM_IP_PORT`` (endpoints get the default port unless they name one) or ``GCE_VM_IP`` (no ports). An
-endpoint must name a VM of the NEG's zone (400 otherwise) with an interface in the NEG's network; its
-``ipAddress`` defaults to that interface's primary address and must be it or one of its alias addresses.
-The fake is strict where the real service's leniency is not documented: attaching an endpoint that is
-already attached, or detaching one that is not, is refused with 400. Attach and detach take effect when
-their operation finishes; an unknown NEG answers 404. Tests set endpoint health with
-``set_endpoint_health``.
+endpoint must name a VM of the NEG's zone (400 otherwise) with an interface in the NEG's subnetwork
+(when the NEG has one; else in its network); its ``ipAddress`` defaults to that interface's primary
+address and must be it or one of its alias addresses. The fake is strict where the real service's
+leniency is not documented: attaching an endpoint that is already attached, or detaching one that is
+not, is refused with 400. Attach and detach take effect when their operation finishes; an unknown NEG
+answers 404. Tests set endpoint health with ``set_endpoint_health``: one entry per forwarding rule
+that reaches the NEG (``healths[]`` with ``forwardingRule``, the rule's ``backendService`` and
+``healthState``, as a passthrough load balancer reports them), or an entry without a forwarding rule
+for the NEG's own backend service ``global/backendServices/<NEG>-backend``. Forwarding rules
+(``add_forwarding_rule``) have an address, a protocol, ``ports``, a ``portRange`` or ``allPorts``, and a
+regional backend service.
 
 Instance groups (``add_instance_group``) hold VM names. A member is referenced as the real API takes
 it: a full URL, ``projects/P/zones/Z/instances/N`` or ``zones/Z/instances/N`` of the group's project
@@ -86,7 +92,8 @@ _LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 _LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
 _PATH = re.compile(
     r"^/compute/v1/projects/(?P<project>[^/]+)/(?P<scope>zones|regions)/(?P<where>[^/]+)"
-    r"/(?P<collection>instances|operations|machineTypes|subnetworks|networkEndpointGroups|instanceGroups)"
+    r"/(?P<collection>instances|operations|machineTypes|subnetworks|networkEndpointGroups|instanceGroups"
+    r"|forwardingRules)"
     r"(?:/(?P<name>[^/]+))?"
     r"(?:/(?P<verb>wait|attachNetworkEndpoints|detachNetworkEndpoints|listNetworkEndpoints"
     r"|updateNetworkInterface|addInstances|removeInstances|listInstances))?$"
@@ -155,7 +162,24 @@ class _Neg:
     subnetwork: str  # "" or the subnetwork's name in the zone's region
     created: str
     endpoints: list[dict[str, Any]] = field(default_factory=list)
-    health: dict[str, str] = field(default_factory=dict)  # instance name -> healthState
+    #: instance name -> forwarding rule name ("": the NEG's own backend, no rule) -> healthState
+    health: dict[str, dict[str, str]] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _ForwardingRule:
+    """A regional forwarding rule: where a load balancer listens and the backend service behind it."""
+
+    name: str
+    region: str
+    id: str
+    ip_address: str
+    ip_protocol: str
+    ports: list[str]
+    port_range: str
+    all_ports: bool
+    backend_service: str  # regional backend service name
+    created: str
 
 
 @dataclass(slots=True)
@@ -212,6 +236,7 @@ class _State:
     hide_next_inserts: int = 0
     negs: dict[tuple[str, str], _Neg] = field(default_factory=dict)  # (zone, name) -> NEG
     groups: dict[tuple[str, str], _InstanceGroup] = field(default_factory=dict)  # (zone, name) -> group
+    rules: dict[tuple[str, str], _ForwardingRule] = field(default_factory=dict)  # (region, name) -> rule
     fingerprint_bumps: int = 0  # updates left that find the interface changed since it was read
     ip_conflicts_in_operations: bool = False
     calls: list[RecordedCall] = field(default_factory=list)
@@ -407,17 +432,63 @@ class GceFake:
             return [dict(e) for e in neg.endpoints]
 
     def set_endpoint_health(
-        self, name: str, instance: str, state: str | None, *, zone: str | None = None
+        self,
+        name: str,
+        instance: str,
+        state: str | None,
+        *,
+        zone: str | None = None,
+        forwarding_rule: str | None = None,
     ) -> None:
-        """The ``healthState`` the NEG reports for ``instance``'s endpoints (None: no health yet)."""
+        """The ``healthState`` the NEG reports for ``instance``'s endpoints through ``forwarding_rule``
+        (a rule of the NEG's region, reported with its backend service) or, without one, through the
+        NEG's own backend service. None removes that entry; None without a rule removes them all."""
         if state is not None and state not in _HEALTH_STATES:
             raise ValueError(f"unknown health state {state!r}")
         with self._lock:
             neg = self._neg(zone or self._state.zones[0], name)
-            if state is None:
-                neg.health.pop(instance, None)
+            if (
+                forwarding_rule is not None
+                and (region_of(neg.zone), forwarding_rule) not in self._state.rules
+            ):
+                raise ValueError(f"unknown forwarding rule {forwarding_rule!r} in {region_of(neg.zone)}")
+            entries = neg.health.setdefault(instance, {})
+            if state is not None:
+                entries[forwarding_rule or ""] = state
+            elif forwarding_rule is None:
+                entries.clear()
             else:
-                neg.health[instance] = state
+                entries.pop(forwarding_rule, None)
+            if not entries:
+                del neg.health[instance]
+
+    def add_forwarding_rule(
+        self,
+        name: str,
+        *,
+        ip_address: str,
+        backend_service: str,
+        region: str | None = None,
+        ip_protocol: str = "TCP",
+        ports: list[str] | None = None,
+        port_range: str = "",
+        all_ports: bool = False,
+    ) -> None:
+        """Create regional forwarding rule ``name`` for regional backend service ``backend_service``."""
+        region = region or region_of(self._state.zones[0])
+        with self._lock:
+            self._state.rules[(region, name)] = _ForwardingRule(
+                name=name,
+                region=region,
+                id=str(self._rng.randrange(10**18, 2**63)),
+                ip_address=ip_address,
+                ip_protocol=ip_protocol,
+                ports=list(ports or []),
+                port_range=port_range,
+                all_ports=all_ports,
+                backend_service=backend_service,
+                created=_timestamp(),
+            )
 
     def add_instance_group(
         self,
@@ -507,6 +578,8 @@ class GceFake:
             raise FakeHttpError(404, "notFound", f"The resource 'projects/{project}' was not found")
         if method == "subnetworks.get":
             return self._get_subnetwork(where, name or "")
+        if method == "forwardingRules.list":
+            return self._list_rules(where, query)
         if where not in self._state.zones:
             raise FakeHttpError(
                 404, "notFound", f"The resource 'projects/{project}/zones/{where}' was not found"
@@ -995,24 +1068,72 @@ class GceFake:
                 "invalid",
                 f"Invalid value for field 'resource.healthStatus': '{mode}'. Must be SHOW or SKIP.",
             )
-        backend = f"{SELF_LINK_ROOT}projects/{self._state.project}/global/backendServices/{neg.name}-backend"
-        health_check = f"{SELF_LINK_ROOT}projects/{self._state.project}/global/healthChecks/{neg.name}-hc"
         items: list[dict[str, Any]] = []
         for endpoint in sorted(
             neg.endpoints, key=lambda e: (e["instance"], e["ipAddress"], e.get("port", 0))
         ):
             item: dict[str, Any] = {"networkEndpoint": dict(endpoint)}
-            state = neg.health.get(endpoint["instance"])
-            if mode == "SHOW" and state is not None:
-                item["healths"] = [
-                    {
-                        "backendService": {"backendService": backend},
-                        "healthCheck": {"healthCheck": health_check},
-                        "healthState": state,
-                    }
-                ]
+            entries = neg.health.get(endpoint["instance"], {})
+            if mode == "SHOW" and entries:
+                item["healths"] = [self._health_doc(neg, rule, entries[rule]) for rule in sorted(entries)]
             items.append(item)
         return _paged({"kind": "compute#networkEndpointGroupsListNetworkEndpoints"}, items, query)
+
+    def _health_doc(self, neg: _Neg, rule_name: str, state: str) -> dict[str, Any]:
+        """One ``healths[]`` entry: through forwarding rule ``rule_name``, or the NEG's own backend."""
+        base = f"{SELF_LINK_ROOT}projects/{self._state.project}"
+        if not rule_name:
+            return {
+                "backendService": {"backendService": f"{base}/global/backendServices/{neg.name}-backend"},
+                "healthCheck": {"healthCheck": f"{base}/global/healthChecks/{neg.name}-hc"},
+                "healthState": state,
+            }
+        rule = self._state.rules[(region_of(neg.zone), rule_name)]
+        regional = f"{base}/regions/{rule.region}"
+        return {
+            "forwardingRule": {"forwardingRule": f"{regional}/forwardingRules/{rule.name}"},
+            "backendService": {"backendService": f"{regional}/backendServices/{rule.backend_service}"},
+            "healthCheck": {"healthCheck": f"{regional}/healthChecks/{rule.backend_service}-hc"},
+            "healthState": state,
+        }
+
+    # ---- forwarding rules --------------------------------------------------------------------
+
+    def _list_rules(self, region: str, query: dict[str, str]) -> dict[str, Any]:
+        if region not in {region_of(z) for z in self._state.zones}:
+            raise FakeHttpError(
+                404,
+                "notFound",
+                f"The resource 'projects/{self._state.project}/regions/{region}' was not found",
+            )
+        base = f"{SELF_LINK_ROOT}projects/{self._state.project}/regions/{region}"
+        items: list[dict[str, Any]] = []
+        for (rule_region, _), rule in sorted(self._state.rules.items()):
+            if rule_region != region:
+                continue
+            doc: dict[str, Any] = {
+                "kind": "compute#forwardingRule",
+                "id": rule.id,
+                "creationTimestamp": rule.created,
+                "name": rule.name,
+                "region": base,
+                "IPAddress": rule.ip_address,
+                "IPProtocol": rule.ip_protocol,
+                "backendService": f"{base}/backendServices/{rule.backend_service}",
+                "loadBalancingScheme": "EXTERNAL",
+                "networkTier": "PREMIUM",
+                "selfLink": f"{base}/forwardingRules/{rule.name}",
+            }
+            if rule.ports:
+                doc["ports"] = list(rule.ports)
+            if rule.port_range:
+                doc["portRange"] = rule.port_range
+            if rule.all_ports:
+                doc["allPorts"] = True
+            items.append(doc)
+        return _paged(
+            {"kind": "compute#forwardingRuleList", "selfLink": f"{base}/forwardingRules"}, items, query
+        )
 
     def _change_endpoints(
         self, zone: str, name: str, verb: str, body: dict[str, Any], request_id: str
@@ -1067,6 +1188,12 @@ class GceFake:
             zone, verb, neg.name, neg.id, request_id, collection="networkEndpointGroups", effect=apply
         )
 
+    def _on_neg_net(self, neg: _Neg, nic: dict[str, Any]) -> bool:
+        """Whether interface ``nic`` is in the NEG's subnetwork (or, for a NEG without one, its network)."""
+        if neg.subnetwork:
+            return self._subnet_key(nic) == (region_of(neg.zone), neg.subnetwork)
+        return str(nic.get("network", "")).rsplit("/", 1)[-1] == neg.network
+
     def _endpoint(self, neg: _Neg, item: dict[str, Any], index: int, *, attach: bool) -> dict[str, Any]:
         """A requested endpoint as the NEG stores it (VM name, address, port); refuses bad ones."""
         field_name = f"resource.networkEndpoints[{index}]"
@@ -1110,20 +1237,14 @@ class GceFake:
                     f"'projects/{self._state.project}/zones/{neg.zone}/instances/{vm_name}' was not found",
                 )
         else:
-            nic = next(
-                (
-                    n
-                    for n in instance.get("networkInterfaces", [])
-                    if str(n.get("network", "")).rsplit("/", 1)[-1] == neg.network
-                ),
-                None,
-            )
+            nic = next((n for n in instance.get("networkInterfaces", []) if self._on_neg_net(neg, n)), None)
             if nic is None:
+                where = f"subnetwork '{neg.subnetwork}'" if neg.subnetwork else f"network '{neg.network}'"
                 raise FakeHttpError(
                     400,
                     "invalid",
                     f"Invalid value for field '{field_name}.instance': '{ref}'. The instance has no network "
-                    f"interface in network '{neg.network}' of the network endpoint group.",
+                    f"interface in {where} of the network endpoint group.",
                 )
             address = address or str(nic["networkIP"])
             own = [ipaddress.IPv4Network(nic["networkIP"])] + [
@@ -1416,6 +1537,9 @@ class GceFake:
 
 
 def _method_name(verb: str, match: re.Match[str]) -> str:
+    regional = _regional_list_method(verb, match)
+    if regional:
+        return regional
     collection, name, action = match["collection"], match["name"], match["verb"]
     zonal = match["scope"] == "zones"
     if collection == "instances" and zonal:
@@ -1445,6 +1569,13 @@ def _method_name(verb: str, match: re.Match[str]) -> str:
     if collection == "subnetworks" and not zonal:
         return "subnetworks.get"
     return "unknown"
+
+
+def _regional_list_method(verb: str, match: re.Match[str]) -> str:
+    """Regional collections listed without a name (``forwardingRules.list``)."""
+    if match["collection"] == "forwardingRules" and match["scope"] == "regions" and verb == "GET":
+        return "forwardingRules.list" if match["name"] is None and match["verb"] is None else "unknown"
+    return ""
 
 
 def _endpoint_key(endpoint: dict[str, Any]) -> tuple[str, str, int]:

@@ -7,6 +7,11 @@ file). Backend-specific tests (crash leftovers, retries on 409/503) follow the s
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import hashlib
+import json
+import logging
 import os
 import subprocess
 import sys
@@ -35,6 +40,7 @@ from nstance.objectstore.memory import MemoryObjectStore, content_etag
 from nstance.objectstore.s3 import S3ObjectStore
 from nstance.objectstore.scoped import ScopedObjectStore
 from nstance.testing.motoserver import MotoServer
+from tests.contract.gofilestore import GoFileStorage
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RACERS = 16
@@ -373,6 +379,212 @@ def test_file_conditional_writes_hold_across_processes(tmp_path: Path) -> None:
             if p.stdout is not None:
                 p.stdout.close()
     assert [p.returncode for p in procs] == [0] * processes
+
+
+_MIXED_CHILD = textwrap.dedent(
+    """
+    import json, sys
+    from nstance.objectstore.base import ObjectNotFound, PreconditionFailed
+    from nstance.objectstore.file import FileObjectStore
+    from tests.contract.gofilestore import GoFileStorage, GoPreconditionFailed
+
+    root, side, keys, updates = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    if side == "go":
+        store = GoFileStorage(root)
+        create_etag, lost = "", GoPreconditionFailed
+    else:
+        store = FileObjectStore(root)
+        create_etag, lost = None, PreconditionFailed
+    print("ready", flush=True)
+
+    assert sys.stdin.readline().strip() == "create"
+    won = []
+    for k in range(keys):
+        try:
+            store.put_if_match(f"race/create/{k}", side.encode(), create_etag)
+        except lost:
+            continue
+        won.append(k)
+    print(json.dumps(won), flush=True)
+
+    assert sys.stdin.readline().strip() == "update"
+    chain = []
+    for i in range(updates):
+        current, etag = store.get("race/chain")
+        new = f"{side}-{i}".encode()
+        try:
+            store.put_if_match("race/chain", new, etag)
+        except lost:
+            continue
+        chain.append([current.decode(), new.decode()])
+    print(json.dumps(chain), flush=True)
+    """
+)
+
+
+def test_file_conditional_writes_exclude_a_go_server_on_the_same_directory(tmp_path: Path) -> None:
+    """Our store and a process doing what upstream's Go server does race on create-only and on
+    compare-and-swap updates of the same keys: every key has exactly one creator, and no two updates
+    succeed from the same version. Each side names the directory differently (a symlink, a ``..``)."""
+    keys, updates = 150, 250
+    data = tmp_path / "data"
+    data.mkdir()
+    (tmp_path / "link").symlink_to(data)
+    FileObjectStore(data).put("race/chain", b"start")
+    roots = {"ours": str(tmp_path / "link"), "go": str(tmp_path / "data" / ".." / "data")}
+    procs = {
+        side: subprocess.Popen(
+            [sys.executable, "-c", _MIXED_CHILD, root, side, str(keys), str(updates)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=_child_env(),
+            cwd=REPO_ROOT,
+        )
+        for side, root in roots.items()
+    }
+
+    def phase(command: str) -> dict[str, Any]:
+        for p in procs.values():
+            assert p.stdin is not None
+            p.stdin.write(command + "\n")
+            p.stdin.flush()
+        out = {}
+        for side, p in procs.items():
+            assert p.stdout is not None
+            out[side] = json.loads(p.stdout.readline())
+        return out
+
+    try:
+        for p in procs.values():
+            assert p.stdout is not None
+            assert p.stdout.readline().strip() == "ready"
+        created = phase("create")
+        chains = phase("update")
+    finally:
+        for p in procs.values():
+            if p.stdin is not None:
+                p.stdin.close()
+        for p in procs.values():
+            p.wait(timeout=60)
+            if p.stdout is not None:
+                p.stdout.close()
+    assert [p.returncode for p in procs.values()] == [0, 0]
+
+    both = set(created["ours"]) & set(created["go"])
+    assert not both, f"keys created by both sides: {sorted(both)}"
+    assert sorted(created["ours"] + created["go"]) == list(range(keys))
+    store = FileObjectStore(data)
+    for side, won in created.items():
+        for k in won:
+            assert store.get(f"race/create/{k}")[0] == side.encode()
+
+    steps = chains["ours"] + chains["go"]
+    successors: dict[str, list[str]] = {}
+    for before, after in steps:
+        successors.setdefault(before, []).append(after)
+    forks = {before: after for before, after in successors.items() if len(after) > 1}
+    assert not forks, f"{len(forks)} versions were each updated twice, e.g. {list(forks.items())[:3]}"
+    version, seen = "start", 0
+    while version in successors:
+        version, seen = successors[version][0], seen + 1
+    assert seen == len(steps)
+    assert store.get("race/chain")[0] == version.encode()
+    assert chains["ours"], "our store never won an update: the two sides did not race"
+    assert chains["go"], "the Go stand-in never won an update: the two sides did not race"
+
+
+def test_file_writes_hold_upstreams_lock_on_the_normalised_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While our store publishes, upstream's lock file for the key (named from the real path of the
+    root, however the store was opened) is held: a Go server would wait for it."""
+    from nstance.objectstore import file as file_store
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (tmp_path / "link").symlink_to(data)
+    go = GoFileStorage(str(tmp_path / "data" / ".." / "data"))
+    assert go.lock_path("shard/a/leader.json") == str(
+        tmp_path / "data.locks" / (hashlib.md5(b"shard/a/leader.json").hexdigest() + ".lock")
+    )
+    probes: list[str] = []
+
+    def held_by_someone(key: str) -> str:
+        fd = os.open(go.lock_path(key), os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return "held"
+        finally:
+            os.close(fd)
+        return "free"
+
+    real_link, real_write = os.link, file_store.write_atomic
+
+    def probing_link(src: Any, dst: Any, **kw: Any) -> None:
+        probes.append(held_by_someone("shard/a/leader.json"))
+        real_link(src, dst, **kw)
+
+    def probing_write(path: Path, payload: bytes, **kw: Any) -> None:
+        probes.append(held_by_someone("shard/a/leader.json"))
+        real_write(path, payload, **kw)
+
+    monkeypatch.setattr(os, "link", probing_link)
+    monkeypatch.setattr(file_store, "write_atomic", probing_write)
+    for root in (tmp_path / "link", tmp_path / "data" / ".." / "data"):
+        store = FileObjectStore(root)
+        etag = store.put_if_match("shard/a/leader.json", b"lease", None)
+        store.put_if_match("shard/a/leader.json", b"renewed", etag)
+        store.delete("shard/a/leader.json")
+    assert probes == ["held", "held"] * 2
+    assert sorted(os.listdir(tmp_path)) == ["data", "data.locks", "link"]
+
+
+def test_file_store_lists_neither_its_own_nor_a_go_servers_temporary_files(tmp_path: Path) -> None:
+    store = FileObjectStore(tmp_path / "root")
+    store.put("shard/a/leader.json", b"x")
+    for name in (".nstance-create-123", ".nstance-update-456", ".nstance-put-789", ".nstance-tmp-ab"):
+        (tmp_path / "root" / "shard" / "a" / name).write_bytes(b"half")
+    assert store.list() == ["shard/a/leader.json"]
+    assert store.list("shard/a/") == ["shard/a/leader.json"]
+
+
+def test_file_create_only_falls_back_without_hard_links(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_links(*_: object, **__: object) -> None:
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    store = FileObjectStore(tmp_path / "root")
+    etag = store.put_if_match("shard/a/leader.json", b"lease", None)
+    with pytest.raises(PreconditionFailed):
+        store.put_if_match("shard/a/leader.json", b"second", None)
+    assert store.get("shard/a/leader.json") == (b"lease", etag)
+    assert sorted(os.listdir(tmp_path / "root" / "shard" / "a")) == ["leader.json"]
+
+
+def test_file_store_without_room_for_upstreams_locks_warns_once_and_still_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The directory beside the root cannot be created (its parent is read-only to this user): no Go
+    server with the same rights can write there either, so the store says so once and goes on."""
+
+    def refused(*_: object, **__: object) -> None:
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    store = FileObjectStore(tmp_path / "root")
+    monkeypatch.setattr(os, "makedirs", refused)
+    with caplog.at_level(logging.WARNING, logger="nstance.objectstore.file"):
+        etag = store.put_if_match("shard/a/leader.json", b"lease", None)
+        store.put_if_match("shard/a/leader.json", b"renewed", etag)
+        store.put_if_match("shard/a/other.json", b"x", None)
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1
+    assert f"cannot use {tmp_path / 'root.locks'} for upstream's per-key locks" in warnings[0]
+    assert store.get("shard/a/leader.json")[0] == b"renewed"
+    assert not (tmp_path / "root.locks").exists()
 
 
 _CRASH_CHILD = textwrap.dedent(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,20 @@ CERTS = {
         }
     ),
     "no-cn": CertConfig.model_validate({"kind": "client"}),
+    "loose": CertConfig.model_validate(
+        {
+            "kind": "server",
+            "country": ["AU", "Australia"],
+            "ip": [
+                "{{ .Instance.IP4 }}",
+                "{{ .Instance.IP6 }}",
+                "{{ .Instance.Hostname }}",
+                "[2001:db8::7]",
+                "fe80::1%eth0",
+                "2001:db8::8",
+            ],
+        }
+    ),
 }
 
 
@@ -358,6 +373,31 @@ async def test_certificate_without_cn_uses_the_template_name_and_ed25519_keys_wo
     assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "no-cn"
     eku = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     assert list(eku) == [ExtendedKeyUsageOID.CLIENT_AUTH]
+
+
+async def test_entries_go_leaves_out_are_left_out_with_a_warning_not_a_failed_file(
+    env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    f = file("certificate", template="loose", key={"source": "agent", "name": "kubelet.server.pub"})
+    with caplog.at_level(logging.WARNING, logger="nstance.server.agents.files"):
+        result = await env.render({"loose.crt": f}, public_keys=env.keys())
+    assert result.errors == {}
+    cert = x509.load_pem_x509_certificate(contents(result)["loose.crt"])
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(ip) for ip in san.get_values_for_type(x509.IPAddress)] == ["10.0.1.7", "2001:db8::8"]
+    assert [a.value for a in cert.subject.get_attributes_for_oid(NameOID.COUNTRY_NAME)] == ["AU"]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert all(INSTANCE_ID in w and "loose.crt" in w for w in warnings)
+    left_out = sorted(w.split(": ", 1)[1] for w in warnings)
+    assert left_out == sorted(
+        [
+            'certificates.loose.ip: "ip-10-0-1-7" is not an IP address; left out of the certificate',
+            'certificates.loose.ip: "[2001:db8::7]" is not an IP address; left out of the certificate',
+            'certificates.loose.ip: "fe80::1%eth0" is not an IP address; left out of the certificate',
+            'certificates.loose.country: "Australia" cannot be used '
+            "(Attribute's length must be >= 2 and <= 2, but it was 9); left out of the certificate",
+        ]
+    )
 
 
 async def test_unusable_agent_key_fails_only_its_file(env: Env) -> None:

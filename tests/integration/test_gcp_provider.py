@@ -13,13 +13,17 @@ config validation can check a machine type's architecture.
 
 from __future__ import annotations
 
+import json
+import logging
 import socket
+import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from google.auth.credentials import AnonymousCredentials
+from google.cloud import compute_v1
 
 from nstance.config.loader import load_config_file
 from nstance.config.merge import all_group_keys, merged_group
@@ -50,6 +54,7 @@ from nstance.providers.gcp import GcpProvider, gcp_provider_from_options, reques
 from nstance.providers.gcp.instancegroups import group_ref
 from nstance.providers.gcp.labels import label_key, label_value, merge_labels
 from nstance.providers.gcp.loadbalancers import neg_refs
+from nstance.providers.gcp.neghealth import forwarding_rule_serves
 from nstance.providers.gcp.resources import subnetwork_path
 from nstance.providers.gcp.status import map_status
 from nstance.testing.gcefake import GceFake
@@ -772,17 +777,154 @@ def test_neg_references_accept_a_name_a_zonal_path_a_project_path_and_a_url() ->
         )
 
 
-async def test_registering_a_vm_gce_does_not_know_is_refused_naming_the_neg(
+async def test_registering_a_vm_gce_does_not_know_is_refused_naming_the_entry(
     fake: GceFake, provider: GcpProvider
 ) -> None:
     fake.add_network_endpoint_group("ingress")
-    with pytest.raises(
-        ProviderInvalidRequest, match=r"load_balancers\.ingress\.network_endpoint_groups\[0\]: .*web-gone"
-    ):
+    with pytest.raises(ProviderInvalidRequest, match=r"load_balancers\.ingress: VM web-gone does not exist"):
         await provider.register_targets(
             "ingress", google_lb("ingress"), [LbTarget(instance_id="web-gone", provider_id="1")]
         )
     assert fake.network_endpoints("ingress") == []
+
+
+def insert_vm(fake: GceFake, name: str, subnetworks: list[str]) -> list[str]:
+    """A RUNNING VM with one interface per subnetwork (made outside Nstance); its interfaces' addresses."""
+    base = f"{fake.endpoint}/compute/v1/projects/{fake.project}/zones/{ZONE}"
+    body = {
+        "name": name,
+        "machineType": f"zones/{ZONE}/machineTypes/e2-medium",
+        "disks": [{"boot": True, "initializeParams": {"sourceImage": IMAGE}}],
+        "networkInterfaces": [{"subnetwork": f"regions/us-central1/subnetworks/{s}"} for s in subnetworks],
+    }
+
+    def post(url: str, payload: dict[str, Any]) -> dict[str, Any]:
+        request = urllib.request.Request(
+            url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            doc: dict[str, Any] = json.loads(answer.read())
+        return doc
+
+    op = post(f"{base}/instances", body)
+    assert post(f"{base}/operations/{op['name']}/wait", {})["status"] == "DONE"
+    return [nic["networkIP"] for nic in vm(fake, name)["networkInterfaces"]]
+
+
+def passthrough_lb(*negs: str, frontends: list[tuple[str, int]] | None = None) -> LoadBalancerConfig:
+    return LoadBalancerConfig.model_validate(
+        {
+            "provider": "google",
+            "network_endpoint_groups": list(negs),
+            "frontends": [{"ip": ip, "port": port} for ip, port in frontends or []],
+        }
+    )
+
+
+async def test_a_vm_joins_the_neg_of_its_interfaces_subnetwork_with_that_interfaces_address(
+    fake: GceFake, provider: GcpProvider
+) -> None:
+    """As upstream: the NEG on the subnetwork of the VM's first interface that is on one, with that
+    interface's address (not the VM's primary address, and not every NEG of the entry)."""
+    fake.add_subnetwork("storage", cidr="10.50.0.0/24", network="storage-net")
+    fake.add_network_endpoint_group("neg-workers", type="GCE_VM_IP", subnetwork="workers")
+    fake.add_network_endpoint_group(
+        "neg-storage", type="GCE_VM_IP", network="storage-net", subnetwork="storage"
+    )
+    lb = passthrough_lb("neg-workers", "neg-storage")
+    (worker,) = await new_targets(provider, 1)
+    default_ip, storage_ip = insert_vm(fake, "storage-1", ["default", "storage"])
+    storage = LbTarget(instance_id="storage-1", provider_id="2", ip4=default_ip)
+
+    await provider.register_targets("ingress", lb, [worker, storage])
+
+    assert endpoints(fake, "neg-workers") == [(worker.instance_id, worker.ip4, None)]
+    assert endpoints(fake, "neg-storage") == [("storage-1", storage_ip, None)]
+    registered = {worker.instance_id: TargetState.REGISTERED, "storage-1": TargetState.REGISTERED}
+    assert await provider.target_states("ingress", lb, [worker, storage]) == registered
+    fake.set_endpoint_health("neg-storage", "storage-1", "HEALTHY")
+    assert (await provider.target_states("ingress", lb, [storage]))["storage-1"] == TargetState.HEALTHY
+
+    insert_vm(fake, "elsewhere-1", ["default"])
+    with pytest.raises(
+        ProviderInvalidRequest, match=r"none of these NEGs is on the subnetwork .*elsewhere-1"
+    ):
+        await provider.register_targets("ingress", lb, [LbTarget("elsewhere-1", "3")])
+
+    await provider.deregister_targets("ingress", lb, [worker, storage])
+    assert endpoints(fake, "neg-workers") == endpoints(fake, "neg-storage") == []
+    assert await provider.target_states("ingress", lb, [worker, storage]) == {
+        worker.instance_id: TargetState.DEREGISTERED,
+        "storage-1": TargetState.DEREGISTERED,
+    }
+
+
+async def test_only_the_frontends_backends_count_and_every_one_must_be_healthy(
+    fake: GceFake, provider: GcpProvider
+) -> None:
+    """Upstream's TestNetworkEndpointHealthStateRequiresEveryExpectedBackend, through GCE: the
+    frontends resolve to forwarding rules and their backend services; an unrelated pair changes nothing."""
+    fake.add_network_endpoint_group("neg-workers", type="GCE_VM_IP", subnetwork="workers")
+    fake.add_forwarding_rule("api", ip_address="34.1.2.3", ports=["443"], backend_service="shared")
+    fake.add_forwarding_rule("ingress", ip_address="34.1.2.4", port_range="400-500", backend_service="shared")
+    fake.add_forwarding_rule("unrelated", ip_address="34.9.9.9", all_ports=True, backend_service="other")
+    fake.add_forwarding_rule(
+        "api-udp", ip_address="34.1.2.3", ip_protocol="UDP", ports=["443"], backend_service="x"
+    )
+    lb = passthrough_lb("neg-workers", frontends=[("34.1.2.3", 443), ("34.1.2.4", 443)])
+    (target,) = await new_targets(provider, 1)
+    await provider.register_targets("ingress", lb, [target])
+    vm_id = target.instance_id
+
+    async def state() -> TargetState:
+        return (await provider.target_states("ingress", lb, [target]))[vm_id]
+
+    fake.set_endpoint_health("neg-workers", vm_id, "HEALTHY", forwarding_rule="unrelated")
+    fake.set_endpoint_health("neg-workers", vm_id, "HEALTHY", forwarding_rule="api")
+    assert await state() == TargetState.REGISTERED  # the ingress frontend has no health yet
+    fake.set_endpoint_health("neg-workers", vm_id, "UNHEALTHY", forwarding_rule="ingress")
+    assert await state() == TargetState.REGISTERED
+    fake.set_endpoint_health("neg-workers", vm_id, "HEALTHY", forwarding_rule="ingress")
+    assert await state() == TargetState.HEALTHY
+    fake.set_endpoint_health("neg-workers", vm_id, "DRAINING", forwarding_rule="unrelated")
+    assert await state() == TargetState.HEALTHY  # an unrelated pair draining is not this VM leaving
+    fake.set_endpoint_health("neg-workers", vm_id, "DRAINING", forwarding_rule="ingress")
+    assert await state() == TargetState.DRAINING
+    assert fake.calls("forwardingRules.list")
+
+
+async def test_frontends_no_forwarding_rule_serves_are_warned_about_and_every_backend_counts(
+    fake: GceFake, provider: GcpProvider, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Frontends this project once took as documentation (a proxy load balancer's address, whose
+    forwarding rule has no backend service) do not stop the VM's state from being read."""
+    fake.add_network_endpoint_group("ingress")
+    lb = google_lb("ingress")  # frontend 34.1.2.3:443, which no forwarding rule serves
+    (target,) = await new_targets(provider, 1)
+    await provider.register_targets("ingress", lb, [target])
+    fake.set_endpoint_health("ingress", target.instance_id, "HEALTHY")
+    with caplog.at_level(logging.WARNING, logger="nstance.providers.gcp.loadbalancers"):
+        for _ in range(2):
+            states = await provider.target_states("ingress", lb, [target])
+            assert states == {target.instance_id: TargetState.HEALTHY}
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1
+    assert warnings[0].startswith("load_balancers.ingress.frontends[0]: no TCP forwarding rule")
+
+
+def test_forwarding_rules_serve_ports_as_upstream_reads_them() -> None:
+    def rule(**fields: Any) -> compute_v1.ForwardingRule:
+        return compute_v1.ForwardingRule(**fields)
+
+    for serving in (
+        rule(all_ports=True),
+        rule(ports=["80", "443"]),
+        rule(port_range="400-500"),
+        rule(port_range="443"),
+    ):
+        assert forwarding_rule_serves(serving, 443), serving
+    for other in (rule(port_range="80-90"), rule(ports=["80"]), rule(), rule(port_range="a-b")):
+        assert not forwarding_rule_serves(other, 443), other
 
 
 async def test_many_targets_are_attached_in_chunks_and_listed_across_pages(

@@ -141,6 +141,7 @@ class GcpProvider:
             self._machine_type_client = compute_v1.MachineTypesClient(**kwargs)
             self._subnetworks = compute_v1.SubnetworksClient(**kwargs)
             self._neg_client = compute_v1.NetworkEndpointGroupsClient(**kwargs)
+            self._rule_client = compute_v1.ForwardingRulesClient(**kwargs)
             self._group_client = compute_v1.InstanceGroupsClient(**kwargs)
         except gauth_exceptions.DefaultCredentialsError as exc:
             raise InvalidArgument(
@@ -159,7 +160,14 @@ class GcpProvider:
             request_timeout=request_timeout,
             operation_timeout=operation_timeout,
         )
-        self._negs = NegTargets(self._neg_client, self._api, page_size=page_size, batch_size=lb_batch_size)
+        self._negs = NegTargets(
+            self._neg_client,
+            self._api,
+            instances=self._instances,
+            forwarding_rules=self._rule_client,
+            page_size=page_size,
+            batch_size=lb_batch_size,
+        )
         self._groups = InstanceGroupTargets(
             self._group_client, self._api, page_size=page_size, batch_size=lb_batch_size
         )
@@ -370,6 +378,7 @@ class GcpProvider:
             self._machine_type_client,
             self._subnetworks,
             self._neg_client,
+            self._rule_client,
             self._group_client,
         )
         for client in clients:

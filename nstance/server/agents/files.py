@@ -11,7 +11,11 @@ A template's ``files`` map a delivered file name to one of six kinds:
 * ``string``: the templated text;
 * ``certificate``: a certificate issued by the cluster CA for the public key the agent submitted
   under ``key.name`` (without ``.pub``), subject and SANs from the named ``certificates`` entry
-  rendered with the instance's data.
+  rendered with the instance's data. As a Go server does, an ``ip`` entry that renders to something
+  that is not an IP address is left out rather than failing the file (``{{ .Instance.IP6 }}`` on an
+  IPv4-only VM renders empty); so is a subject value no certificate can hold (a country that is not
+  two letters, which a Go server never writes into a certificate). Each non-empty entry left out is
+  logged as a warning naming the instance, the file and the value.
 
 Each file succeeds or fails on its own: a missing secret, a key the agent has not submitted yet or a
 template error lands in ``RenderResult.errors`` under the file's name and the others are still
@@ -38,6 +42,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from cryptography.x509 import ObjectIdentifier
 from cryptography.x509.oid import NameOID
 
 from nstance.config import (
@@ -59,7 +64,12 @@ from nstance.core.gojson import go_marshal, go_marshal_indent
 from nstance.objectstore.base import ObjectStore, PreconditionFailed
 from nstance.objectstore.file import validate_key
 from nstance.pki.ca import CertificateAuthority
-from nstance.pki.certs import IssuedCertificate, issue_workload_certificate
+from nstance.pki.certs import (
+    IssuedCertificate,
+    issue_workload_certificate,
+    san_ip_address,
+    subject_value_problem,
+)
 from nstance.secrets.base import SecretStore, validate_secret_name
 from nstance.secrets.cluster_identity import CA_KEY_SECRET, NONCE_KEY_SECRET
 from nstance.server.state.provisioning import ShardIdentity
@@ -299,6 +309,8 @@ class _CertRequest:
     ip: list[str]
     uri: list[str]
     ttl: timedelta
+    left_out: list[str] = field(default_factory=list)
+    """Why rendered entries were left out of the certificate (non-IPs, unencodable subject values)."""
 
 
 def _render_list(path: str, values: Sequence[str], data: TemplateData) -> list[str]:
@@ -309,6 +321,29 @@ def _render_list(path: str, values: Sequence[str], data: TemplateData) -> list[s
         if text:
             out.append(text)
     return out
+
+
+def _usable_ips(path: str, values: list[str], left_out: list[str]) -> list[str]:
+    """The entries that are IP addresses; each other one is described in ``left_out``."""
+    kept = []
+    for value in values:
+        if san_ip_address(value) is None:
+            left_out.append(f'{path}: "{value}" is not an IP address; left out of the certificate')
+        else:
+            kept.append(value)
+    return kept
+
+
+def _usable_subject(path: str, oid: ObjectIdentifier, values: list[str], left_out: list[str]) -> list[str]:
+    """The entries a subject attribute of type ``oid`` can hold; each other one goes to ``left_out``."""
+    kept = []
+    for value in values:
+        problem = subject_value_problem(oid, value)
+        if problem is None:
+            kept.append(value)
+        else:
+            left_out.append(f'{path}: "{value}" cannot be used ({problem}); left out of the certificate')
+    return kept
 
 
 def _cert_request(
@@ -334,22 +369,30 @@ def _cert_request(
         )
     path = join_path("certificates", cert_name)
     cn = render_template(join_path(path, "cn"), cert.cn, data).strip() if cert.cn else ""
+    left_out: list[str] = []
+
+    def subject(field_name: str, oid: ObjectIdentifier, values: list[str]) -> list[str]:
+        where = join_path(path, field_name)
+        return _usable_subject(where, oid, _render_list(where, values, data), left_out)
+
+    ip_path = join_path(path, "ip")
     return _CertRequest(
         file_name=file_name,
         key_name=key_name,
         public_key=public_key,
         kind=cert.kind,
         common_name=cn or cert_name,
-        organization=_render_list(join_path(path, "organization"), cert.organization, data),
-        country=_render_list(join_path(path, "country"), cert.country, data),
-        province=_render_list(join_path(path, "province"), cert.province, data),
-        locality=_render_list(join_path(path, "locality"), cert.locality, data),
-        street=_render_list(join_path(path, "street"), cert.street, data),
-        postal_code=_render_list(join_path(path, "postal_code"), cert.postal_code, data),
+        organization=subject("organization", NameOID.ORGANIZATION_NAME, cert.organization),
+        country=subject("country", NameOID.COUNTRY_NAME, cert.country),
+        province=subject("province", NameOID.STATE_OR_PROVINCE_NAME, cert.province),
+        locality=subject("locality", NameOID.LOCALITY_NAME, cert.locality),
+        street=subject("street", NameOID.STREET_ADDRESS, cert.street),
+        postal_code=subject("postal_code", NameOID.POSTAL_CODE, cert.postal_code),
         dns=_render_list(join_path(path, "dns"), cert.dns, data),
-        ip=_render_list(join_path(path, "ip"), cert.ip, data),
+        ip=_usable_ips(ip_path, _render_list(ip_path, cert.ip, data), left_out),
         uri=_render_list(join_path(path, "uri"), cert.uri, data),
         ttl=timedelta(hours=cert.ttl),
+        left_out=left_out,
     )
 
 
@@ -518,9 +561,13 @@ async def render_files(
             plain.append((name, file))
             continue
         try:
-            cert_requests.append(_cert_request(name, file, certificates, public_keys, data))
+            request = _cert_request(name, file, certificates, public_keys, data)
         except NstanceError as exc:
             errors[name] = str(exc)
+            continue
+        for reason in request.left_out:
+            log.warning("certificate file %s for %s: %s", name, instance.instance_id, reason)
+        cert_requests.append(request)
 
     base = join_path("templates", merged.template, "files")
 

@@ -355,3 +355,46 @@ def test_workload_refuses_rsa_keys() -> None:
     rsa_pub = rsa.generate_private_key(public_exponent=65537, key_size=2048).public_key()
     with pytest.raises(InvalidArgument, match=r"workload public key is rsa-2048; accepted key types"):
         certs.issue_workload_certificate(ca_mod.create_ca(), rsa_pub, kind="client", common_name="w")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("10.0.1.7", "10.0.1.7"),
+        (" 10.0.1.7\n", "10.0.1.7"),
+        ("2001:db8::7", "2001:db8::7"),
+        ("::ffff:10.0.0.9", "10.0.0.9"),  # Go's x509 writes an IPv4-mapped address as IPv4
+        ("", None),
+        ("ip-10-0-1-7", None),
+        ("[2001:db8::7]", None),
+        ("fe80::1%eth0", None),
+        ("010.0.1.7", None),
+        ("10.0.1", None),
+    ],
+)
+def test_san_ip_address_reads_what_go_parse_ip_reads(text: str, expected: str | None) -> None:
+    ip = certs.san_ip_address(text)
+    assert (None if ip is None else str(ip)) == expected
+
+
+def test_workload_ipv4_mapped_address_is_written_as_four_bytes() -> None:
+    issued = certs.issue_workload_certificate(
+        ca_mod.create_ca(),
+        keys.generate_private_key().public_key(),
+        kind="server",
+        common_name="w",
+        ip_addresses=["::ffff:10.0.0.9", "2001:db8::7"],
+    )
+    san = issued.certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert san.get_values_for_type(x509.IPAddress) == [
+        ipaddress.IPv4Address("10.0.0.9"),
+        ipaddress.IPv6Address("2001:db8::7"),
+    ]
+
+
+def test_subject_value_problem_names_values_no_certificate_can_hold() -> None:
+    assert certs.subject_value_problem(NameOID.COUNTRY_NAME, "AU") is None
+    assert certs.subject_value_problem(NameOID.ORGANIZATION_NAME, "Australia") is None
+    problem = certs.subject_value_problem(NameOID.COUNTRY_NAME, "Australia")
+    assert problem is not None
+    assert "length" in problem
