@@ -97,8 +97,8 @@ class LoadBalancerConfig(StrictModel):
     `projects/P/zones/Z/networkEndpointGroups/N` or its URL); only for `google`, which needs at least one
     of them or an `instance_group_name`."""
     frontends: list[FrontendConfig] = Field(default_factory=list)
-    """`google`: forwarding-rule addresses; accepted for upstream compatibility and as documentation, not
-    used."""
+    """`google`: forwarding-rule addresses and ports; only the health of the backends behind those rules
+    counts, and each must be healthy (as upstream reads it). Unset: every backend's health counts."""
     instance_group_name: NonEmptyStr | None = None
     """`google`, upstream's v1 shape (`provider: "gcp"`): an unmanaged instance group of the shard's
     zone (a name, `zones/Z/instanceGroups/N`, `projects/P/zones/Z/instanceGroups/N` or its URL) that

@@ -27,7 +27,6 @@ from nstance.server.identity.interceptors import current_peer
 from nstance.server.services import convert, paging
 from nstance.server.shard.api import ShardAPI
 
-
 STREAMED_INSTANCE_STATUSES = frozenset({"pending_deletion", "deleted"})
 """What WatchInstances sends of the shard's instance events (the shard also publishes "deleting")."""
 
