@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from moto import mock_aws
 
+from nstance.core.cli import DEBUG_ENV
 from nstance.testing.realkube import RealKube, binaries
 
 TESTS = Path(__file__).resolve().parent
@@ -27,6 +28,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         parts = item.path.resolve().relative_to(TESTS).parts
         if parts and parts[0] in TIERS:
             item.add_marker(getattr(pytest.mark, parts[0]))
+
+
+@pytest.fixture(autouse=True)
+def _debug_env_per_test(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test starts without NSTANCE_DEBUG: a CLI run in-process with ``-v`` sets it in
+    ``os.environ`` (as the programs do for their own process), and it must not reach the next test."""
+    monkeypatch.delenv(DEBUG_ENV, raising=False)
 
 
 @pytest.fixture

@@ -2,8 +2,9 @@
 
 ``bootstrap_objects`` returns what an installation puts into the operator's namespace before the
 operator starts (the Helm chart creates the same objects): the ConfigMap with the operator config
-(cluster id, tenant, shard addresses), the ConfigMap with the cluster CA certificate and the Secret
-with a freshly signed operator registration nonce. ``capi_machine_pool`` is the Cluster API
+(cluster id, tenant, shard addresses), the ConfigMap with the cluster CA certificate, the Secret
+with a freshly signed operator registration nonce, and the workload ServiceAccount whose tokens the
+operator writes into Cluster API's kubeconfig Secret. ``capi_machine_pool`` is the Cluster API
 MachinePool body a user creates next to an NstanceMachinePool. ``OperatorProcess`` runs a real
 ``nstance-operator`` (``python -m nstance.operator``) against a kubeconfig, logs to a file, and waits
 on its ``/readyz`` probe. Used by tests/e2e and bench/; nothing in the product imports this module,
@@ -40,6 +41,8 @@ from nstance.testing.shardproc import LocalCluster
 CONFIG_CONFIGMAP = "nstance-operator-config"
 CA_CONFIGMAP = "nstance-cluster-ca"
 NONCE_SECRET = "nstance-operator-nonce"
+CAPI_WORKLOAD_SERVICE_ACCOUNT = "nstance-capi-workload"
+"""The chart's workload ServiceAccount (``nstance.operator.crds.names.CAPI_WORKLOAD_SERVICE_ACCOUNT``)."""
 INFRASTRUCTURE_GROUP = "infrastructure.cluster.x-k8s.io"
 """API group of the Nstance infrastructure kinds (``nstance.operator.crds.names.GROUP``)."""
 
@@ -52,7 +55,8 @@ def bootstrap_objects(
     tenant: str = "default",
     nonce_ttl: timedelta = timedelta(hours=3),
 ) -> list[dict[str, Any]]:
-    """ConfigMaps (config, CA) and the nonce Secret; ``shards`` maps shard id → its server addresses."""
+    """ConfigMaps (config, CA), the nonce Secret and the workload ServiceAccount; ``shards`` maps shard
+    id → its server addresses."""
     identity = cluster.identity or cluster.init()
     config = {
         "cluster_id": cluster.cluster_id,
@@ -86,6 +90,11 @@ def bootstrap_objects(
             "metadata": {"name": NONCE_SECRET, **meta},
             "type": "Opaque",
             "data": {"nonce.jwt": base64.b64encode(nonce.encode("ascii")).decode("ascii")},
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": CAPI_WORKLOAD_SERVICE_ACCOUNT, **meta},
         },
     ]
 

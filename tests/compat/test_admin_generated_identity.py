@@ -24,6 +24,7 @@ from typer.testing import CliRunner
 from nstance.admin.cli import app
 from nstance.pki.keys import load_private_key_pem
 from nstance.server.app import ServerApp, ServerOptions
+from nstance.testing.procs import http_probe
 from nstance.testing.shardproc import ENCRYPTION_KEY_B64, LocalCluster, server_addrs, shard_config
 from nstance.testing.waiting import eventually
 
@@ -104,6 +105,11 @@ async def test_the_generated_identity_is_ed25519_and_drives_a_real_server(
     )
     shard_flags = ["--servers", f"{SHARD}={addrs['operator_addr']}", "--identity-dir", str(identity)]
     async with serving(tmp_path, addrs, leaf=leaf):
+
+        async def leads() -> bool:  # a standby answers the list below but refuses the scale
+            return (await asyncio.to_thread(http_probe, addrs["health_addr"], "/leader/health"))[0] == 200
+
+        await eventually(leads, within=60, what="the server to lead its shard")
         listed: list[str] = []
 
         async def lists_groups() -> bool:

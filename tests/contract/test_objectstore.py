@@ -39,8 +39,8 @@ from nstance.objectstore.file import KNOWN_KEYS, KNOWN_MIN_BYTES, LOCK_STRIPES, 
 from nstance.objectstore.memory import MemoryObjectStore, content_etag
 from nstance.objectstore.s3 import S3ObjectStore
 from nstance.objectstore.scoped import ScopedObjectStore
+from nstance.testing.gofilestore import GoFileStorage
 from nstance.testing.motoserver import MotoServer
-from tests.contract.gofilestore import GoFileStorage
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RACERS = 16
@@ -386,7 +386,7 @@ _MIXED_CHILD = textwrap.dedent(
     import json, sys
     from nstance.objectstore.base import ObjectNotFound, PreconditionFailed
     from nstance.objectstore.file import FileObjectStore
-    from tests.contract.gofilestore import GoFileStorage, GoPreconditionFailed
+    from nstance.testing.gofilestore import GoFileStorage, GoPreconditionFailed
 
     root, side, keys, updates = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     if side == "go":

@@ -176,10 +176,10 @@ class System:
                     res = Resource("", "v1", "configmaps", "ConfigMap")
                 elif obj["kind"] == "Secret":
                     res = Resource("", "v1", "secrets", "Secret")
+                elif obj["kind"] == "ServiceAccount":
+                    # The chart's workload account: its tokens go into Cluster API's kubeconfig Secret.
+                    res = SERVICE_ACCOUNTS
                 await kube.create(res, obj, self.namespace)
-            # The chart's workload ServiceAccount, whose tokens go into Cluster API's kubeconfig Secret.
-            account = {"metadata": {"name": names.CAPI_WORKLOAD_SERVICE_ACCOUNT, "namespace": self.namespace}}
-            await kube.create(SERVICE_ACCOUNTS, account, self.namespace)
         finally:
             await kube.close()
 

@@ -1,4 +1,4 @@
-"""A stand-in for upstream's Go ``FileStorage`` (internal/server/storage/file.go), for racing our store.
+"""A stand-in for upstream's Go ``FileStorage`` (internal/server/storage/file.go), for racing tests.
 
 Written in Python from what the Go server does on disk, not from our store's code, so a test can check
 that our ``file://`` store and a Go server sharing one directory exclude each other:
