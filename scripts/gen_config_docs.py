@@ -138,7 +138,10 @@ GROUPS_FILE = """\
 Groups created or changed through the Operator API (`nstance-admin group create`, the operator's
 `UpsertGroup`) are stored by the shard leader in `shard/<shard>/groups.jsonc` with the same shape as
 `groups` above: `{ "<tenant>": { "<group>": { ... } } }`, each entry a
-[`groups.<tenant>.<group>`](#groupstenantgroup) object. Do not edit it by hand while a server runs: the
+[`groups.<tenant>.<group>`](#groupstenantgroup) object, written byte for byte as upstream's server
+writes it (Go's `json.MarshalIndent` with two spaces: tenants, groups and map keys sorted, an entry's
+fields in the order `template`, `size`, `instance_type`, `subnet_pool`, `vars`, `args`, `drain_timeout`,
+`load_balancers`, unset ones left out, no final newline). Do not edit it by hand while a server runs: the
 leader writes it with compare-and-swap and reads it back on `nstance-admin config refresh`. For a group
 that also exists in `config.jsonc` (a static group) only `size`, `instance_type` and `vars` may differ
 there; the other fields come from `config.jsonc`.

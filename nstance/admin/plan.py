@@ -29,6 +29,7 @@ from nstance.config import (
     ServerConfig,
     all_group_keys,
     infra_hash,
+    legacy_infra_hash,
     load_config_file,
     load_config_text,
     load_groups_text,
@@ -82,7 +83,9 @@ def group_hashes(
         except (FailedPrecondition, NotFound) as exc:
             problems.append(Problem(join_path(tenant, group), str(exc)))
             continue
-        hashes[(tenant, group)] = GroupHashes(runtime_hash(merged), infra_hash(merged), merged.size)
+        hashes[(tenant, group)] = GroupHashes(
+            runtime_hash(merged), infra_hash(merged), merged.size, legacy_infra_hash(merged)
+        )
     return hashes, problems
 
 

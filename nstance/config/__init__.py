@@ -9,7 +9,14 @@ access. This module only re-exports the public names.
 from nstance.config.cluster import ClusterConfig, EncryptionKeyConfig, LeaderElectionConfig, SecretsConfig
 from nstance.config.editing import GroupUpdate, apply_delete, apply_upsert
 from nstance.config.errors import ConfigError, Problem, RenderError
-from nstance.config.hashes import canonical_json, group_etag, infra_hash, runtime_hash
+from nstance.config.hashes import (
+    canonical_json,
+    group_etag,
+    infra_hash,
+    legacy_infra_hash,
+    legacy_runtime_hash,
+    runtime_hash,
+)
 from nstance.config.loader import (
     dump_groups_text,
     load_config_file,
@@ -63,6 +70,8 @@ __all__ = [
     "dump_groups_text",
     "group_etag",
     "infra_hash",
+    "legacy_infra_hash",
+    "legacy_runtime_hash",
     "load_config_file",
     "load_config_text",
     "load_groups_file",

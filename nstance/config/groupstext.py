@@ -9,8 +9,9 @@ identity and costs nothing, and in the edited tenant only entries that are new o
 the rest is sorting names and joining strings. The document dumped last is kept with its text, so
 dumping the same object again (the writer installs the document it has just written) costs nothing.
 
-Keys are sorted with Python's string order, which equals Go's byte order of their UTF-8 encoding
-(UTF-8 preserves code point order; a string UTF-8 cannot encode fails either way).
+Tenant and group names are sorted with Python's string order, which equals Go's byte order of their
+UTF-8 encoding (UTF-8 preserves code point order; a string UTF-8 cannot encode fails either way); an
+entry's fields keep the order of Go's struct (``nstance.config.goshapes.group_entry``).
 
 Not thread-safe: one instance belongs to one writer (``GroupsWriter`` uses it from one thread at a
 time). Pure apart from its memo; no I/O.
@@ -25,6 +26,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
+from nstance.config.goshapes import group_entry
 from nstance.config.schema import DynamicGroups
 from nstance.config.workloads import DynamicGroupConfig
 from nstance.core.gojson import go_marshal, go_marshal_indent
@@ -45,7 +47,7 @@ _TENANT: TypeAdapter[dict[str, DynamicGroupConfig]] = TypeAdapter(dict[str, Dyna
 
 def _entry_text(group: str, dumped: Any) -> str:
     """``\\n    "group": {...}``: one group's member of its tenant's object, as MarshalIndent writes it."""
-    body = go_marshal_indent(dumped).decode("utf-8")
+    body = go_marshal_indent(group_entry(dumped)).decode("utf-8")
     return f"{_GROUP_INDENT}{_name(group)}: {body.replace(chr(10), _GROUP_INDENT)}"
 
 

@@ -18,6 +18,7 @@ from pydantic import TypeAdapter, ValidationError
 from nstance.config.checks import Sections, cross_section_problems
 from nstance.config.errors import ConfigError, Problem, join_path
 from nstance.config.fields import GroupName, TenantName
+from nstance.config.goshapes import group_entry
 from nstance.config.jsonc import parse_jsonc
 from nstance.config.schema import EMPTY_ONLY_SECTIONS, UNSUPPORTED_SECTIONS, DynamicGroups, ServerConfig
 from nstance.config.shard import google_project
@@ -235,7 +236,13 @@ def load_groups_file(path: str | os.PathLike[str]) -> DynamicGroups:
 def dump_groups_text(dynamic: DynamicGroups) -> str:
     """Serialise dynamic groups for ``groups.jsonc`` byte for byte as upstream's Go server does.
 
-    ``json.MarshalIndent`` with two spaces: keys sorted, unset fields omitted (Go's ``omitempty``),
+    ``json.MarshalIndent`` with two spaces: tenants, groups and map keys sorted, an entry's fields in
+    the order of upstream's ``GroupConfig`` struct, unset fields omitted (Go's ``omitempty``),
     durations as Go's ``Duration.String`` (``5m0s``), no newline at the end. Go reads it back.
     """
-    return go_marshal_indent(_GROUPS.dump_python(dynamic, mode="json", exclude_defaults=True)).decode("utf-8")
+    dumped = _GROUPS.dump_python(dynamic, mode="json", exclude_defaults=True)
+    document = {
+        tenant: {name: group_entry(entry) for name, entry in groups.items()}
+        for tenant, groups in dumped.items()
+    }
+    return go_marshal_indent(document).decode("utf-8")

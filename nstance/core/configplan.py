@@ -7,7 +7,9 @@ Rotation"):
 * runtime hash changed → **push files**: every active instance of the group gets regenerated files
   and the new hash; no VM is replaced;
 * infra hash changed → **rotate N instances**: N is the number of active managed (not on-demand)
-  instances whose recorded infra hash differs from the new one; they are replaced one at a time;
+  instances whose recorded infra hash differs from the new one (and from the new config's legacy
+  hash, which earlier versions of this project recorded: the reconciler keeps those); they are
+  replaced one at a time;
 * size changed → **resize a→b**;
 * a group only in the new config → **new group** (its size is created);
 * a group only in the current config → **removed group** (its active managed instances are deleted);
@@ -41,6 +43,8 @@ class GroupHashes:
     runtime_hash: str
     infra_hash: str
     size: int
+    #: The infra hash as earlier versions of this project computed it ("": unknown).
+    legacy_infra_hash: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +151,8 @@ def _one(
         found.append(ChangeKind.PUSH_FILES)
     if old.infra_hash != new.infra_hash:
         found.append(ChangeKind.ROTATE)
-        rotate = sum(1 for m in managed if m.infra_hash != new.infra_hash)
+        current = {new.infra_hash, new.legacy_infra_hash} - {""}
+        rotate = sum(1 for m in managed if m.infra_hash not in current)
     if old.size != new.size:
         found.append(ChangeKind.RESIZE)
     kinds = tuple(found) or (ChangeKind.UNCHANGED,)

@@ -17,7 +17,9 @@ the next reconcile (level-triggered) sees the result. Rules:
   first: a VM that never came up is the cheapest to lose), then the oldest. Registered victims are
   drained when the group has a drain timeout; never-registered ones are deleted directly.
 * **Drift**: when the group is otherwise at size and nothing is draining, the oldest member whose infra
-  hash differs from the group's is drained and replaced - one rotation at a time per group.
+  hash differs from the group's is drained and replaced - one rotation at a time per group. A member
+  recorded with the group's ``legacy_infra_hash`` (the same config, hashed the way earlier versions of
+  this project did) has not drifted; one without a recorded hash neither.
 * **Expiry**: a member older than ``forced_age`` is rotated even while another drain runs; one older than
   ``eligible_age`` only when nothing is draining. One per reconcile.
 * ``desired is None`` means the group no longer exists: every member goes (drained if possible).
@@ -101,6 +103,8 @@ class PlanInput:
 
     desired: int | None
     infra_hash: str | None = None
+    #: The same config hashed as earlier versions of this project did: recorded by them, still a match.
+    legacy_infra_hash: str | None = None
     drain_timeout: timedelta = timedelta(0)
     eligible_age: timedelta | None = None
     forced_age: timedelta | None = None
@@ -111,6 +115,13 @@ class PlanInput:
 def _victim_order(member: Member) -> tuple[bool, datetime, str]:
     # never-registered before registered; within each, oldest first
     return (member.registered, member.created_at, member.instance_id)
+
+
+def has_drifted(member: Member, spec: PlanInput) -> bool:
+    """Whether ``member`` was created from another infra config than the group's current one."""
+    if spec.infra_hash is None or member.infra_hash is None:
+        return False
+    return member.infra_hash not in (spec.infra_hash, spec.legacy_infra_hash)
 
 
 def is_silent(member: Member, silence_limit: timedelta | None, now: datetime) -> bool:
@@ -195,10 +206,9 @@ def _rotation(
                 return member, Reason.FORCED_EXPIRY
     if draining:
         return None
-    if spec.infra_hash is not None:
-        for member in oldest_first:
-            if member.infra_hash is not None and member.infra_hash != spec.infra_hash:
-                return member, Reason.DRIFT
+    for member in oldest_first:
+        if has_drifted(member, spec):
+            return member, Reason.DRIFT
     if spec.eligible_age is not None:
         for member in oldest_first:
             if now - member.created_at >= spec.eligible_age:

@@ -57,6 +57,14 @@ def test_instances_already_on_the_new_infra_hash_are_not_counted() -> None:
     assert change.rotate == 2
 
 
+def test_instances_recorded_with_the_new_configs_legacy_hash_are_not_counted() -> None:
+    # Earlier versions of this project recorded the legacy hash; the reconciler keeps such instances.
+    new = GroupHashes(OLD.runtime_hash, "sha256:i2", OLD.size, legacy_infra_hash="sha256:legacy-i2")
+    members = [*_members(2), *_members(1, infra="sha256:legacy-i2")]
+    change = _only(plan_config_change({WEB: OLD}, {WEB: new}, {WEB: members}))
+    assert change.rotate == 2
+
+
 def test_size_change_resizes() -> None:
     new = GroupHashes(OLD.runtime_hash, OLD.infra_hash, 5)
     change = _only(plan_config_change({WEB: OLD}, {WEB: new}, {WEB: _members(3)}))

@@ -126,6 +126,18 @@ def test_drift_rotates_one_at_a_time_and_not_while_draining() -> None:
     assert plan_group(spec, [*draining, new], NOW).empty
 
 
+def test_a_member_recorded_with_the_legacy_hash_of_the_same_config_has_not_drifted() -> None:
+    # Rows written before the hashes were upstream's carry the legacy hash: an upgrade rotates nothing,
+    # while a member of another config (neither hash) still rotates.
+    spec = PlanInput(
+        desired=2, infra_hash="go", legacy_infra_hash="legacy", drain_timeout=timedelta(minutes=5)
+    )
+    members = [member("a", 30, registered=True, infra_hash="legacy"), member("b", 20, infra_hash="go")]
+    assert plan_group(spec, members, NOW).empty
+    stale = [member("a", 30, registered=True, infra_hash="legacy-of-another-config"), members[1]]
+    assert plan_group(spec, stale, NOW).drain == (Action("a", Reason.DRIFT),)
+
+
 def test_forced_expiry_even_while_draining_eligible_only_when_calm() -> None:
     spec = PlanInput(desired=2, eligible_age=timedelta(hours=1), forced_age=timedelta(hours=5))
     calm = [member("old", 90, registered=True), member("young", 10, registered=True)]

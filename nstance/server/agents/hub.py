@@ -7,7 +7,9 @@ lives while any of its streams is open. Per health report the hub:
   reports land in one transaction; runtime state never goes to object storage);
 * compares the reported runtime hash with the group's and the reported files with the template's: on
   a difference it renders the files (``agentfiles``) and pushes them followed by a commit carrying
-  the group's runtime hash, once per hash (again after ``REPUSH_AFTER`` reports if it did not take);
+  the group's runtime hash, once per hash (again after ``REPUSH_AFTER`` reports if it did not take).
+  The group's legacy runtime hash (``nstance.config.hashes``: what earlier versions of this project
+  pushed for the same config) counts as the group's: an upgrade does not push every file again;
 * asks the agent for the key pairs its certificate files need (``ReceiveKeyRequests``) and, when the
   public keys arrive, pushes the certificate files issued for them;
 * on a spot termination notice, writes the report at once and marks the group for reconcile (the
@@ -41,7 +43,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from nstance.config import MergedGroupConfig, infra_hash, runtime_hash
+from nstance.config import MergedGroupConfig, infra_hash, legacy_runtime_hash, runtime_hash
 from nstance.core.errors import NotFound, NstanceError
 from nstance.core.ids import GroupKey
 from nstance.db import repo
@@ -232,7 +234,7 @@ class AgentHub:
         self._flushed = asyncio.Event()
         #: Set while someone waits for the buffered reports (a spot notice): no pause between writes.
         self._urgent = False
-        self._hashes: dict[GroupKey, tuple[object, MergedGroupConfig | None, str]] = {}
+        self._hashes: dict[GroupKey, tuple[object, MergedGroupConfig | None, str, str]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         #: Instance rows of agents opening a stream: a reconnect burst is read in bulk, off the loop.
         self._rows: BatchReader[str, InstanceRow] = BatchReader(self._read_rows)
@@ -349,7 +351,7 @@ class AgentHub:
         session = self.sessions.get(instance_id)
         if session is None:
             return
-        merged, desired = self._group(session)
+        merged, desired, _ = self._group(session)
         if merged is None:
             return
         names = {n.removesuffix(".pub") for n in keys}
@@ -382,19 +384,24 @@ class AgentHub:
 
     # --- one report ---------------------------------------------------------------------------
 
-    def _group(self, session: AgentSession) -> tuple[MergedGroupConfig | None, str]:
-        """The session's merged group config and its runtime hash (cached per config snapshot)."""
+    def _group(self, session: AgentSession) -> tuple[MergedGroupConfig | None, str, str]:
+        """The session's merged group config, its runtime hash and its legacy runtime hash.
+
+        Cached per config snapshot. The legacy hash is what earlier versions of this project pushed for
+        the same config: an agent that reports it has the current files (``_process``).
+        """
         key = (session.tenant, session.group)
         snapshot = self._ctx.config.snapshot()
         cached = self._hashes.get(key)
         if cached is not None and cached[0] is snapshot:
-            return cached[1], cached[2]
+            return cached[1], cached[2], cached[3]
         merged = snapshot.merged(*key) if snapshot is not None else None
         desired = runtime_hash(merged) if merged is not None else ""
-        self._hashes[key] = (snapshot, merged, desired)
+        legacy = legacy_runtime_hash(merged) if merged is not None else ""
+        self._hashes[key] = (snapshot, merged, desired, legacy)
         if merged is not None:
             self._spawn(self._store_group_hashes(key, desired, infra_hash(merged)))
-        return merged, desired
+        return merged, desired, legacy
 
     async def _store_group_hashes(self, key: GroupKey, runtime: str, infra: str) -> None:
         ctx = self._ctx
@@ -438,14 +445,14 @@ class AgentHub:
                 first_notice.action,
             )
             self._spawn(self._after_flush(lambda: self._group_changed(session)))
-        merged, desired = self._group(session)
+        merged, desired, legacy = self._group(session)
         if merged is None:
             return
         if self._lbs is not None:
             self._lbs.on_health(session.instance_id, merged)
         session.reports_since_push += 1
         missing = files_needing_push(merged.files, report.files)
-        drifted = report.config_hash != desired
+        drifted = report.config_hash not in (desired, legacy)
         due = session.pushed_hash != desired or session.reports_since_push > REPUSH_AFTER
         if (missing or drifted) and due and not session.pushing:
             self._spawn(self._push(session, merged, desired, only=None if drifted else missing))

@@ -19,7 +19,7 @@ import logging
 import time
 from datetime import datetime, timedelta
 
-from nstance.config import MergedGroupConfig, infra_hash
+from nstance.config import MergedGroupConfig, infra_hash, legacy_infra_hash
 from nstance.core.backoff import Backoff
 from nstance.core.ids import GroupKey
 from nstance.core.plan import (
@@ -78,9 +78,9 @@ class Reconciler:
         self._workers = workers
         self._resync_interval = resync_interval
         self._backoff = backoff or Backoff(base=1.0, cap=120.0)
-        #: Each group's merged config with its infra hash: a resync reconciles every group every
-        #: minute, and the config object is replaced only when the group's config changes.
-        self._infra_hashes: dict[GroupKey, tuple[MergedGroupConfig, str]] = {}
+        #: Each group's merged config with its infra hash and legacy infra hash: a resync reconciles
+        #: every group every minute, and the config object is replaced only when its config changes.
+        self._infra_hashes: dict[GroupKey, tuple[MergedGroupConfig, str, str]] = {}
         self._failures: dict[GroupKey, int] = {}
         self.queue: WorkQueue[GroupKey] = WorkQueue(background_limit=max(1, workers // BACKGROUND_SHARE))
         self._reads = asyncio.Semaphore(READ_CONCURRENCY)
@@ -148,10 +148,11 @@ class Reconciler:
         key = (merged.tenant, merged.group)
         known = self._infra_hashes.get(key)
         if known is None or known[0] is not merged:  # a new snapshot's entry: hash it once
-            known = self._infra_hashes[key] = (merged, infra_hash(merged))
+            known = self._infra_hashes[key] = (merged, infra_hash(merged), legacy_infra_hash(merged))
         return PlanInput(
             desired=merged.size,
             infra_hash=known[1],
+            legacy_infra_hash=known[2],
             drain_timeout=merged.drain_timeout,
             eligible_age=expiry.eligible_age if expiry else None,
             forced_age=expiry.forced_age if expiry else None,

@@ -331,11 +331,11 @@ def test_groups_file_round_trip() -> None:
         rich_config(), result, "t1", "svc", GroupUpdate(drain_timeout=timedelta(minutes=90))
     )
     text = dump_groups_text(result)
-    # json.MarshalIndent(groups, "", "  ") of upstream's GroupConfig: fields in struct order within an
-    # object are irrelevant to Go, keys sorted here, omitempty fields left out, no final newline.
+    # json.MarshalIndent(groups, "", "  ") of upstream's GroupConfig: the struct's fields in declaration
+    # order, omitempty fields left out, no final newline.
     assert text == (
-        '{\n  "t1": {\n    "svc": {\n      "drain_timeout": "1h30m0s",\n      "size": 2,\n'
-        '      "subnet_pool": "default",\n      "template": "web"\n    }\n  }\n}'
+        '{\n  "t1": {\n    "svc": {\n      "template": "web",\n      "size": 2,\n'
+        '      "subnet_pool": "default",\n      "drain_timeout": "1h30m0s"\n    }\n  }\n}'
     )
     assert load_groups_text(text) == result
 

@@ -8,12 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from nstance.config import load_config_file, load_groups_file, merged_group
+from nstance.config import load_config_file, load_groups_file, load_groups_text, merged_group
+from nstance.config.groupstext import GroupsText
 from nstance.config.loader import dump_groups_text
 from nstance.config.render import render_template
 from nstance.config.templatedata import ClusterData, InstanceData, ServerData, TemplateData
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "upstream"
+#: Per document: json.MarshalIndent(groups, "", "  ") of it decoded into map[string]map[string]GroupConfig,
+#: as a scratch Go program printed it (the fixtures' README.md says how).
+GO_GROUPS = {
+    case["name"]: case
+    for case in json.loads((FIXTURES / "go-json-vectors.json").read_text(encoding="utf-8"))["groups_jsonc"]
+}
 
 
 @pytest.mark.parametrize(
@@ -90,14 +97,19 @@ def test_terraform_agent_userdata_renders_without_its_optional_ssh_var() -> None
 
 
 def test_upstream_groups_example_loads_and_is_written_back_as_go_writes_it() -> None:
+    # Upstream's example is laid out as json.MarshalIndent writes it (GroupConfig's fields in declaration
+    # order: template, size, subnet_pool), apart from the file's final newline.
+    text = (FIXTURES / "groups.jsonc").read_text()
     dynamic = load_groups_file(FIXTURES / "groups.jsonc")
     assert dynamic["default"]["test"].size == 1
-    written = dump_groups_text(dynamic)
-    assert json.loads(written) == json.loads((FIXTURES / "groups.jsonc").read_text())
-    assert written == (FIXTURES / "groups.jsonc").read_text().rstrip("\n").replace(
-        '"template": "test",\n      "size": 1,\n      "subnet_pool": "default"',
-        '"size": 1,\n      "subnet_pool": "default",\n      "template": "test"',
-    )
+    assert dump_groups_text(dynamic) == text.rstrip("\n") == GO_GROUPS["groups.jsonc"]["written"]
+
+
+@pytest.mark.parametrize("name", sorted(GO_GROUPS))
+def test_groups_documents_are_written_byte_for_byte_as_go_writes_them(name: str) -> None:
+    dynamic = load_groups_text(json.dumps(GO_GROUPS[name]["document"]))
+    assert dump_groups_text(dynamic) == GO_GROUPS[name]["written"]
+    assert GroupsText().dump(dynamic) == GO_GROUPS[name]["written"]
 
 
 def _problems_of(doc: dict[str, object]) -> list[str]:
