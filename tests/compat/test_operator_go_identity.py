@@ -34,6 +34,7 @@ from nstance.core.backoff import Backoff
 from nstance.operator.config import OperatorConfig, ShardEndpoint
 from nstance.operator.identity import Identity, IdentityManager
 from nstance.operator.kube import CONFIGMAPS, SECRETS, Kube, load_configuration
+from nstance.operator.renewal import CertificateRenewer
 from nstance.operator.settings import build_settings
 from nstance.operator.shards import ShardSet
 from nstance.pki.certs import issue_client_certificate
@@ -134,16 +135,13 @@ async def put_go_key(kube: Kube) -> ed25519.Ed25519PrivateKey:
     return key
 
 
-async def put_go_certificate(kube: Kube, cluster: LocalCluster, key: ed25519.Ed25519PrivateKey) -> bytes:
+async def put_go_certificate(
+    kube: Kube, cluster: LocalCluster, key: ed25519.Ed25519PrivateKey, ttl: timedelta = timedelta(days=30)
+) -> bytes:
     """The certificate Secret as the Go operator stores it after registering (no type either)."""
     assert cluster.identity is not None
     issued = issue_client_certificate(
-        cluster.identity.ca,
-        key.public_key(),
-        client_id=CLUSTER,
-        tenant=TENANT,
-        role="operator",
-        ttl=timedelta(days=30),
+        cluster.identity.ca, key.public_key(), client_id=CLUSTER, tenant=TENANT, role="operator", ttl=ttl
     )
     data = {"tls.crt": b64(issued.cert_pem), "tls.key": b64(private_key_to_pem(key))}
     await kube.create(SECRETS, {"metadata": {"name": "nstance-operator-cert"}, "data": data}, NS)
@@ -233,3 +231,36 @@ async def test_a_new_identity_under_an_ed25519_ca_is_ed25519_and_reaches_an_ed25
         assert stored["public.key"] == public_key_to_pem(key)
         assert load_private_key_pem(identity.key_pem).public_key() == key.public_key()
         await drives_the_operator_api(identity, addrs)
+
+
+async def test_the_go_operators_certificate_is_renewed_for_its_key(tmp_path: Path, kube: Kube) -> None:
+    async with serving(tmp_path, leaf="ed25519") as (cluster, addrs):
+        await put_ca(kube, cluster)
+        go_key = await put_go_key(kube)
+        go_cert = await put_go_certificate(kube, cluster, go_key, ttl=timedelta(seconds=4))
+        identities = manager(kube)
+        first = await asyncio.wait_for(identities.ensure(operator_config(addrs)), 30)
+        assert first.cert_pem == go_cert
+        shards = ShardSet(first.ca_pem, first.cert_pem, first.key_pem, metrics=identities.metrics, grace=0.2)
+        shards.update(operator_config(addrs).shards)
+        renewer = CertificateRenewer(identities, shards, retry_base=0.2, retry_cap=0.5, min_delay=0.05)
+        task = asyncio.create_task(renewer.run())
+        try:
+            await eventually(
+                lambda: identities.current is not None and identities.current.serial != first.serial,
+                within=20,
+                what="the Go operator's certificate to be renewed",
+            )
+            renewed = identities.current
+            assert renewed is not None
+            assert cluster.identity is not None
+            peer = verify_client_certificate(renewed.cert_pem, cluster.identity.ca)
+            assert peer.certificate.public_key() == go_key.public_key()  # the same Ed25519 key
+            stored = await secret_data(kube, "nstance-operator-cert")
+            assert stored is not None
+            assert stored["tls.crt"] == renewed.cert_pem
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await shards.close()
+        await drives_the_operator_api(renewed, addrs)
