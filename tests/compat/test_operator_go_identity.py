@@ -38,7 +38,13 @@ from nstance.operator.renewal import CertificateRenewer
 from nstance.operator.settings import build_settings
 from nstance.operator.shards import ShardSet
 from nstance.pki.certs import issue_client_certificate
-from nstance.pki.keys import load_private_key_pem, private_key_to_pem, public_key_to_pem
+from nstance.pki.keys import (
+    PrivateKey,
+    generate_private_key,
+    load_private_key_pem,
+    private_key_to_pem,
+    public_key_to_pem,
+)
 from nstance.pki.nonce import operator_nonce_claims, sign_nonce
 from nstance.pki.peer import verify_client_certificate
 from nstance.server.app import ServerApp, ServerOptions
@@ -127,16 +133,16 @@ async def put_ca(kube: Kube, cluster: LocalCluster) -> None:
     await kube.create(CONFIGMAPS, body, NS)
 
 
-async def put_go_key(kube: Kube) -> ed25519.Ed25519PrivateKey:
+async def put_go_key(kube: Kube, key_type: str = "ed25519") -> PrivateKey:
     """The key Secret as the Go operator creates it (no type: the API server makes it Opaque)."""
-    key = ed25519.Ed25519PrivateKey.generate()
+    key = generate_private_key(key_type)
     data = {"private.key": b64(private_key_to_pem(key)), "public.key": b64(public_key_to_pem(key))}
     await kube.create(SECRETS, {"metadata": {"name": "nstance-operator-key"}, "data": data}, NS)
     return key
 
 
 async def put_go_certificate(
-    kube: Kube, cluster: LocalCluster, key: ed25519.Ed25519PrivateKey, ttl: timedelta = timedelta(days=30)
+    kube: Kube, cluster: LocalCluster, key: PrivateKey, ttl: timedelta = timedelta(days=30)
 ) -> bytes:
     """The certificate Secret as the Go operator stores it after registering (no type either)."""
     assert cluster.identity is not None
@@ -177,11 +183,22 @@ async def drives_the_operator_api(identity: Identity, addrs: dict[str, str]) -> 
     assert groups[-1] == ["web"]
 
 
-@pytest.mark.parametrize("leaf", ["ed25519", "ecdsa-p256"])
-async def test_the_go_operators_identity_is_used_as_it_is(tmp_path: Path, kube: Kube, leaf: str) -> None:
+@pytest.mark.parametrize(
+    ("leaf", "key_type"),
+    [
+        ("ed25519", "ed25519"),  # the Go operator's identity, a Go server (played by ours with its leaf)
+        ("ecdsa-p256", "ed25519"),  # the Go operator's identity, this project's server
+        # an earlier version of this operator (P-256 identity) under this project's default Ed25519 CA:
+        # after the upgrade its connections run over OpenSSL, with the same identity
+        ("ecdsa-p256", "ecdsa-p256"),
+    ],
+)
+async def test_a_stored_identity_is_used_as_it_is_and_its_key_kept(
+    tmp_path: Path, kube: Kube, leaf: str, key_type: str
+) -> None:
     async with serving(tmp_path, leaf=leaf) as (cluster, addrs):
         await put_ca(kube, cluster)
-        go_key = await put_go_key(kube)
+        go_key = await put_go_key(kube, key_type)
         go_cert = await put_go_certificate(kube, cluster, go_key)
         key_secret = await kube.get(SECRETS, "nstance-operator-key", NS)
         # No nonce: the Go operator deleted it after registering.
