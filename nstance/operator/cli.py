@@ -2,8 +2,10 @@
 
 Flags are parsed by typer and checked by ``settings.build_settings``; a bad flag or environment value
 prints one line naming it and exits 2, as does an operator config file that does not parse (the key
-path is in the message). Everything else — unreachable shards, a missing nonce, a lost Lease — is
-handled by the runtime without exiting. SIGTERM/SIGINT stop the runtime gracefully (exit 0).
+path is in the message). Go's flag syntax, which upstream's Helm chart uses (``--leader-elect=true``,
+``-metrics-bind-address :8080``), is accepted too (``goflags``), and so are upstream's flags; one with
+no effect here is logged as ignored at start. Everything else — unreachable shards, a missing nonce, a
+lost Lease — is handled by the runtime without exiting. SIGTERM/SIGINT stop the runtime gracefully (exit 0).
 
 This module holds no operator logic.
 """
@@ -23,6 +25,7 @@ from nstance.core.cli import VERSION_HELP, print_version, run_app
 from nstance.core.logformat import TEXT_FORMAT, JsonFormatter
 from nstance.operator.config import ConfigError, load_config_file
 from nstance.operator.crds import names
+from nstance.operator.goflags import GoFlagError, go_style_argv
 from nstance.operator.runtime import OperatorRuntime
 from nstance.operator.settings import (
     DEFAULT_HEALTH_ADDR,
@@ -53,7 +56,7 @@ app = typer.Typer(
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
-def setup_logging(log_format: str, verbose: bool) -> None:
+def setup_logging(log_format: str, level: int) -> None:
     handler = logging.StreamHandler(sys.stderr)
     if log_format == "json":
         handler.setFormatter(JsonFormatter())
@@ -61,7 +64,7 @@ def setup_logging(log_format: str, verbose: bool) -> None:
         handler.setFormatter(logging.Formatter(TEXT_FORMAT))
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    root.setLevel(level)
     for noisy in ("aiohttp.access", "kubernetes_asyncio"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
@@ -153,8 +156,19 @@ def main_command(
         str,
         typer.Option("--health-addr", "--health-probe-bind-address", help="/healthz, /readyz and /metrics."),
     ] = DEFAULT_HEALTH_ADDR,
+    metrics_bind_address: Annotated[
+        str | None,
+        typer.Option(
+            "--metrics-bind-address",
+            help="Upstream's flag, ignored (logged): /metrics is served on --health-addr.",
+        ),
+    ] = None,
     leader_elect: Annotated[
-        bool, typer.Option("--leader-elect/--no-leader-elect", help="Lease election among replicas.")
+        bool,
+        typer.Option(
+            "--leader-elect/--no-leader-elect",
+            help="Lease election among replicas (also --leader-elect=true|false).",
+        ),
     ] = True,
     leader_elect_lease: Annotated[
         str, typer.Option("--leader-elect-lease", help="Name of the election Lease.")
@@ -215,8 +229,24 @@ def main_command(
     drain_fallback: Annotated[
         str, typer.Option("--drain-fallback", help="Drain deadline when the shard gives none.")
     ] = "5m",
-    log_format: Annotated[str, typer.Option("--log-format", help="json or text.")] = "json",
+    log_format: Annotated[str | None, typer.Option("--log-format", help="json (default) or text.")] = None,
     verbose: Annotated[bool, typer.Option("--debug", "--verbose", "-v", help="Debug logging.")] = False,
+    zap_log_level: Annotated[
+        str | None,
+        typer.Option("--zap-log-level", help="Upstream's log level: debug, info, warn, error, panic or N>0."),
+    ] = None,
+    zap_encoder: Annotated[
+        str | None, typer.Option("--zap-encoder", help="Upstream's log encoding: json or console (text).")
+    ] = None,
+    zap_devel: Annotated[
+        bool, typer.Option("--zap-devel", help="Upstream's development logging: debug level, text.")
+    ] = False,
+    zap_stacktrace_level: Annotated[
+        str | None, typer.Option("--zap-stacktrace-level", help="Upstream's flag, ignored (logged).")
+    ] = None,
+    zap_time_encoding: Annotated[
+        str | None, typer.Option("--zap-time-encoding", help="Upstream's flag, ignored (logged).")
+    ] = None,
     version: Annotated[
         bool,
         typer.Option(
@@ -257,13 +287,22 @@ def main_command(
             drain_poll=drain_poll,
             drain_fallback=drain_fallback,
             log_format=log_format,
+            verbose=verbose,
+            metrics_bind_address=metrics_bind_address,
+            zap_log_level=zap_log_level,
+            zap_encoder=zap_encoder,
+            zap_devel=zap_devel,
+            zap_stacktrace_level=zap_stacktrace_level,
+            zap_time_encoding=zap_time_encoding,
         )
         if settings.config_file is not None:
             load_config_file(settings.config_file)
     except (SettingsError, ConfigError) as exc:
         typer.echo(f"nstance-operator: {exc}", err=True)
         raise typer.Exit(2) from None
-    setup_logging(settings.log_format, verbose)
+    setup_logging(settings.log_format, settings.log_level)
+    for line in settings.ignored:
+        log.warning("%s", line)
     try:
         code = asyncio.run(run_until_stopped(settings))
     except SettingsError as exc:
@@ -275,5 +314,11 @@ def main_command(
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point: Go's flag syntax rewritten for typer, then the command."""
+    declared = [p for p in typer.main.get_command(app).params if isinstance(p, typer.core.TyperOption)]
+    try:
+        sys.argv[1:] = go_style_argv(sys.argv[1:], declared)
+    except GoFlagError as exc:
+        print(f"nstance-operator: {exc}", file=sys.stderr)
+        sys.exit(2)
     run_app(app, "nstance-operator")

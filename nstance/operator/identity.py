@@ -3,21 +3,29 @@
 Where each piece lives (names from the settings; upstream's defaults, reference §5.3):
 
 * ConfigMap ``nstance-cluster-ca`` key ``ca.crt`` — the cluster CA (read only);
-* Secret ``nstance-operator-key`` keys ``private.key`` / ``public.key`` — the identity key, ECDSA
-  P-256 in PKCS#8 / SubjectPublicKeyInfo PEM (P-256 rather than upstream's Ed25519 because grpcio's TLS
-  cannot sign with Ed25519 leaves, DESIGN.md §2);
+* Secret ``nstance-operator-key`` keys ``private.key`` / ``public.key`` — the identity key in PKCS#8 /
+  SubjectPublicKeyInfo PEM, Ed25519 (what upstream's operator keeps there) or ECDSA P-256;
 * Secret ``nstance-operator-nonce`` key ``nonce.jwt`` — the single-use registration nonce;
 * Secret ``nstance-operator-cert`` keys ``tls.crt`` / ``tls.key`` — the issued certificate and its key.
+
+An identity the Go operator left behind (its Ed25519 key and certificate, and no nonce, which it deleted
+after registering) is used as it is. A key Secret holding a usable key is never replaced: registration
+and every retry of it use that key. A new key (none stored, or one that cannot be read) is Ed25519
+under an Ed25519 cluster CA and ECDSA P-256 under an ECDSA one (``new_key_type``): upstream's servers,
+found only in clusters with an Ed25519 CA, certify nothing but Ed25519 operator keys, and this
+project's servers take both; an ECDSA CA only exists in clusters of this project, where P-256 works
+with every version of its servers. The Go operator, after a rollback, reads an Ed25519 key only.
 
 ``IdentityManager.ensure`` yields a usable identity, retrying for ever: a certificate that verifies
 against the CA for our key (role ``operator``, our cluster and tenant, not expired) is used as it is
 (and a leftover nonce Secret deleted); otherwise the key is loaded or generated, the nonce read and
 ``RegisterOperator`` tried on each shard's ``registration_addr`` in config order (server-authenticated
-TLS, server name ``nstance-server``) until one answers — non-leaders answer UNAVAILABLE naming the
-cluster leader, which is logged before the next shard is tried. The certificate is stored, read back
-and verified, and only then is the nonce Secret deleted. Whatever is missing is reported in ``problem``
-(shown on /readyz) with what to do about it. ``store_certificate`` is the renewal's way to replace the
-certificate.
+TLS, server name ``nstance-server``; over OpenSSL under an Ed25519 CA, as upstream's servers present
+Ed25519 certificates that grpcio cannot verify) until one answers — non-leaders answer UNAVAILABLE
+naming the cluster leader, which is logged before the next shard is tried. The certificate is stored,
+read back and verified, and only then is the nonce Secret deleted. Whatever is missing is reported in
+``problem`` (shown on /readyz) with what to do about it. ``store_certificate`` is the renewal's way to
+replace the certificate.
 
 Must not: open the mTLS Operator API connections (``shards.py``) or decide when to renew
 (``renewal.py``).
@@ -46,9 +54,11 @@ from nstance.operator.health import OperatorMetrics
 from nstance.operator.kube import CONFIGMAPS, SECRETS, Kube, KubeError, Object
 from nstance.operator.settings import OperatorSettings
 from nstance.pki.ca import parse_certificate
-from nstance.pki.certs import SERVER_COMMON_NAME
+from nstance.pki.certs import CLIENT_KEY_TYPES, SERVER_COMMON_NAME
 from nstance.pki.keys import (
+    describe_key_types,
     generate_private_key,
+    key_type_name,
     load_private_key_pem,
     private_key_to_pem,
     public_key_to_pem,
@@ -56,13 +66,15 @@ from nstance.pki.keys import (
     require_public_key,
 )
 from nstance.pki.peer import verify_client_certificate
+from nstance.pki.tlsclient import forwarded_aio_channel, needs_openssl
 from nstance.rpc import registration_pb2, registration_pb2_grpc
 
 log = logging.getLogger(__name__)
 
 REGISTER_TIMEOUT: Final = 30.0
 MAX_MESSAGE_BYTES: Final = 4 * 1024 * 1024
-KEY_TYPES: Final = ("ecdsa-p256",)
+KEY_TYPES: Final = CLIENT_KEY_TYPES
+"""Key types of an operator identity: Ed25519 (upstream's operators) and ECDSA P-256."""
 PRIVATE_KEY: Final = "private.key"
 PUBLIC_KEY: Final = "public.key"
 TLS_CERT: Final = "tls.crt"
@@ -92,14 +104,24 @@ Registrar = Callable[[str, bytes, str, bytes], Awaitable[bytes]]
 """``(registration_addr, ca_pem, nonce, public_key_pem) -> certificate PEM``; raises grpc.aio.AioRpcError."""
 
 
+def new_key_type(ca_pem: bytes) -> str:
+    """Key type of a new operator identity: ``ed25519`` under an Ed25519 CA, else ``ecdsa-p256``."""
+    ca_key = parse_certificate(ca_pem, what="the cluster CA").public_key()
+    return "ed25519" if key_type_name(ca_key) == "ed25519" else "ecdsa-p256"
+
+
 def registration_channel(target: str, ca_pem: bytes) -> grpc.aio.Channel:
-    """Server-authenticated TLS to a RegistrationService, verifying the name ``nstance-server``."""
-    credentials = grpc.ssl_channel_credentials(root_certificates=ca_pem)
-    options = [
+    """Server-authenticated TLS to a RegistrationService, verifying the name ``nstance-server``.
+
+    Over OpenSSL under an Ed25519 CA, where the server may present an Ed25519 certificate."""
+    options: list[tuple[str, int | str]] = [
         ("grpc.ssl_target_name_override", SERVER_COMMON_NAME),
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ]
+    if needs_openssl(ca_pem):
+        return forwarded_aio_channel(target, ca_pem, options=options)
+    credentials = grpc.ssl_channel_credentials(root_certificates=ca_pem)
     return grpc.aio.secure_channel(target, credentials, options=options)
 
 
@@ -301,7 +323,8 @@ class IdentityManager:
             raise IdentityProblem(str(exc)) from None
         return text.encode()
 
-    async def _load_or_create_key(self) -> bytes:
+    async def _load_or_create_key(self, ca_pem: bytes) -> bytes:
+        """The key in the key Secret; a new one only when it holds none this operator can use."""
         name = self.settings.key_secret
         obj = await self.kube.get(SECRETS, name, self.namespace)
         if obj is not None:
@@ -312,10 +335,17 @@ class IdentityManager:
                         key_pem, KEY_TYPES, what=f"Secret {self._where(name)} key {PRIVATE_KEY}"
                     )
                 except InvalidArgument as exc:
-                    log.warning("%s; generating a new ECDSA P-256 identity key", exc)
+                    log.warning("%s; replacing it with a new identity key", exc)
                 else:
                     return key_pem
-        key = generate_private_key("ecdsa-p256")
+            else:
+                log.warning(
+                    "Secret %s has no readable key %s; storing a new identity key in it",
+                    self._where(name),
+                    PRIVATE_KEY,
+                )
+        key_type = new_key_type(ca_pem)
+        key = generate_private_key(key_type)
         key_pem = private_key_to_pem(key)
         body: Object = {
             "metadata": {"name": name, "namespace": self.namespace},
@@ -333,9 +363,12 @@ class IdentityManager:
                     "reading it again"
                 ) from None
         else:
+            # The resourceVersion makes a concurrent writer's key win: this replace then fails (409).
             body["metadata"]["resourceVersion"] = obj["metadata"].get("resourceVersion")
             await self.kube.replace(SECRETS, name, body, self.namespace)
-        log.info("generated a new ECDSA P-256 identity key in Secret %s", self._where(name))
+        log.info(
+            "generated a new %s identity key in Secret %s", describe_key_types([key_type]), self._where(name)
+        )
         return key_pem
 
     async def _read_nonce(self, config: OperatorConfig, stale: str) -> str:
@@ -381,7 +414,7 @@ class IdentityManager:
         return token
 
     async def _register(self, config: OperatorConfig, ca_pem: bytes, stale: str) -> Identity:
-        key_pem = await self._load_or_create_key()
+        key_pem = await self._load_or_create_key(ca_pem)
         nonce = await self._read_nonce(config, stale)
         key = load_private_key_pem(key_pem, KEY_TYPES)
         public_pem = public_key_to_pem(key)

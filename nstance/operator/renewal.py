@@ -29,7 +29,13 @@ import grpc.aio
 from nstance.core.clock import Clock, SystemClock
 from nstance.operator.context import RPC_TIMEOUT, ShardNotConfigured
 from nstance.operator.health import OperatorMetrics
-from nstance.operator.identity import Identity, IdentityManager, IdentityProblem, describe_rpc_error
+from nstance.operator.identity import (
+    KEY_TYPES,
+    Identity,
+    IdentityManager,
+    IdentityProblem,
+    describe_rpc_error,
+)
 from nstance.operator.kube import KubeError
 from nstance.operator.shards import ShardSet
 from nstance.pki.keys import load_private_key_pem, public_key_to_pem
@@ -106,7 +112,7 @@ class CertificateRenewer:
         current = self.identity.current
         if current is None:
             raise RenewalFailed("no identity is loaded")
-        public_pem = public_key_to_pem(load_private_key_pem(current.key_pem, ("ecdsa-p256",)))
+        public_pem = public_key_to_pem(load_private_key_pem(current.key_pem, KEY_TYPES))
         request = operator_pb2.RenewCertificateRequest(public_key_pem=public_pem)
         answers: list[str] = []
         for shard in self._order():

@@ -3,16 +3,24 @@
 Responsible for turning raw flag and environment values (strings, as typed) into one frozen
 ``OperatorSettings``: the namespace, the names of the ConfigMaps and Secrets the operator reads and
 writes, where the operator config comes from, the health and webhook listeners, Lease election
-parameters and the loop timings. Every value is checked here; a bad one raises ``SettingsError`` whose
-message names the flag (and its environment variable) and says what is accepted, so the CLI can print
-one line and exit 2.
+parameters, the loop timings and the log level and format. Every value is checked here; a bad one
+raises ``SettingsError`` whose message names the flag (and its environment variable) and says what is
+accepted, so the CLI can print one line and exit 2.
+
+Upstream's flags (those of its ``main.go`` and controller-runtime's ``zap`` options, which its Helm
+chart passes) are mapped to ours: ``--zap-log-level``, ``--zap-encoder`` and ``--zap-devel`` to the log
+level and format. Those with no equivalent here (``--metrics-bind-address`` other than ``0`` or the
+health address, ``--zap-stacktrace-level``, ``--zap-time-encoding``) are checked as upstream checks
+them and listed in ``OperatorSettings.ignored``, one line each, for the CLI to log.
 
 Must not: talk to Kubernetes or the shards, read the operator config file, or start anything.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -29,6 +37,20 @@ DEFAULT_WEBHOOK_CERT_DIR: Final = Path("/tmp/k8s-webhook-server/serving-certs")
 DEFAULT_HEALTH_ADDR: Final = ":8081"
 DEFAULT_WEBHOOK_ADDR: Final = "0.0.0.0:9443"
 LOG_FORMATS: Final = ("json", "text")
+
+# controller-runtime's zap flags (pkg/log/zap, which upstream's main.go binds): accepted values.
+ZAP_LOG_LEVELS: Final = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warn": logging.WARNING,  # not controller-runtime's, but upstream's chart lists it among logLevel's
+    "error": logging.ERROR,
+    "panic": logging.CRITICAL,
+}
+ZAP_ENCODERS: Final = {"json": "json", "console": "text"}
+ZAP_STACKTRACE_LEVELS: Final = ("info", "error", "panic")
+ZAP_TIME_ENCODINGS: Final = ("epoch", "millis", "nano", "iso8601", "rfc3339", "rfc3339nano")
+METRICS_DISABLED: Final = "0"
+"""``--metrics-bind-address`` value that turns upstream's separate metrics listener off (its default)."""
 
 # Environment variables (upstream names where upstream has them, reference §5.1).
 ENV_NAMESPACE: Final = "NSTANCE_NAMESPACE"
@@ -109,6 +131,9 @@ class OperatorSettings:
     webhook: WebhookSettings = field(default_factory=WebhookSettings)
     timings: Timings = field(default_factory=Timings)
     log_format: str = "json"
+    log_level: int = logging.INFO
+    ignored: tuple[str, ...] = ()
+    """One line for each upstream flag that was accepted but has no effect here, to be logged."""
 
 
 # --- parsing helpers -------------------------------------------------------------------------------
@@ -167,6 +192,88 @@ def _namespace_name(value: str, flag: str) -> str:
             "and '-', starting and ending with a letter or digit)"
         )
     return value
+
+
+def parse_zap_log_level(text: str) -> int:
+    """controller-runtime's ``--zap-log-level`` as a ``logging`` level.
+
+    A name (any case), or an integer above 0 (a debug verbosity, V(n) in Go): DEBUG, the finest level
+    Python's logging has."""
+    level = ZAP_LOG_LEVELS.get(text.lower())
+    if level is not None:
+        return level
+    if re.fullmatch(r"[+-]?[0-9]+", text) and int(text) > 0:
+        return logging.DEBUG
+    raise SettingsError(
+        f"--zap-log-level {text!r}: choose one of {', '.join(ZAP_LOG_LEVELS)} or an integer above 0"
+    )
+
+
+def _zap_choice(text: str, flag: str, accepted: tuple[str, ...]) -> str:
+    value = text.lower()
+    if value not in accepted:
+        raise SettingsError(f"{flag} {text!r}: choose one of {', '.join(accepted)}")
+    return value
+
+
+def _logging(
+    *,
+    log_format: str | None,
+    verbose: bool,
+    zap_log_level: str | None,
+    zap_encoder: str | None,
+    zap_devel: bool,
+) -> tuple[str, int]:
+    """``(log format, log level)``: our flags first, then upstream's zap flags, then the defaults.
+
+    ``--zap-devel`` means what controller-runtime's development mode means: debug level and the
+    human-readable encoder, unless a level or format is given."""
+    if log_format is None:
+        if zap_encoder is not None:
+            log_format = ZAP_ENCODERS[_zap_choice(zap_encoder, "--zap-encoder", tuple(ZAP_ENCODERS))]
+        else:
+            log_format = "text" if zap_devel else "json"
+    elif zap_encoder is not None:
+        _zap_choice(zap_encoder, "--zap-encoder", tuple(ZAP_ENCODERS))
+    if log_format not in LOG_FORMATS:
+        raise SettingsError(f"--log-format {log_format!r}: choose one of {', '.join(LOG_FORMATS)}")
+    level = parse_zap_log_level(zap_log_level) if zap_log_level is not None else None
+    if verbose:
+        level = logging.DEBUG
+    elif level is None:
+        level = logging.DEBUG if zap_devel else logging.INFO
+    return log_format, level
+
+
+def _ignored_upstream_flags(
+    *,
+    metrics_bind_address: str | None,
+    health: Address,
+    zap_stacktrace_level: str | None,
+    zap_time_encoding: str | None,
+) -> tuple[str, ...]:
+    """A line for each upstream flag given that changes nothing here (its value checked first)."""
+    lines: list[str] = []
+    if metrics_bind_address is not None and metrics_bind_address.strip() != METRICS_DISABLED:
+        metrics = parse_address(metrics_bind_address, "--metrics-bind-address", any_port=True)
+        if metrics != health:
+            lines.append(
+                f"--metrics-bind-address={metrics_bind_address} is ignored: the metrics are served at "
+                f"/metrics on the health address {health} (--health-addr / --health-probe-bind-address)"
+            )
+    if zap_stacktrace_level is not None:
+        _zap_choice(zap_stacktrace_level, "--zap-stacktrace-level", ZAP_STACKTRACE_LEVELS)
+        lines.append(
+            f"--zap-stacktrace-level={zap_stacktrace_level} is ignored: a traceback is logged with each "
+            "unexpected error, whatever its level"
+        )
+    if zap_time_encoding is not None:
+        _zap_choice(zap_time_encoding, "--zap-time-encoding", ZAP_TIME_ENCODINGS)
+        lines.append(
+            f"--zap-time-encoding={zap_time_encoding} is ignored: the log time format is fixed (ISO 8601 "
+            "UTC in JSON logs)"
+        )
+    return tuple(lines)
 
 
 def default_namespace(path: Path = SERVICE_ACCOUNT_NAMESPACE) -> str:
@@ -238,7 +345,14 @@ def build_settings(
     backoff_cap: str = "30s",
     drain_poll: str = "2s",
     drain_fallback: str = "5m",
-    log_format: str = "json",
+    log_format: str | None = None,
+    verbose: bool = False,
+    metrics_bind_address: str | None = None,
+    zap_log_level: str | None = None,
+    zap_encoder: str | None = None,
+    zap_devel: bool = False,
+    zap_stacktrace_level: str | None = None,
+    zap_time_encoding: str | None = None,
     environ: Mapping[str, str] | None = None,
     service_account_namespace: Path = SERVICE_ACCOUNT_NAMESPACE,
 ) -> OperatorSettings:
@@ -339,8 +453,20 @@ def build_settings(
         drain_fallback=parse_seconds(drain_fallback, "--drain-fallback"),
     )
 
-    if log_format not in LOG_FORMATS:
-        raise SettingsError(f"--log-format {log_format!r}: choose one of {', '.join(LOG_FORMATS)}")
+    log_format, log_level = _logging(
+        log_format=log_format,
+        verbose=verbose,
+        zap_log_level=zap_log_level,
+        zap_encoder=zap_encoder,
+        zap_devel=zap_devel,
+    )
+    health = parse_address(health_addr, "--health-addr")
+    ignored = _ignored_upstream_flags(
+        metrics_bind_address=metrics_bind_address,
+        health=health,
+        zap_stacktrace_level=zap_stacktrace_level,
+        zap_time_encoding=zap_time_encoding,
+    )
 
     return OperatorSettings(
         namespace=ns,
@@ -352,9 +478,11 @@ def build_settings(
         cert_secret=resolved["cert_secret"],
         key_secret=resolved["key_secret"],
         nonce_secret=resolved["nonce_secret"],
-        health=parse_address(health_addr, "--health-addr"),
+        health=health,
         leader=leader,
         webhook=webhook,
         timings=timings,
         log_format=log_format,
+        log_level=log_level,
+        ignored=ignored,
     )

@@ -4,7 +4,9 @@
 client identity, the cluster CA as the only trust root, the server verified as ``nstance-server``
 (every server certificate carries that DNS name, so an IP address works as the target), keepalive
 pings every 20 s with a 10 s timeout even without calls (servers allow pings every 10 s), reconnect
-backoff from 1 s to 30 s, 4 MiB message limits.
+backoff from 1 s to 30 s, 4 MiB message limits. Under an Ed25519 cluster CA the TLS runs in OpenSSL
+(``pki.tlsclient``), as the agent's does: upstream's servers present Ed25519 certificates, which
+grpcio cannot verify. The identity key may be Ed25519 or ECDSA P-256 either way.
 
 A shard counts as reachable from the latest of two signals: what callers ``report`` about their calls
 and streams, and the channel's own connectivity (READY → reachable, TRANSIENT_FAILURE → not). A small
@@ -37,10 +39,12 @@ from typing import Any, Final
 import grpc
 import grpc.aio
 
+from nstance.core.errors import InvalidArgument
 from nstance.operator.config import ShardEndpoint
 from nstance.operator.context import ShardNotConfigured
 from nstance.operator.health import OperatorMetrics
 from nstance.pki.certs import SERVER_COMMON_NAME
+from nstance.pki.tlsclient import forwarded_aio_channel, needs_openssl
 from nstance.rpc import operator_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -69,6 +73,14 @@ def channel_options(
         # A fresh channel per credential set: never share a subchannel with an older certificate.
         ("grpc.use_local_subchannel_pool", 1),
     ]
+
+
+def _uses_openssl(ca_pem: bytes) -> bool:
+    """Whether channels run over OpenSSL (an Ed25519 CA); an unreadable CA is left to grpcio to refuse."""
+    try:
+        return needs_openssl(ca_pem)
+    except InvalidArgument:
+        return False
 
 
 async def _wait_for(event: asyncio.Event) -> None:
@@ -104,6 +116,7 @@ class ShardSet:
         self._ca_pem = ca_pem
         self._cert_pem = cert_pem
         self._key_pem = key_pem
+        self._openssl = _uses_openssl(ca_pem)
         self._metrics = metrics or OperatorMetrics()
         self._grace = grace
         self._reconnect = (reconnect_min, reconnect_max)
@@ -190,13 +203,14 @@ class ShardSet:
         event.set()
 
     def _open(self, target: str) -> grpc.aio.Channel:
+        low, high = self._reconnect
+        options = channel_options(reconnect_min=low, reconnect_max=high)
+        if self._openssl:
+            return forwarded_aio_channel(target, self._ca_pem, self._key_pem, self._cert_pem, options=options)
         credentials = grpc.ssl_channel_credentials(
             root_certificates=self._ca_pem, private_key=self._key_pem, certificate_chain=self._cert_pem
         )
-        low, high = self._reconnect
-        return grpc.aio.secure_channel(
-            target, credentials, options=channel_options(reconnect_min=low, reconnect_max=high)
-        )
+        return grpc.aio.secure_channel(target, credentials, options=options)
 
     async def _follow(self, entry: _Shard, channel: grpc.aio.Channel) -> None:
         """Keep the channel connecting and mirror its state into ``reachable``."""

@@ -4,7 +4,10 @@ What an admin sees: with the CA ConfigMap and a nonce Secret in place the operat
 cluster leader, whichever shard that is), stores its key and certificate in Secrets and deletes the
 used nonce; on restart it reuses the certificate without registering again; when something is missing
 the error says which object and how to create it, and registration proceeds once it appears; a
-short-lived certificate is renewed and the new one is used without a restart.
+short-lived certificate is renewed and the new one is used without a restart. A key Secret holding a
+usable key (Ed25519, as upstream's operator keeps it, or ECDSA P-256) is never replaced; a new key
+has the type of the cluster CA's key. (Taking over from the Go operator against a server presenting
+Ed25519 certificates: tests/compat/test_operator_go_identity.py.)
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 import grpc
 import grpc.aio
 import pytest
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from google.protobuf.empty_pb2 import Empty
 
 from nstance.core.backoff import Backoff
@@ -31,8 +35,9 @@ from nstance.operator.kube import CONFIGMAPS, SECRETS, Kube, load_configuration
 from nstance.operator.renewal import CertificateRenewer
 from nstance.operator.settings import OperatorSettings, build_settings
 from nstance.operator.shards import ShardSet
+from nstance.pki.ca import create_ca
 from nstance.pki.certs import issue_client_certificate
-from nstance.pki.keys import generate_private_key, private_key_to_pem
+from nstance.pki.keys import generate_private_key, load_private_key_pem, private_key_to_pem, public_key_to_pem
 from nstance.pki.nonce import operator_nonce_claims, sign_nonce
 from nstance.pki.peer import verify_client_certificate
 from nstance.rpc import registration_pb2, registration_pb2_grpc
@@ -208,6 +213,8 @@ async def test_registration_stores_key_and_certificate_and_deletes_the_nonce(
     assert cert is not None
     assert key["private.key"].startswith(b"-----BEGIN PRIVATE KEY-----")
     assert key["public.key"].startswith(b"-----BEGIN PUBLIC KEY-----")
+    # an ECDSA CA: the cluster has only this project's servers, where P-256 works with every version
+    assert isinstance(load_private_key_pem(key["private.key"]), ec.EllipticCurvePrivateKey)
     assert cert["tls.key"] == key["private.key"]
     assert await client.get(SECRETS, "nstance-operator-nonce", "default") is None
     assert cluster.identity is not None
@@ -342,3 +349,63 @@ async def test_a_short_lived_certificate_is_renewed_and_used_without_a_restart(
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await connections.close()
+
+
+# --- the stored key ---------------------------------------------------------------------------------
+
+
+async def put_ca_of_type(kube: Kube, key_type: str) -> None:
+    ca = create_ca(key_type=key_type, cluster_id=CLUSTER)
+    await kube.create(
+        CONFIGMAPS,
+        {"metadata": {"name": "nstance-cluster-ca"}, "data": {"ca.crt": ca.cert_pem.decode()}},
+        "default",
+    )
+
+
+async def put_key_secret(kube: Kube, private_pem: bytes, public_pem: bytes = b"") -> Any:
+    data = {"private.key": b64(private_pem), "public.key": b64(public_pem)}
+    await kube.create(SECRETS, {"metadata": {"name": "nstance-operator-key"}, "data": data}, "default")
+    return await kube.get(SECRETS, "nstance-operator-key", "default")
+
+
+@pytest.mark.parametrize("key_type", ["ed25519", "ecdsa-p256"])
+async def test_a_usable_stored_key_is_never_replaced(kube: tuple[KubeAPIServer, Kube], key_type: str) -> None:
+    """Upstream's operator keeps an Ed25519 key here: it must survive while the nonce is awaited."""
+    _, client = kube
+    await put_ca_of_type(client, "ed25519" if key_type == "ecdsa-p256" else "ecdsa-p256")  # not the CA's type
+    key = generate_private_key(key_type)
+    before = await put_key_secret(client, private_key_to_pem(key), public_key_to_pem(key))
+    manager = IdentityManager(client, settings())
+    for _ in range(2):
+        with pytest.raises(IdentityProblem, match="nstance-operator-nonce does not exist"):
+            await manager.attempt(config_of({}, ()))
+    assert await client.get(SECRETS, "nstance-operator-key", "default") == before
+
+
+@pytest.mark.parametrize(
+    ("ca_type", "expected"),
+    [("ed25519", ed25519.Ed25519PrivateKey), ("ecdsa-p256", ec.EllipticCurvePrivateKey)],
+)
+async def test_a_missing_or_unreadable_key_is_replaced_by_one_of_the_cas_type(
+    kube: tuple[KubeAPIServer, Kube], ca_type: str, expected: type, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A new key is Ed25519 under an Ed25519 CA (upstream's servers certify only Ed25519 operator keys)."""
+    _, client = kube
+    await put_ca_of_type(client, ca_type)
+    manager = IdentityManager(client, settings())
+    with pytest.raises(IdentityProblem, match="nstance-operator-nonce does not exist"):
+        await manager.attempt(config_of({}, ()))
+    created = await secret_data(client, "nstance-operator-key")
+    assert created is not None
+    assert isinstance(load_private_key_pem(created["private.key"]), expected)
+    assert created["public.key"] == public_key_to_pem(load_private_key_pem(created["private.key"]))
+
+    await client.delete(SECRETS, "nstance-operator-key", "default")
+    await put_key_secret(client, b"-----BEGIN PRIVATE KEY-----\ngarbage\n-----END PRIVATE KEY-----\n")
+    with caplog.at_level("WARNING", logger="nstance.operator.identity"), pytest.raises(IdentityProblem):
+        await manager.attempt(config_of({}, ()))
+    assert "replacing it with a new identity key" in caplog.text
+    replaced = await secret_data(client, "nstance-operator-key")
+    assert replaced is not None
+    assert isinstance(load_private_key_pem(replaced["private.key"]), expected)
