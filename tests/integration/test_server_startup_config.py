@@ -21,6 +21,7 @@ import pytest
 from nstance.core.clock import SystemClock
 from nstance.server import app as server_app
 from nstance.server.app import ServerApp, ServerOptions
+from nstance.server.shard.build import build_shard as real_build_shard
 from nstance.server.state.provisioning import ShardIdentity, prepare_instance
 from nstance.testing.procs import http_probe
 from nstance.testing.shardproc import ENCRYPTION_KEY_B64, LocalCluster, free_port, server_addrs, shard_config
@@ -135,11 +136,10 @@ async def test_templates_see_the_provider_as_written(
     cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, written: str, runs_as: str
 ) -> None:
     built: dict[str, Any] = {}
-    real_build = server_app.build_shard
 
     def build_shard(**kwargs: Any) -> Any:
         built.update(kwargs)
-        return real_build(**kwargs)
+        return real_build_shard(**kwargs)
 
     monkeypatch.setattr(server_app, "build_shard", build_shard)
     given = f"127.0.0.1:{free_port()}"
