@@ -1,8 +1,9 @@
 """Wiring and lifecycle of one ``nstance-server`` process.
 
 Start-up order: object-storage scopes and the SQLite cache (migrated), the health endpoint (so a config
-that will not load is visible at once), the shard config (retried with backoff; the exact error is on
-``/health`` and in the log), the cluster election and cluster identity (CA and nonce key; created by
+that will not load is visible at once: on ``--health-addr``, else on ``:8990`` until the config names
+``shard.bind.health_addr``), the shard config (retried with backoff; the exact error is on ``/health``
+and in the log), the cluster election and cluster identity (CA and nonce key; created by
 the cluster leader if the cluster was never initialised), the provider, the Operator gRPC API on mTLS
 (served by standbys too, for reads), and finally the shard election, whose transitions start and stop
 the leader-only machinery in ``Shard``. SIGTERM/SIGINT stops in reverse order: leadership work first
@@ -17,7 +18,6 @@ import gc
 import logging
 import os
 import signal
-import socket
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +28,7 @@ from typing import TypeVar
 import grpc
 
 from nstance.config import ServerConfig
+from nstance.config.jsonc import parse_jsonc
 from nstance.core.backoff import Backoff
 from nstance.core.clock import Clock, SystemClock
 from nstance.core.errors import FailedPrecondition, InvalidArgument, NstanceError, Unauthenticated
@@ -58,6 +59,7 @@ from nstance.server.identity.interceptors import ServerInterceptor
 from nstance.server.identity.revocations import revocation_loop, sync_revocations
 from nstance.server.identity.tls import advertised_hosts, server_credentials
 from nstance.server.leadership.election import Elector, ElectorLeadership
+from nstance.server.net.addresses import advertised_addresses, bound_addresses
 from nstance.server.net.fdbudget import HEALTH_CONNECTIONS, plan_connection_caps, raise_open_file_limit
 from nstance.server.net.frontproc import FrontProcess, Listener
 from nstance.server.net.grpcopts import server_options
@@ -96,9 +98,12 @@ class ServerOptions:
     bucket: str
     cachedir: Path
     prefix: str = ""
+    #: Where the health endpoint listens (``--health-addr``). None: on ``DEFAULT_HEALTH_ADDR`` until
+    #: the config is loaded, then on ``shard.bind.health_addr`` (as upstream, which starts it only then).
     health_addr: str | None = None
-    #: Replace the host part of every shard.bind / shard.advertise address (one config, many servers).
+    #: The host of every shard.bind address (one config, many servers); "" keeps the config's.
     bind_host: str = ""
+    #: The host of shard.advertise.health_addr and election_addr, which must then be port-only.
     advertise_host: str = ""
     #: The provider's id of this server's VM (for shard.leader_network); "" = ask the metadata service.
     provider_instance_id: str = ""
@@ -122,53 +127,42 @@ def setup_logging(verbose: bool = False) -> None:
     logging.getLogger("alembic").setLevel(logging.DEBUG if verbose else logging.WARNING)
 
 
-def _override_hosts(addrs: Mapping[str, str], host: str) -> dict[str, str]:
-    if not host:
-        return dict(addrs)
-    out = {}
-    for name, addr in addrs.items():
-        parsed = split_host_port(addr)
-        port = parsed[1] if parsed else 0
-        out[name] = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    return out
-
-
-def primary_ip() -> str:
-    """This host's primary IPv4 address: the source address of its default route ("" if none).
-
-    A UDP "connect" only selects a route; no packet is sent.
-    """
-    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.connect(("192.0.2.1", 9))  # TEST-NET-1: never routed anywhere, so nothing leaves
-        return str(probe.getsockname()[0])
-    return ""
-
-
-def fill_advertised_hosts(addrs: Mapping[str, str], detect: Callable[[], str] = primary_ip) -> dict[str, str]:
-    """``shard.advertise`` with an empty, ``0.0.0.0`` or ``::`` host replaced by this host's primary IP.
-
-    Such a host cannot be dialled by agents and operators; upstream fills it the same way. Without a
-    detectable address the value is left as it is (``--advertise-host`` sets it explicitly).
-    """
-    out = dict(addrs)
-    detected: str | None = None
-    for name, addr in addrs.items():
-        parsed = split_host_port(addr)
-        if parsed is None or parsed[0].strip("[]") not in ("", "0.0.0.0", "::"):
-            continue
-        if detected is None:
-            detected = detect()
-        if detected:
-            out[name] = f"[{detected}]:{parsed[1]}" if ":" in detected else f"{detected}:{parsed[1]}"
-    return out
-
-
 def _host_port(addr: str, what: str) -> tuple[str, int]:
     parsed = split_host_port(addr)
     if parsed is None:
         raise InvalidArgument(f'{what}: "{addr}" is not host:port')
     host, port = parsed
     return (host.strip("[]") or "0.0.0.0"), port
+
+
+@dataclass(frozen=True)
+class LoadedConfig:
+    """The shard config as loaded at start-up, with what this server derives from it once."""
+
+    config: ServerConfig
+    #: ``shard.bind`` with ``--bind-host`` applied: where this server listens.
+    bind: dict[str, str]
+    #: ``shard.advertise`` as this server announces it (``nstance.server.net.addresses``).
+    advertise: dict[str, str]
+    #: ``.Provider.Kind`` of templates: ``shard.infra.provider`` as written (see ``provider_as_written``).
+    provider_kind: str
+
+
+def provider_as_written(state: ConfigState, normalised: str) -> str:
+    """``shard.infra.provider`` exactly as the loaded config.jsonc writes it; ``normalised`` if unknown.
+
+    Upstream passes the string as written to templates (``.Provider.Kind``), while the config model
+    keeps only the normalised name (``gcp`` is ``google``; upstream's development providers ``tmux``
+    and ``mock`` run as ``local`` and ``sim``), so a template testing ``eq .Provider.Kind "gcp"``
+    would render differently. The text is that of the snapshot in force (from storage or the disk
+    copy). Stopgap: the config model should keep the string as written itself.
+    """
+    text = getattr(state, "_config_text", "")
+    try:
+        written = parse_jsonc(text)["shard"]["infra"]["provider"]
+    except (NstanceError, LookupError, TypeError):
+        return normalised
+    return written if isinstance(written, str) and written else normalised
 
 
 async def retry_until_stopped(
@@ -271,25 +265,79 @@ class ServerApp:
         query = "&".join(f"{k}={v}" for k, v in opts.items())
         return open_store(f"s3://{storage.bucket}/{prefix}" + (f"?{query}" if query else ""))
 
-    async def _load_config(self, state: ConfigState, stop: asyncio.Event) -> ServerConfig | None:
-        async def load() -> ServerConfig:
+    async def _load_config(self, state: ConfigState, stop: asyncio.Event) -> LoadedConfig | None:
+        """The shard config and this server's addresses, retried until they load (None once stopped).
+
+        An ``--advertise-host`` that clashes with the config counts as a config error: it is on
+        ``/health`` and in the log, and fixing the document in storage is enough.
+        """
+
+        async def load() -> LoadedConfig:
             await asyncio.to_thread(state.load, True)
             snapshot = state.snapshot()
             assert snapshot is not None
-            if snapshot.config.shard.id != self.opts.shard:
+            config = snapshot.config
+            if config.shard.id != self.opts.shard:
                 raise FailedPrecondition(
-                    f'shard.id in config.jsonc is "{snapshot.config.shard.id}" but this server runs '
+                    f'shard.id in config.jsonc is "{config.shard.id}" but this server runs '
                     f'--shard "{self.opts.shard}"'
                 )
+            loaded = LoadedConfig(
+                config=config,
+                bind=bound_addresses(config.shard.bind.addrs(), self.opts.bind_host),
+                advertise=advertised_addresses(
+                    config.shard.advertise.addrs(),
+                    advertise_host=self.opts.advertise_host,
+                    bind_host=self.opts.bind_host,
+                ),
+                provider_kind=provider_as_written(state, config.shard.infra.provider),
+            )
             self._config_error = None
             self.metrics.set_config_loaded(True)
-            return snapshot.config
+            return loaded
 
         def failed(exc: Exception, delay: float) -> None:
             self._config_error = str(exc)
             log.error("cannot load the shard config: %s (retrying in %.1fs)", exc, delay)
 
         return await retry_until_stopped(load, stop, cap=30.0, failed=failed)
+
+    async def _open_health(self, health: HealthServer) -> tuple[str, int] | None:
+        """Start the health endpoint before the config loads: on ``--health-addr``, else the default.
+
+        Returns where it listens. Without ``--health-addr`` a busy default port is only a warning
+        (the endpoint opens on ``shard.bind.health_addr`` once the config is loaded); a given address
+        that cannot be bound is an error.
+        """
+        given = self.opts.health_addr
+        addr = given or DEFAULT_HEALTH_ADDR
+        host, port = _host_port(addr, "--health-addr")
+        try:
+            self.health_port = await health.start(host, port)
+        except OSError as exc:
+            if given is not None:
+                raise FailedPrecondition(f"cannot listen on --health-addr {addr}: {exc}") from None
+            log.warning(
+                "health endpoint: cannot listen on %s before the config is loaded (%s); it opens on "
+                "shard.bind.health_addr once the config is loaded",
+                addr,
+                exc,
+            )
+            return None
+        log.info("health endpoint on %s:%d", host, self.health_port)
+        return host, port
+
+    async def _move_health(self, health: HealthServer, at: tuple[str, int] | None, addr: str) -> None:
+        """Without ``--health-addr``: serve health on ``shard.bind.health_addr``, as upstream listens."""
+        host, port = _host_port(addr, "shard.bind.health_addr")
+        if at == (host, port):
+            return
+        await health.close()
+        try:
+            self.health_port = await health.start(host, port)
+        except OSError as exc:
+            raise FailedPrecondition(f"cannot listen on shard.bind.health_addr {addr}: {exc}") from None
+        log.info("health endpoint on %s:%d (shard.bind.health_addr)", host, self.health_port)
 
     async def _cluster_identity(
         self, config: ServerConfig, cluster_store: ObjectStore, stop: asyncio.Event
@@ -361,10 +409,6 @@ class ServerApp:
         opts.cachedir.mkdir(parents=True, exist_ok=True)
         db: Database = await asyncio.to_thread(open_database, opts.cachedir / "db" / "nstance.db")
         health = HealthServer(self, self.metrics, max_connections=HEALTH_CONNECTIONS)
-        health_addr = opts.health_addr or DEFAULT_HEALTH_ADDR
-        host, port = _host_port(health_addr, "--health-addr")
-        self.health_port = await health.start(host, port)
-        log.info("health endpoint on %s:%d", host, self.health_port)
         grpc_servers: list[grpc.aio.Server] = []
         fronts: list[FrontProcess] = []
         cleanup: list[Callable[[], None]] = []
@@ -375,16 +419,16 @@ class ServerApp:
         electors: list[asyncio.Task[None]] = []
         provider = None
         try:
+            health_at = await self._open_health(health)
             state = ConfigState(scopes.shard, opts.cachedir / "config", clock=self.clock)
-            config = await self._load_config(state, stop)
-            if config is None:
+            loaded = await self._load_config(state, stop)
+            if loaded is None:
                 return 0
+            config, bind, advertise = loaded.config, loaded.bind, loaded.advertise
+            if opts.health_addr is None:
+                await self._move_health(health, health_at, bind["health_addr"])
             self._starting = "waiting for the cluster identity and opening the gRPC APIs"
             shard_cfg = config.shard
-            bind = _override_hosts(shard_cfg.bind.addrs(), opts.bind_host)
-            advertise = fill_advertised_hosts(
-                _override_hosts(shard_cfg.advertise.addrs(), opts.advertise_host)
-            )
 
             cluster_store = self._cluster_store(config, scopes)
             self._cluster_elector = Elector(
@@ -435,7 +479,7 @@ class ServerApp:
                 identity=ShardIdentity(
                     cluster_id=config.cluster.id,
                     shard=opts.shard,
-                    provider_kind=shard_cfg.infra.provider,
+                    provider_kind=loaded.provider_kind,
                     region=shard_cfg.infra.region,
                     zone=shard_cfg.infra.zone,
                     registration_addr=advertise["registration_addr"],

@@ -4,12 +4,20 @@ Every flag has an environment variable (``NSTANCE_SERVER_ID``, ``NSTANCE_SHARD``
 ``NSTANCE_BUCKET``, ``NSTANCE_PREFIX``, ``NSTANCE_CACHEDIR``, ``NSTANCE_HEALTH_ADDR``,
 ``NSTANCE_PROVIDER_INSTANCE_ID``, ...). ``--validate FILE`` checks a config file, and a bare
 ``--validate`` the shard's documents in object storage, and exits without starting anything.
+
+Upstream's command lines work unchanged: every flag of upstream's root command is accepted (v2's
+``--proxy-socket``, ``--tunnel-socket`` and ``--server-files-dir`` serve features not implemented
+here: they are logged as ignored), and Go's forms click does not take are rewritten before parsing -
+a bool flag with a value (``--debug=false``, ``-v=1``, ``--version=true``, in every spelling Go's
+``strconv.ParseBool`` takes) and a bare ``--validate``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
 
@@ -23,7 +31,12 @@ from nstance.objectstore.scoped import ScopedObjectStore
 from nstance.server.app import ServerOptions, serve, setup_logging
 from nstance.server.validate import remote_config_problems
 
-app = typer.Typer(add_completion=False, help="Per-shard Nstance server: keeps groups of VMs at their size.")
+app = typer.Typer(
+    add_completion=False,
+    help="Per-shard Nstance server: keeps groups of VMs at their size.",
+    context_settings={"help_option_names": ["-h", "--help"]},  # -h as upstream's cobra
+)
+log = logging.getLogger("nstance.server")
 
 EXIT_USAGE = 2
 
@@ -61,7 +74,8 @@ HealthOpt = Annotated[
     str | None,
     typer.Option(
         envvar="NSTANCE_HEALTH_ADDR",
-        help="host:port of the health/metrics endpoint (default :8990; up before the config loads).",
+        help="host:port of the health/metrics endpoint. Default: shard.bind.health_addr, as upstream "
+        "(:8990 until the config is loaded, so a config that will not load shows on /health).",
     ),
 ]
 BindHostOpt = Annotated[
@@ -70,7 +84,39 @@ BindHostOpt = Annotated[
 ]
 AdvertiseHostOpt = Annotated[
     str,
-    typer.Option(envvar="NSTANCE_ADVERTISE_HOST", help="Override the host of every shard.advertise address."),
+    typer.Option(
+        envvar="NSTANCE_ADVERTISE_HOST",
+        help="This server's host in shard.advertise.health_addr and election_addr, which must then be "
+        'port-only (":8991"), as upstream.',
+    ),
+]
+#: Upstream v2's flags for features not implemented here: flag -> the feature (logged when given).
+IGNORED_FLAGS = {
+    "--proxy-socket": "wake proxy's control socket",
+    "--tunnel-socket": "tunnel supervisor's control socket",
+    "--server-files-dir": "server-local files",
+}
+_IGNORED = "Accepted and ignored: upstream v2's {} (default there {}) is not implemented here."
+ProxySocketOpt = Annotated[
+    str | None,
+    typer.Option(
+        envvar="NSTANCE_PROXY_SOCKET",
+        help=_IGNORED.format("wake proxy", "/run/nstance/nstance-server.sock"),
+    ),
+]
+TunnelSocketOpt = Annotated[
+    str | None,
+    typer.Option(
+        envvar="NSTANCE_TUNNEL_SOCKET",
+        help=_IGNORED.format("tunnel supervisor", "/run/nstance/nstance-tunnel.sock"),
+    ),
+]
+ServerFilesDirOpt = Annotated[
+    str | None,
+    typer.Option(
+        envvar="NSTANCE_SERVER_FILES_DIR",
+        help=_IGNORED.format("server-local files", "/run/nstance/files"),
+    ),
 ]
 ProviderIdOpt = Annotated[
     str,
@@ -83,7 +129,11 @@ ProviderIdOpt = Annotated[
 VerboseOpt = Annotated[
     bool,
     typer.Option(
-        "--debug", "--verbose", "-v", envvar="NSTANCE_DEBUG", help="Debug logging, and every start-up step."
+        "--debug/--no-debug",
+        "--verbose",
+        "-v",
+        envvar="NSTANCE_DEBUG",
+        help="Debug logging, and every start-up step (--debug=false as upstream is --no-debug).",
     ),
 ]
 VersionOpt = Annotated[
@@ -114,6 +164,9 @@ def main_command(
     bind_host: BindHostOpt = "",
     advertise_host: AdvertiseHostOpt = "",
     provider_instance_id: ProviderIdOpt = "",
+    proxy_socket: ProxySocketOpt = None,
+    tunnel_socket: TunnelSocketOpt = None,
+    server_files_dir: ServerFilesDirOpt = None,
     verbose: VerboseOpt = False,
     validate: ValidateOpt = None,
     version: VersionOpt = False,
@@ -133,6 +186,11 @@ def main_command(
         )
         raise typer.Exit(EXIT_USAGE)
     setup_logging(verbose)
+    for (flag, feature), value in zip(
+        IGNORED_FLAGS.items(), (proxy_socket, tunnel_socket, server_files_dir), strict=True
+    ):
+        if value is not None:
+            log.info("%s %s: ignored (upstream v2's %s is not implemented here)", flag, value, feature)
     opts = ServerOptions(
         server_id=server_id or "",
         shard=shard or "",
@@ -180,6 +238,42 @@ def _validate(
     typer.echo(f"{where}: OK")
 
 
+#: Go's ``strconv.ParseBool`` spellings, which upstream's bool flags take as ``--flag=value``.
+GO_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+GO_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
+#: Upstream's bool flags: the argument for true and for false (None: leave the flag out).
+BOOL_FLAGS: dict[str, tuple[str, str | None]] = {
+    "--debug": ("--debug", "--no-debug"),
+    "--verbose": ("--debug", "--no-debug"),
+    "-v": ("--debug", "--no-debug"),
+    "--version": ("--version", None),
+}
+
+
+def with_go_bool_values(argv: Sequence[str]) -> list[str]:
+    """``argv`` with upstream's ``--flag=VALUE`` bool flags rewritten to click's flags.
+
+    Raises ValueError (one line) for a value Go would refuse too.
+    """
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            out.extend(argv[i:])
+            break
+        name, sep, value = arg.partition("=")
+        if not sep or name not in BOOL_FLAGS:
+            out.append(arg)
+            continue
+        when_true, when_false = BOOL_FLAGS[name]
+        if value in GO_TRUE:
+            out.append(when_true)
+        elif value in GO_FALSE:
+            out.extend([when_false] if when_false else [])
+        else:
+            raise ValueError(f'invalid argument "{value}" for {name}: use true or false (or 1, 0, t, f)')
+    return out
+
+
 def _with_remote_validate(argv: list[str]) -> list[str]:
     """Upstream's bare ``--validate`` (no file): give it the value meaning "the shard's remote config"."""
     out = list(argv)
@@ -191,5 +285,9 @@ def _with_remote_validate(argv: list[str]) -> list[str]:
 
 def main() -> None:
     """Console-script entry point."""
-    sys.argv[1:] = _with_remote_validate(sys.argv[1:])
+    try:
+        sys.argv[1:] = _with_remote_validate(with_go_bool_values(sys.argv[1:]))
+    except ValueError as exc:
+        print(f"nstance-server: {exc}", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
     run_app(app, "nstance-server")

@@ -300,7 +300,11 @@ class FailoverShard:
             },
             groups=self.groups,
             election=self.election,
-            shard_extra=self.shard_extra,
+            # Port-only: each server's --advertise-host (health, election) or --bind-host (the rest).
+            shard_extra={
+                "advertise": {name: ":" + addr.rsplit(":", 1)[1] for name, addr in self.addrs.items()},
+                **self.shard_extra,
+            },
         )
         self.cluster.write_config(self.shard, config)
         self.identity = self.cluster.operator_identity(self.root / "operator")

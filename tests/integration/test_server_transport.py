@@ -531,11 +531,50 @@ async def test_head_has_headers_but_no_body(health: HttpFixture) -> None:
     assert response.headers["content-length"] == str(len(b"ok: leader\n"))
 
 
-async def test_unknown_path_and_method(health: HttpFixture) -> None:
-    assert (await get(health.port, "/nope")).status == 404
-    response = await get(health.port, "/health", method="POST")
-    assert response.status == 405
-    assert response.headers["allow"] == "GET, HEAD"
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/healthz"),
+        ("GET", "/nope/deeper?x=1"),
+        ("POST", "/health"),
+        ("POST", "/"),
+        ("PUT", "/health"),
+        ("DELETE", "/"),
+        ("PATCH", "/x"),
+        ("OPTIONS", "*"),
+        ("M-SEARCH", "/"),
+        ("get", "/"),  # another method to Go (case matters), served health all the same
+        ("GET", "http://10.0.0.5:8990/healthz"),  # absolute form
+        ("POST", "/metrics"),  # metrics and leader health are GET/HEAD only; the rest is health
+        ("PUT", "/leader/health"),
+    ],
+)
+async def test_every_other_path_and_method_is_health_as_upstreams_catch_all(
+    health: HttpFixture, method: str, path: str
+) -> None:
+    # Upstream's health server routes "/" (every path) to the health handler for any method:
+    # 200 when ready, 503 before, text/plain (internal/server/health/server_test.go).
+    health.source.error = "not yet"
+    before = await get(health.port, path, method=method)
+    assert (before.status, before.body) == (503, b"config not loaded: not yet\n")
+    health.source.error = None
+    ready = await get(health.port, path, method=method)
+    assert (ready.status, ready.body) == (200, b"ok: leader\n")
+    assert ready.headers["content-type"] == "text/plain; charset=utf-8"
+
+
+async def test_a_request_body_is_read_and_the_answer_arrives(health: HttpFixture) -> None:
+    body = b'{"probe": true}'
+    raw = b"POST /health HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    response = await send(health.port, raw, close_write=False)
+    assert (response.status, response.body) == (200, b"ok: leader\n")
+    chunked = b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+    assert (await send(health.port, chunked)).status == 200
+
+
+async def test_a_target_that_is_no_path_or_url_is_refused(health: HttpFixture) -> None:
+    for target in ("health", "ftp://x/health", "http:///nohost"):
+        assert (await get(health.port, target)).status == 400, target
 
 
 async def test_garbage_and_oversized_requests_are_refused(health: HttpFixture) -> None:

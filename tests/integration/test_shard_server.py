@@ -43,6 +43,10 @@ class Env:
         self.identity = self.cluster.operator_identity(tmp_path / "operator")
         self.servers: list[ServerProcess] = []
 
+    def advertised(self) -> dict[str, str]:
+        """Port-only: each server's --advertise-host fills health and election, its --bind-host the rest."""
+        return {name: ":" + addr.rsplit(":", 1)[1] for name, addr in self.addrs.items()}
+
     def configure(self, *, groups: dict[str, Any] | None = None, latency: str = "5ms") -> None:
         config = shard_config(
             shard=SHARD,
@@ -50,6 +54,7 @@ class Env:
             provider_options={"state_file": str(self.sim_state), "latency": latency},
             groups=groups,
             election=ELECTION,
+            shard_extra={"advertise": self.advertised()},
         )
         config["templates"]["other"] = {"kind": "oth", "arch": "amd64", "subnet_pool": "default"}
         self.cluster.write_config(SHARD, config)
@@ -297,6 +302,7 @@ def test_cluster_scope_in_a_separate_bucket(env: Env, tmp_path: Path) -> None:
     other = LocalCluster(tmp_path / "cluster-bucket")
     other.init()
     config = shard_config(shard=SHARD, addrs=env.addrs, election=ELECTION)
+    config["shard"]["advertise"] = env.advertised()
     config["cluster"]["storage"] = {"provider": "file", "bucket": str(other.bucket), "prefix": "cluster/"}
     env.cluster.write_config(SHARD, config)
     server = env.start("server-a")

@@ -17,18 +17,26 @@ How it works:
   and while the last successful write (measured from when it was *started*, on the monotonic clock) is
   younger than ``valid_for = leader_timeout / 2``. A follower first sees a write after it started, so
   the old leader has stopped by ``first sight + valid_for`` at the latest.
-* ``takeover_after = max(leader_timeout - frequent_interval, 0.6 * leader_timeout)``: always more than
-  ``valid_for``, so a follower takes over only after the old leader's lease has run out, with a margin
-  of ``takeover_after - valid_for`` plus the new leader's grace gap (3.5 s with the defaults 5 s / 15 s).
+* ``takeover_after`` (``takeover_wait``: ``max(T - F, 0.6 T, min(1.5 F, T))`` for ``leader_timeout``
+  T and ``frequent_interval`` F) is always more than F, so a leader that renews once per F - as
+  upstream's s3lect leader does, one GET and one conditional PUT per tick - is never taken over while
+  it keeps renewing; always more than ``valid_for``, so one of our leaders has stopped acting before a
+  follower takes over (a margin of ``takeover_after - valid_for`` plus the new leader's grace gap: 3.5 s
+  with the defaults 5 s / 15 s); and never more than T (10 s with the defaults).
 * Timing: the leader renews every ``min(frequent_interval, 2/3 * valid_for)`` (= frequent_interval for
-  the defaults). Followers read every ``frequent_interval / 2`` (sooner when the lock is about to become
-  stale), so they see a write at most half an interval late, and a dead leader is replaced between
-  ``takeover_after`` and ``takeover_after + frequent_interval / 2`` after its last write - never later
-  than ``leader_timeout`` after it - plus ``grace`` before the new leader acts: 11 to 13.5 s with the
-  defaults. Followers do not slow down to ``infrequent_interval`` while a healthy leader renews: a
-  follower only learns of a write when it reads, so a longer read gap would break that bound
-  (``infrequent_interval`` is the step period when election is disabled). Failed store calls are
-  retried after 0 s, 100 ms and 1 s, then every ``frequent_interval``.
+  the defaults). Followers read every ``frequent_interval / 2`` (and exactly when the lock is about to
+  become stale), so they see a write at most half an interval late, and a dead leader is replaced
+  between ``takeover_after`` and ``takeover_after + frequent_interval / 2`` after its last write, plus
+  ``grace`` before the new leader acts: 11 to 13.5 s with the defaults. Followers do not slow down to
+  ``infrequent_interval`` while a healthy leader renews: a follower only learns of a write when it
+  reads, so a longer read gap would break that bound (``infrequent_interval`` is the step period when
+  election is disabled). Failed store calls are retried after 0 s, 100 ms and 1 s, then every
+  ``frequent_interval``.
+* A lockfile whose ``lastUpdated`` is Go's zero time (``0001-01-01T00:00:00Z``) was resigned by an
+  upstream leader, which writes it only after it stopped acting (on shutdown, or when its start-up
+  hook failed): it is taken over at once (conditionally, with the normal grace gap), as upstream's
+  followers do. Our own servers never write it (they delete their lock), and a missing or unreadable
+  ``lastUpdated`` does not count as resigned.
 * ``on_change(True)`` is called at the step that ends the grace gap and ``is_leader()`` turns True at
   that same moment; ``is_leader()`` turns False the instant a condition fails, even between steps,
   and ``on_change(False)`` follows at the next step (at once for failures seen by a step).
@@ -72,6 +80,8 @@ RETRY_DELAYS = (0.0, 0.1, 1.0)
 """Seconds to wait after the 1st, 2nd and 3rd consecutive failed store call; then frequent_interval."""
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+GO_ZERO_TIME = datetime(1, 1, 1, tzinfo=UTC)
+"""``lastUpdated`` of a lockfile upstream's leader resigned (Go's zero ``time.Time``): take over now."""
 _EPSILON = 1e-6  # float slack when comparing accumulated monotonic times
 
 
@@ -88,6 +98,30 @@ class LeaderInfo:
     last_updated: datetime
     extra: dict[str, str]
     etag: str
+
+    @property
+    def resigned(self) -> bool:
+        """Whether the leader gave the lock up: upstream writes ``lastUpdated`` as Go's zero time."""
+        return self.last_updated == GO_ZERO_TIME
+
+
+def takeover_wait(frequent: float, timeout: float) -> float:
+    """Seconds a follower waits, from first seeing a lockfile version, before taking that version over.
+
+    ``max(T - F, 0.6 T, min(1.5 F, T))`` for ``leader_timeout`` T and ``frequent_interval`` F:
+
+    * more than F (the config requires T > F): a leader renewing once per F - upstream's s3lect leader
+      writes once per F tick, ours at least that often - is never taken over while it keeps renewing,
+      even if a renewal lands up to ``min(F / 2, T - F)`` late. The follower reads again exactly when
+      the wait ends, and its takeover is a conditional write on the version it saw, so a renewal that
+      landed before that write wins. (T - F is the lateness upstream's own followers allow: they take
+      over once ``lastUpdated`` is T old.) With F = 10 s and T = 15 s that is 15 s, not 9 s;
+    * more than T / 2: one of our leaders stops acting T / 2 after its last write started, which is
+      before anyone first saw that write, so it has stopped before a follower takes over;
+    * at most T, and ``T - F`` with F up to 0.4 T: 10 s with the defaults 5 s / 15 s, so failover
+      stays as fast as before.
+    """
+    return max(timeout - frequent, 0.6 * timeout, min(1.5 * frequent, timeout))
 
 
 def format_timestamp(when: datetime) -> str:
@@ -201,7 +235,7 @@ class Elector:
         self._infrequent = config.infrequent_interval.total_seconds()
         self._timeout = config.leader_timeout.total_seconds()
         self._valid_for = self._timeout / 2
-        self._takeover_after = max(self._timeout - self._frequent, 0.6 * self._timeout)
+        self._takeover_after = takeover_wait(self._frequent, self._timeout)
         self._follow_every = self._frequent / 2
         self._renew_every = min(self._frequent, self._valid_for * 2 / 3)
         self._grace = min(1.0, self._frequent / 2) if grace is None else grace
@@ -401,8 +435,14 @@ class Elector:
                     self._id,
                     extra=self._log_fields(etag=etag),
                 )
+            if info.resigned:  # an earlier run (upstream's server) stopped acting before it wrote this
+                reason = "resuming a lock with our ID that an earlier run resigned"
+                return await self._acquire(etag, reason=reason, stretched=False)
             reason = "resuming a lock with our ID from an earlier run"
             return await self._acquire(etag, reason=reason, stretched=True)
+        if info.resigned:
+            reason = f"{info.leader_id!r} resigned the lock (lastUpdated is the zero time)"
+            return await self._acquire(etag, reason=reason, stretched=False)
         age = now - self._seen_since
         if age + _EPSILON >= self._takeover_after:
             reason = (

@@ -1,25 +1,29 @@
 """The shard server's plain-HTTP health and metrics endpoint (``shard.bind.health_addr``).
 
 A deliberately tiny HTTP/1.1 server on ``asyncio.start_server``: one request per connection
-(``Connection: close``), GET and HEAD only, no request bodies. Routes:
+(``Connection: close``); a small request body is read and discarded. Routes:
 
-* ``/health`` and ``/`` — readiness: 200 ``ok: leader`` / ``ok: standby (leader: ADDR)`` once the
-  shard config is loaded and every API listens, else 503 ``config not loaded: <the exact load error>``
-  or ``starting: <what start-up waits for>``. A server that runs on a last good view (the config in
-  storage became unreadable, empty or vanished) answers 200 ``degraded: leader; config: <reason>``
-  (or ``degraded: standby (leader: ADDR); ...``): still alive and serving, so a load balancer or
-  supervisor keeps it, while the first word tells monitoring and operators that something needs
-  fixing (the header ``X-Nstance-Health: degraded`` says the same for probes that only see headers);
-* ``/leader/health`` — 200 ``leader`` only on the shard leader, else 503 ``standby; leader: ADDR``
-  (for load balancers that must reach the leader only); with ``shard.leader_network`` a second line
-  says where the leader address stands (``leader network: 10.0.0.10 ready``), and a degraded leader
-  adds a ``degraded: <reason>`` line (it still leads: it is the only server that may act);
-* ``/metrics`` — the Prometheus text exposition of ``Metrics``;
-* anything else 404; other methods 405.
+* every path and method but the two below — readiness, as upstream serves it on ``/`` as a
+  catch-all (``/health``, ``/``, ``/healthz``, ``POST /``, ...; HEAD gets the headers only): 200
+  ``ok: leader`` / ``ok: standby (leader: ADDR)`` once the shard config is loaded and every API
+  listens, else 503 ``config not loaded: <the exact load error>`` or ``starting: <what start-up waits
+  for>``. A server that runs on a last good view (the config in storage became unreadable, empty or
+  vanished) answers 200 ``degraded: leader; config: <reason>`` (or ``degraded: standby (leader:
+  ADDR); ...``): still alive and serving, so a load balancer or supervisor keeps it, while the first
+  word tells monitoring and operators that something needs fixing (the header ``X-Nstance-Health:
+  degraded`` says the same for probes that only see headers);
+* ``GET``/``HEAD /leader/health`` — 200 ``leader`` only on the shard leader, else 503 ``standby;
+  leader: ADDR`` (for load balancers that must reach the leader only); with ``shard.leader_network``
+  a second line says where the leader address stands (``leader network: 10.0.0.10 ready``), and a
+  degraded leader adds a ``degraded: <reason>`` line (it still leads: it is the only server that may
+  act);
+* ``GET``/``HEAD /metrics`` — the Prometheus text exposition of ``Metrics``.
 
-It is hardened against garbage and slow clients: the request line and headers must arrive within
-``READ_TIMEOUT`` seconds (else 408) and fit in ``MAX_HEADER_BYTES`` (else 431); a malformed request
-line gets 400; beyond ``max_connections`` connections at once, new ones are closed unanswered.
+The request target may be a path, an absolute URL (its path counts) or ``*``. It is hardened against
+garbage and slow clients: the request line and headers must arrive within ``READ_TIMEOUT`` seconds
+(else 408) and fit in ``MAX_HEADER_BYTES`` (else 431); a malformed request line gets 400; a body of
+at most ``MAX_BODY_BYTES`` is read within the same time, a larger or chunked one is left unread;
+beyond ``max_connections`` connections at once, new ones are closed unanswered.
 State comes from a ``HealthSource``; this module never changes it and serves nothing but these
 routes.
 """
@@ -29,8 +33,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from http import HTTPStatus
 from typing import Final, Protocol
+from urllib.parse import urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -41,7 +47,11 @@ logger = logging.getLogger(__name__)
 READ_TIMEOUT: Final = 5.0
 WRITE_TIMEOUT: Final = 5.0
 MAX_HEADER_BYTES: Final = 8 * 1024
+#: Largest request body read (and discarded) before answering; a larger one is left unread.
+MAX_BODY_BYTES: Final = 64 * 1024
 TEXT: Final = "text/plain; charset=utf-8"
+#: A method is an RFC 9110 token (upstream's Go server takes any, and answers health to each).
+_METHOD = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
 
 class HealthSource(Protocol):
@@ -102,17 +112,47 @@ async def _read_head(reader: asyncio.StreamReader) -> list[bytes]:
 
 
 def _parse_request_line(line: bytes) -> tuple[str, str]:
+    """``(method, path)`` of a request line; the path of an absolute URL, ``*`` as it is."""
     try:
         text = line.decode("ascii")
     except UnicodeDecodeError as exc:
         raise _BadRequest(HTTPStatus.BAD_REQUEST, "malformed request line") from exc
     parts = text.split(" ")
-    if len(parts) != 3 or not parts[0].isalpha() or not parts[0].isupper():
+    if len(parts) != 3 or not _METHOD.fullmatch(parts[0]):
         raise _BadRequest(HTTPStatus.BAD_REQUEST, "malformed request line")
     method, target, version = parts
-    if version not in ("HTTP/1.0", "HTTP/1.1") or not target.startswith("/"):
+    if version not in ("HTTP/1.0", "HTTP/1.1"):
         raise _BadRequest(HTTPStatus.BAD_REQUEST, "malformed request line")
-    return method, target.partition("?")[0]
+    if target.startswith("/") or target == "*":
+        return method, target.partition("?")[0]
+    url = urlsplit(target)
+    if url.scheme.lower() in ("http", "https") and url.netloc and target.isprintable():
+        return method, url.path or "/"
+    raise _BadRequest(HTTPStatus.BAD_REQUEST, "malformed request line")
+
+
+def _content_length(headers: list[bytes]) -> int:
+    """The request's Content-Length (0 when absent); -1 for a chunked body or an unusable length."""
+    length = 0
+    for line in headers:
+        name, _, value = line.partition(b":")
+        name = name.strip().lower()
+        if name == b"transfer-encoding":
+            return -1
+        if name == b"content-length":
+            text = value.strip()
+            if not text.isdigit():
+                return -1
+            length = int(text)
+    return length
+
+
+async def _discard_body(reader: asyncio.StreamReader, headers: list[bytes]) -> None:
+    """Read a small body so closing the connection does not reset it before the client reads."""
+    length = _content_length(headers)
+    if 0 < length <= MAX_BODY_BYTES:
+        with contextlib.suppress(asyncio.IncompleteReadError, TimeoutError):
+            await asyncio.wait_for(reader.readexactly(length), READ_TIMEOUT)
 
 
 class HealthServer:
@@ -175,9 +215,10 @@ class HealthServer:
                 raise _BadRequest(HTTPStatus.REQUEST_TIMEOUT, "request not received in time") from exc
             method, path = _parse_request_line(lines[0])
             head_only = method == "HEAD"
+            await _discard_body(reader, lines[1:])
             status, content_type, body = self._route(method, path)
-            extra = [("Allow", "GET, HEAD")] if status is HTTPStatus.METHOD_NOT_ALLOWED else []
-            if path in ("/health", "/", "/leader/health") and body.startswith(b"degraded"):
+            extra = []
+            if content_type == TEXT and body.startswith(b"degraded"):
                 extra.append(("X-Nstance-Health", "degraded"))
         except _BadRequest as exc:
             status, content_type, body, extra = exc.status, TEXT, f"{exc.message}\n".encode(), []
@@ -194,15 +235,11 @@ class HealthServer:
         await self._respond(writer, status, content_type, body, extra, head_only)
 
     def _route(self, method: str, path: str) -> tuple[HTTPStatus, str, bytes]:
-        if method not in ("GET", "HEAD"):
-            return HTTPStatus.METHOD_NOT_ALLOWED, TEXT, b"method not allowed; use GET or HEAD\n"
-        if path in ("/health", "/"):
-            return self._health()
-        if path == "/leader/health":
+        if method in ("GET", "HEAD") and path == "/leader/health":
             return self._leader_health()
-        if path == "/metrics":
+        if method in ("GET", "HEAD") and path == "/metrics":
             return HTTPStatus.OK, CONTENT_TYPE_LATEST, self._metrics.render()
-        return HTTPStatus.NOT_FOUND, TEXT, b"not found\n"
+        return self._health()  # upstream's catch-all: any other path, any method
 
     def _leader_text(self) -> str:
         return self._source.leader_address() or "unknown"
