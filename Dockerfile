@@ -53,6 +53,12 @@ RUN --mount=type=bind,from=builder,source=/dist,target=/tmp/dist \
     && /usr/local/bin/python -m pip --python /opt/nstance/bin/python install --no-cache-dir --compile \
        /tmp/dist/nstance-*.whl
 
+# Upstream's images keep each program at the root and its Helm chart runs `command: /nstance-operator`:
+# the same paths here, so this image drops into upstream's chart and units.
+RUN for program in nstance-server nstance-agent nstance-operator nstance-admin; do \
+        ln -s "/opt/nstance/bin/$program" "/$program" || exit 1; \
+    done
+
 RUN groupadd --system --gid 65532 nstance \
     && useradd --system --uid 65532 --gid nstance --home-dir /var/lib/nstance --no-create-home \
        --shell /usr/sbin/nologin nstance \

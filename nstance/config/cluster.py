@@ -39,9 +39,10 @@ class LeaderElectionConfig(StrictModel):
     `false`."""
     leader_timeout: PositiveDuration = seconds(15)
     """A leader that has not renewed for half of it stops acting; a follower that sees the lockfile
-    unchanged, by its own clock, for `leader_timeout - frequent_interval` (at least 0.6 of it) takes
-    over, so a dead leader is replaced within `leader_timeout` of its last write. Must be greater than
-    `frequent_interval`."""
+    unchanged, by its own clock, for `max(leader_timeout - frequent_interval, 0.6 × leader_timeout,
+    min(1.5 × frequent_interval, leader_timeout))` takes over: always longer than one renewal interval,
+    so a leader that renews once per `frequent_interval` (upstream's) is never taken over. Must be
+    greater than `frequent_interval`."""
 
     @model_validator(mode="after")
     def _rules(self) -> Self:

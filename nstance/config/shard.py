@@ -13,7 +13,15 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Annotated, Any, Self
 
-from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from nstance.config.cluster import LeaderElectionConfig
 from nstance.config.fields import (
@@ -47,8 +55,9 @@ class InfraConfig(StrictModel):
 
     provider: Provider
     """`aws`, `google` (alias `gcp`), `proxmox`, `local` (every instance is an `nstance-agent` process on
-    the server's machine) or `sim` (simulated VMs, for tests and demos). Upstream's `tmux` and `mock` are
-    refused."""
+    the server's machine) or `sim` (simulated VMs, for tests and demos). Upstream's development providers
+    `tmux` and `mock` run as `local` and `sim` (with a notice). Templates see the name as written
+    (`.Provider.Kind`), as upstream's do."""
     region: NonEmptyStr
     """The provider's region (any label for `proxmox` and `local`); `Provider.Region` in templates."""
     zone: NonEmptyStr
@@ -57,6 +66,22 @@ class InfraConfig(StrictModel):
     options: dict[str, Any] = Field(default_factory=dict)
     """Provider options; each provider refuses keys it does not know, naming them. See
     docs/provider-aws.md, docs/provider-gcp.md and docs/provider-proxmox.md."""
+
+    _provider_as_written: str = PrivateAttr(default="")
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _keep_the_provider_as_written(cls, data: Any, handler: ModelWrapValidatorHandler[Self]) -> Self:
+        model = handler(data)
+        written = data.get("provider") if isinstance(data, Mapping) else None
+        model._provider_as_written = written if isinstance(written, str) else ""
+        return model
+
+    @property
+    def provider_as_written(self) -> str:
+        """``provider`` exactly as the document writes it (``gcp``, ``tmux``...): what upstream passes to
+        templates as ``.Provider.Kind``. Not dumped, so never part of a hash."""
+        return self._provider_as_written or self.provider
 
 
 #: Keys of ``shard.infra.options`` that name a Google shard's project: upstream's (both generations), ours.
@@ -78,12 +103,14 @@ class AddrsConfig(StrictModel):
     Each is ``host:port`` with a port from 1 to 65535 and an IPv6 host in brackets
     (``[fd00::5]:8993``). In ``shard.bind`` an empty host (``:8993``) listens on every interface; in
     ``shard.advertise`` an empty, ``0.0.0.0`` or ``::`` host is replaced by the server's primary IP
-    at start-up (``--advertise-host`` sets it explicitly).
+    at start-up (``--advertise-host`` sets it for ``health_addr`` and ``election_addr``, which must then
+    name no host, as upstream's).
     """
 
     health_addr: str
-    """Health and metrics endpoint. The server listens on `--health-addr` (default `:8990`), not on
-    `shard.bind.health_addr`; the advertised value is recorded in the shard lockfile (`healthAddr`)."""
+    """Health and metrics endpoint. The server listens on `shard.bind.health_addr` once the config is
+    loaded (on `:8990` before), or on `--health-addr` when given; the advertised value is recorded in the
+    shard lockfile (`healthAddr`)."""
     election_addr: str
     """Election peer address. No listener is opened on it; the advertised value is the `leaderAddr` of the
     lockfiles."""
@@ -285,7 +312,8 @@ class ShardConfig(StrictModel):
     advertise: AddrsConfig
     """Addresses given to agents (userdata, `Server.*` in templates) and operators, and written to the
     lockfiles. With standby servers, use the shard's leader address (`leader_network.ip`, a keepalived
-    address, or a DNS name that follows the leader); `--advertise-host` replaces every host."""
+    address, or a DNS name that follows the leader); `--advertise-host` sets the host of `health_addr`
+    and `election_addr` (this server's own), as upstream's does."""
     leader_network: LeaderNetworkConfig | None = None
     """A private address moved to whichever server leads (AWS: the ENI `interface_id`; Google: an alias
     IP). Refused for providers that cannot move one (`proxmox`, `local`); use keepalived there."""

@@ -28,7 +28,6 @@ from typing import TypeVar
 import grpc
 
 from nstance.config import ServerConfig
-from nstance.config.jsonc import parse_jsonc
 from nstance.core.backoff import Backoff
 from nstance.core.clock import Clock, SystemClock
 from nstance.core.errors import FailedPrecondition, InvalidArgument, NstanceError, Unauthenticated
@@ -144,25 +143,8 @@ class LoadedConfig:
     bind: dict[str, str]
     #: ``shard.advertise`` as this server announces it (``nstance.server.net.addresses``).
     advertise: dict[str, str]
-    #: ``.Provider.Kind`` of templates: ``shard.infra.provider`` as written (see ``provider_as_written``).
+    #: ``.Provider.Kind`` of templates: ``InfraConfig.provider_as_written``.
     provider_kind: str
-
-
-def provider_as_written(state: ConfigState, normalised: str) -> str:
-    """``shard.infra.provider`` exactly as the loaded config.jsonc writes it; ``normalised`` if unknown.
-
-    Upstream passes the string as written to templates (``.Provider.Kind``), while the config model
-    keeps only the normalised name (``gcp`` is ``google``; upstream's development providers ``tmux``
-    and ``mock`` run as ``local`` and ``sim``), so a template testing ``eq .Provider.Kind "gcp"``
-    would render differently. The text is that of the snapshot in force (from storage or the disk
-    copy). Stopgap: the config model should keep the string as written itself.
-    """
-    text = getattr(state, "_config_text", "")
-    try:
-        written = parse_jsonc(text)["shard"]["infra"]["provider"]
-    except (NstanceError, LookupError, TypeError):
-        return normalised
-    return written if isinstance(written, str) and written else normalised
 
 
 async def retry_until_stopped(
@@ -290,7 +272,7 @@ class ServerApp:
                     advertise_host=self.opts.advertise_host,
                     bind_host=self.opts.bind_host,
                 ),
-                provider_kind=provider_as_written(state, config.shard.infra.provider),
+                provider_kind=config.shard.infra.provider_as_written,
             )
             self._config_error = None
             self.metrics.set_config_loaded(True)

@@ -85,6 +85,15 @@ def test_entry_points_server_by_default_and_the_others_documented() -> None:
         assert script in smoke[0]
 
 
+def test_every_program_is_also_at_the_root_where_upstreams_chart_runs_it() -> None:
+    # upstream's Helm chart runs `command: /nstance-operator`; its images keep each program at /.
+    links = [run for run in load().final.runs() if "ln -s" in run]
+    assert links, "no program is linked at the root of the image"
+    for script in SCRIPTS:
+        assert script in links[0]
+    assert '"/opt/nstance/bin/$program" "/$program"' in links[0]
+
+
 def test_runtime_stage_installs_the_wheel_and_no_dev_dependencies() -> None:
     dockerfile = load()
     dev = {requirement_name(r) for r in PYPROJECT["project"]["optional-dependencies"]["dev"]}

@@ -9,7 +9,6 @@ import pytest
 
 from nstance.core.clock import ManualClock
 from nstance.objectstore.memory import MemoryObjectStore
-from nstance.server.app import provider_as_written
 from nstance.server.state.configstate import ConfigState
 from nstance.testing.shardproc import ADDR_NAMES, shard_config
 
@@ -37,10 +36,4 @@ def test_the_string_as_written_not_the_normalised_name(
     snapshot = state.snapshot()
     assert snapshot is not None
     assert snapshot.config.shard.infra.provider == normalised
-    assert provider_as_written(state, normalised) == written
-
-
-def test_without_a_loaded_text_the_normalised_name_stands(tmp_path: Path) -> None:
-    assert (
-        provider_as_written(ConfigState(MemoryObjectStore(), tmp_path, clock=ManualClock()), "aws") == "aws"
-    )
+    assert snapshot.config.shard.infra.provider_as_written == written
