@@ -51,13 +51,17 @@ def write_atomic(
     mtime: datetime | None = None,
     temp_prefix: str = TEMP_PREFIX,
     name_temp: bool = True,
+    create_only: bool = False,
 ) -> None:
     """Replace ``path`` with ``data``, permissions ``mode`` (and modification time ``mtime`` when given).
 
     Missing parent directories are created with ``dir_mode``, or with the process's default mode when
     it is None. ``name_temp=False`` leaves the file's name out of the temp name (``<temp_prefix><16
-    hex>``), for a caller whose names may use all of NAME_MAX. On any failure the temp file is removed
-    and ``path`` is left as it was.
+    hex>``), for a caller whose names may use all of NAME_MAX. ``create_only=True`` publishes with a
+    hard link instead of a rename, so an existing ``path`` is never replaced, whoever wrote it and
+    whatever lock they hold: FileExistsError then (and the OSError of a file system without hard
+    links, for the caller to handle). On any failure the temp file is removed and ``path`` is left as
+    it was.
     """
     if dir_mode is None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -78,7 +82,11 @@ def write_atomic(
         if mtime is not None:
             stamp = mtime.timestamp()
             os.utime(tmp, (stamp, stamp))
-        os.replace(tmp, path)
+        if create_only:
+            os.link(tmp, path)
+            tmp.unlink()
+        else:
+            os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink()

@@ -57,7 +57,6 @@ import fcntl
 import hashlib
 import logging
 import os
-import secrets
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -338,40 +337,14 @@ class FileObjectStore:
         """Publish ``data`` at ``path`` only if nothing is there (PreconditionFailed otherwise), with
         ``os.link`` of a fsynced temporary file, so even a writer that takes no lock cannot be
         overwritten."""
-        directory = path.parent
-        self._ensure_dir(key, directory)
-        if path.is_dir():
-            raise InvalidArgument(f"object key {key!r} is a prefix of other keys and cannot hold data")
-        tmp = directory / (_TMP_PREFIX + secrets.token_hex(8))
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-                os.fchmod(fd, 0o600)  # the create mode is filtered by the umask
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                raise PreconditionFailed(f"object {key!r} already exists") from None
-            except OSError as exc:
-                if exc.errno not in _NO_HARD_LINKS:
-                    raise
-                self._create_without_links(key, path, data)
-                return
+            self._write_atomic(key, path, data, create_only=True)
+        except FileExistsError:
+            raise PreconditionFailed(f"object {key!r} already exists") from None
         except OSError as exc:
-            if exc.errno == errno.ENAMETOOLONG:
-                raise InvalidArgument(
-                    f"object key {key!r} has a segment too long for the file system"
-                ) from exc
-            raise
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-        fsync_dir(directory)
+            if exc.errno not in _NO_HARD_LINKS:
+                raise
+            self._create_without_links(key, path, data)
 
     def _create_without_links(self, key: str, path: Path, data: bytes) -> None:
         """Create-only for a file system without hard links: check, then replace, under the locks."""
@@ -403,13 +376,15 @@ class FileObjectStore:
     def _key_of(self, path: Path) -> str:
         return path.relative_to(self._root).as_posix()
 
-    def _write_atomic(self, key: str, path: Path, data: bytes) -> None:
+    def _write_atomic(self, key: str, path: Path, data: bytes, *, create_only: bool = False) -> None:
         directory = path.parent
         self._ensure_dir(key, directory)
         if path.is_dir():
             raise InvalidArgument(f"object key {key!r} is a prefix of other keys and cannot hold data")
         try:
-            write_atomic(path, data, dir_mode=None, temp_prefix=_TMP_PREFIX, name_temp=False)
+            write_atomic(
+                path, data, dir_mode=None, temp_prefix=_TMP_PREFIX, name_temp=False, create_only=create_only
+            )
         except OSError as exc:
             if exc.errno == errno.ENAMETOOLONG:
                 raise InvalidArgument(

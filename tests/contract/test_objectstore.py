@@ -537,7 +537,8 @@ def test_file_writes_hold_upstreams_lock_on_the_normalised_root(
         etag = store.put_if_match("shard/a/leader.json", b"lease", None)
         store.put_if_match("shard/a/leader.json", b"renewed", etag)
         store.delete("shard/a/leader.json")
-    assert probes == ["held", "held"] * 2
+    # per root: the create (its write, then its link) and the update, each under upstream's lock
+    assert probes == ["held"] * 6
     assert sorted(os.listdir(tmp_path)) == ["data", "data.locks", "link"]
 
 
