@@ -26,6 +26,7 @@ QUOTED_MESSAGES: list[tuple[str, str]] = [
     ),
     ("cannot load the shard config: object storage is unavailable", "nstance/server/state/configstate.py"),
     ("there is no cached copy yet", "nstance/server/state/configstate.py"),
+    ("--advertise-host cannot be used when shard.advertise.", "nstance/server/net/addresses.py"),
     ("waiting for the cluster identity (CA and nonce key) from the cluster leader", "nstance/server/app.py"),
     ("waiting for the cluster identity and opening the gRPC APIs", "nstance/server/app.py"),
     # fail-safe holds (issue 13)
