@@ -796,6 +796,29 @@ def test_shard_options_work_on_their_group_and_after_its_commands(shards: Shards
     assert "web" in result.out
 
 
+def test_options_before_the_command_that_takes_them_as_upstreams_e2e_script_runs_them(shards: Shards) -> None:
+    # upstream's scripts/test-e2e-admin.sh runs `nstance-admin --servers S --identity-dir D group ...`:
+    # cobra finds a command's options anywhere on the line, before its name too
+    seed_group(shards.a, size=4)
+    seed_group(shards.b, size=6)
+    where = ["--servers", shards.servers, "--identity-dir", str(shards.identity)]
+    result = run(*where, "group", "list", "--all-shards")
+    assert result.code == 0, result.err
+    assert [line.split()[:3] for line in result.out.splitlines()[1:]] == [
+        ["a", "web", "4"],
+        ["b", "web", "6"],
+    ]
+    result = run(*where, "group", "scale", "web", "0", "--all-shards")
+    assert result.code == 0, result.err
+    assert (shards.a.groups["web"].size, shards.b.groups["web"].size) == (0, 0)
+    result = run(f"--servers={shards.servers}", "-v", "--identity-dir", str(shards.identity), "group", "list")
+    assert result.code != 0
+    assert "--shard" in result.err  # the options reached `group list`, which asks for a shard
+    result = run("--no-such-option", "group", "list")
+    assert result.code == 2
+    assert "No such option: --no-such-option" in result.err
+
+
 def test_var_is_comma_separated_as_upstreams_string_slice(shards: Shards) -> None:
     # upstream's --var is a pflag StringSlice: each value is a CSV record of KEY=VALUE items
     result = shards.run(
