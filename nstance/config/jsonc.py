@@ -1,12 +1,18 @@
-"""Parse JSONC text (JSON with comments and trailing commas) into plain Python values.
+r"""Parse JSONC text (JSON with comments and trailing commas) into plain Python values.
 
-pyjson5 does the parsing (JSON5 is a superset of JSONC). Its exceptions report a character offset;
-this module turns them into ``line N, column M`` problems inside a ``ConfigError``. It does not know
-the config schema and performs no I/O.
+Exactly what upstream's parser (hujson, then Go's encoding/json) accepts: JSON plus ``//`` and
+``/* */`` comments and trailing commas. Comments and trailing commas are blanked out (so positions stay
+put) and the rest is read by the standard library's strict JSON decoder. Anything else of JSON5 (single
+quotes, unquoted keys, hex numbers, ``Infinity``, escapes such as ``\ `` that JSON does not have) is
+refused: upstream's servers refuse such a document, and an unknown escape was silently dropped from a
+userdata script. On an error pyjson5 reads the text again for a message in plain words; its offsets
+become ``line N, column M`` problems inside a ``ConfigError``. It does not know the config schema and
+performs no I/O.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -68,10 +74,51 @@ def line_column(text: str, offset: int) -> tuple[int, int]:
     return line, column
 
 
+#: A JSON string (kept as it is), or a comment (blanked).
+_COMMENTS = re.compile(r'"(?:[^"\\\n]|\\.)*"|//[^\n]*|/\*[\s\S]*?\*/')
+#: A JSON string (kept), or a comma that only whitespace separates from the ``}`` or ``]`` it ends.
+_TRAILING_COMMAS = re.compile(r'"(?:[^"\\\n]|\\.)*"|,(?=\s*[}\]])')
+
+
+_MAYBE_TRAILING = re.compile(r",\s*[}\]]")
+
+
+def _blank_comment(match: re.Match[str]) -> str:
+    found = match.group(0)
+    if found.startswith('"'):
+        return found
+    return re.sub(r"[^\n]", " ", found)
+
+
+def _blank_comma(match: re.Match[str]) -> str:
+    found = match.group(0)
+    return found if found.startswith('"') else " "
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def strict_json(text: str) -> Any:
+    """``text`` read as JSONC: comments and trailing commas blanked, the rest strict JSON."""
+    plain = _COMMENTS.sub(_blank_comment, text) if "/" in text else text
+    if _MAYBE_TRAILING.search(plain):  # documents Go writes have neither: no pass over their strings
+        plain = _TRAILING_COMMAS.sub(_blank_comma, plain)
+    return json.loads(plain, parse_constant=_no_constants)
+
+
 def parse_jsonc(text: str, source: str = "<config>") -> Any:
     """Parse JSONC ``text``; raise ConfigError naming line and column on a syntax error."""
     try:
-        return pyjson5.decode(text)
+        return strict_json(text)
+    except json.JSONDecodeError as strict:
+        not_jsonc = strict
+    except ValueError as exc:  # NaN, Infinity
+        raise ConfigError(source, [Problem("", f"invalid JSONC: {exc}")]) from None
+    except RecursionError as exc:
+        raise ConfigError(source, [Problem("", f"invalid JSONC: {exc}")]) from None
+    try:
+        pyjson5.decode(text)
     except pyjson5.Json5Exception as exc:
         if isinstance(exc, pyjson5.Json5EOF) and not text.strip():
             detail = "the document is empty (expected a JSON object)"
@@ -83,3 +130,11 @@ def parse_jsonc(text: str, source: str = "<config>") -> Any:
         raise ConfigError(source, [problem]) from None
     except (ValueError, RecursionError, OverflowError, TypeError) as exc:
         raise ConfigError(source, [Problem("", f"invalid JSONC: {exc}")]) from None
+    # JSON5 reads it, JSON with comments does not: single quotes, unquoted keys, an escape JSON lacks...
+    detail = not_jsonc.msg[:1].lower() + not_jsonc.msg[1:]
+    problem = Problem(
+        "",
+        f"line {not_jsonc.lineno}, column {not_jsonc.colno}: invalid JSONC: {detail} (JSON5 syntax; only "
+        "comments and trailing commas may be added to JSON, as upstream's parser reads it)",
+    )
+    raise ConfigError(source, [problem]) from None

@@ -15,7 +15,7 @@ import os
 import shutil
 import ssl
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -100,9 +100,26 @@ class Pipe(asyncio.Protocol):
             self.transport.close()
 
 
-def private_directory(prefix: str = "nstance-tls-") -> Path:
-    """A fresh 0700 directory for the backend sockets, short enough for a Unix socket path."""
-    return Path(tempfile.mkdtemp(prefix=prefix))
+#: Where a private directory is made when the temporary directory is not writable: upstream's systemd
+#: units run with ``ProtectSystem=strict`` and no ``PrivateTmp``, so /tmp is read-only there, while
+#: /dev/shm (under /dev) stays writable.
+FALLBACK_BASES: tuple[Path, ...] = (Path("/dev/shm"),)
+
+
+def private_directory(prefix: str = "nstance-tls-", fallbacks: Sequence[Path] = ()) -> Path:
+    """A fresh 0700 directory for the backend sockets, short enough for a Unix socket path.
+
+    In the temporary directory; where that cannot be written, under ``FALLBACK_BASES`` and then under
+    ``fallbacks`` (a directory the program must be able to write anyway, such as its cache). Raises
+    OSError naming every place tried when none can be written.
+    """
+    tried: list[str] = []
+    for base in (None, *FALLBACK_BASES, *fallbacks):
+        try:
+            return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+        except OSError as exc:
+            tried.append(f"{base or 'the temporary directory'}: {exc.strerror or exc}")
+    raise OSError(f"no writable directory for private sockets ({'; '.join(tried)})")
 
 
 def remove_private_directory(path: Path) -> None:

@@ -510,7 +510,7 @@ class ServerApp:
                 peer_certificates=peers.certificate,
             )
             hosts = advertised_hosts([*advertise.values(), *bind.values()])
-            front_dir = private_directory()
+            front_dir = private_directory(fallbacks=(opts.cachedir,))
             cleanup.append(lambda: remove_private_directory(front_dir))
             mtls = issue_server_certificate(
                 identity.ca, hosts=hosts, clock=self.clock, key_type=opts.server_key_type

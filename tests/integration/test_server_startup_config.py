@@ -5,6 +5,9 @@
 * ``--advertise-host`` with a config that already names the host is a config error, shown on
   ``/health`` until the document is fixed (upstream refuses to load such a config).
 * Templates see ``shard.infra.provider`` as written (``.Provider.Kind``), not its normalised name.
+* Ports bound to an address this machine does not have (upstream's Terraform binds the registration,
+  operator and agent ports to the shard's leader IP, which only the leader's machine carries) do not
+  stop the server: it listens for the address and leads.
 """
 
 from __future__ import annotations
@@ -129,6 +132,23 @@ async def test_advertise_host_with_a_host_in_the_config_is_a_config_error_until_
         config["shard"]["advertise"] = port_only(addrs, "health_addr", "election_addr")
         cluster.write_config(SHARD, config)  # fixed in storage: no restart needed
         await eventually(until(given, lambda s, _: s == 200), within=60, what="the fixed config to load")
+
+
+async def test_ports_bound_to_the_leader_address_this_machine_lacks_do_not_stop_the_server(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    addrs = server_addrs()
+    config = shard_config(shard=SHARD, addrs=addrs)
+    leader_ip = "192.0.2.10"  # TEST-NET-1: never an address of this machine
+    for name in ("registration_addr", "operator_addr", "agent_addr"):
+        config["shard"]["bind"][name] = f"{leader_ip}:{free_port()}"
+    cluster.write_config(SHARD, config)
+    async with running(cluster, tmp_path, health_addr=addrs["health_addr"]):
+        await eventually(
+            until(addrs["health_addr"], lambda s, b: s == 200 and "leader" in b),
+            within=60,
+            what="the server to start and lead without the leader address",
+        )
 
 
 @pytest.mark.parametrize(("written", "runs_as"), [("mock", "sim"), ("sim", "sim")])

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import itertools
 import logging
 import socket
@@ -231,11 +232,20 @@ class TlsFront:
                 await task
 
 
+#: Linux's IP_FREEBIND and IPV6_FREEBIND (Python's socket module names neither).
+_FREEBIND: Final = {socket.AF_INET: (socket.IPPROTO_IP, 15), socket.AF_INET6: (socket.IPPROTO_IPV6, 78)}
+
+
 def listening_socket(host: str, port: int) -> socket.socket:
     """A non-blocking TCP socket bound to ``host:port`` and listening (reuse_address, BACKLOG).
 
     An empty host or ``::`` listens on every interface (IPv4 too, where the system allows dual stack);
-    ``0.0.0.0`` on every IPv4 interface; anything else on the first address it resolves to.
+    ``0.0.0.0`` on every IPv4 interface; anything else on the first address it resolves to. An address
+    this machine does not have (yet) is listened for anyway on Linux (``IP_FREEBIND``), with a warning:
+    upstream's Terraform configs bind the registration, operator and agent ports to the shard's leader
+    address, which reaches a machine only once its server leads (the ENI or alias IP moves there, or
+    keepalived brings it), so a standby must be able to start without it; packets for it arrive only
+    where the address is.
     """
     if host in ("", "::") and socket.has_dualstack_ipv6():
         sock = socket.create_server(
@@ -243,6 +253,37 @@ def listening_socket(host: str, port: int) -> socket.socket:
         )
     else:
         family, _, _, _, address = socket.getaddrinfo(host or "0.0.0.0", port, type=socket.SOCK_STREAM)[0]
-        sock = socket.create_server(address[:2], family=family, backlog=BACKLOG)
+        try:
+            sock = socket.create_server(address[:2], family=family, backlog=BACKLOG)
+        except OSError as exc:
+            if (
+                exc.errno != errno.EADDRNOTAVAIL
+                or family not in _FREEBIND
+                or not hasattr(socket, "SO_REUSEADDR")
+            ):
+                raise
+            ip = str(address[0])
+            sock = _freebind_server(family, (ip, port))
+            log.warning(
+                "%s is not an address of this machine: listening on port %d for when it arrives (the "
+                "shard's leader address reaches the server that leads)",
+                ip,
+                port,
+            )
     sock.setblocking(False)
+    return sock
+
+
+def _freebind_server(family: socket.AddressFamily, address: tuple[str, int]) -> socket.socket:
+    """A listening socket bound with IP_FREEBIND: the address need not be configured here yet."""
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        level, option = _FREEBIND[family]
+        sock.setsockopt(level, option, 1)
+        sock.bind(address)
+        sock.listen(BACKLOG)
+    except BaseException:
+        sock.close()
+        raise
     return sock

@@ -17,6 +17,7 @@ from nstance.config import (
     merged_group,
     validate_config_text,
 )
+from nstance.config.jsonc import parse_jsonc
 from nstance.core.errors import InvalidArgument, NstanceError
 
 
@@ -90,6 +91,34 @@ def test_syntax_error_reports_line_and_column() -> None:
     assert problem.message.startswith("line 3, column 11: invalid JSONC")
     assert "expected a value, found ']'" in problem.message
     assert str(info.value).startswith("shard/s1/config.jsonc: invalid configuration (1 problem):")
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ('{"a": "hi \\ there"}', "line 1, column 11"),  # an escape JSON lacks: the backslash was dropped
+        ("{'a': 1}", "line 1, column 2"),
+        ("{a: 1}", "line 1, column 2"),
+        ('{\n  "a": 0x10\n}', "line 2, column 9"),
+        ('{"a": +1}', "line 1, column 7"),
+    ],
+)
+def test_json5_syntax_that_upstreams_parser_refuses_is_refused(text: str, where: str) -> None:
+    (problem,) = problems_of(text)
+    assert problem.startswith(f"{where}: invalid JSONC: ")
+    assert problem.endswith(
+        "only comments and trailing commas may be added to JSON, as upstream's parser reads it)"
+    )
+
+
+@pytest.mark.parametrize("constant", ["Infinity", "-Infinity", "NaN"])
+def test_non_numbers_are_refused(constant: str) -> None:
+    assert problems_of(f'{{"a": {constant}}}') == [f"invalid JSONC: {constant} is not JSON"]
+
+
+def test_comments_and_trailing_commas_anywhere_but_in_strings() -> None:
+    text = '{"a": "// kept, /* kept */ ,]", // gone\n "b": [1, 2, /* gone */ ], }'
+    assert parse_jsonc(text) == {"a": "// kept, /* kept */ ,]", "b": [1, 2]}
 
 
 def test_extra_data_after_document_points_at_it() -> None:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
+import tempfile
+from pathlib import Path
 
 import pytest
 
+from nstance.pki import tlspipe
 from nstance.pki.ca import create_ca
 from nstance.pki.tlsclient import TlsRoute, needs_openssl, split_target
 
@@ -45,3 +49,24 @@ def test_a_route_listens_in_a_private_directory_and_removes_it_on_close() -> Non
     finally:
         route.close()
     assert not route.directory.exists()
+
+
+def test_without_a_writable_temporary_directory_the_private_directory_goes_elsewhere(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Upstream's systemd units (``ProtectSystem=strict``, no ``PrivateTmp``) leave /tmp read-only: the
+    server's and the TLS routes' private sockets then go to /dev/shm, or to a directory given."""
+    real = tempfile.mkdtemp
+    refused = {None, *(str(base) for base in tlspipe.FALLBACK_BASES)}
+
+    def mkdtemp(prefix: str, dir: Path | str | None = None) -> str:
+        if (str(dir) if dir is not None else None) in refused:
+            raise OSError(errno.EROFS, "Read-only file system")
+        return real(prefix=prefix, dir=dir)
+
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
+    made = tlspipe.private_directory("nstance-t-", fallbacks=(tmp_path,))
+    assert made.parent == tmp_path
+    assert stat.S_IMODE(made.stat().st_mode) == 0o700
+    with pytest.raises(OSError, match="no writable directory for private sockets"):
+        tlspipe.private_directory("nstance-t-")
