@@ -84,10 +84,14 @@ class OperatorMetrics:
 class HealthServer:
     """An aiohttp site serving /healthz, /readyz and /metrics until ``stop``."""
 
-    def __init__(self, address: Address, readiness: Readiness, metrics: OperatorMetrics) -> None:
+    def __init__(
+        self, address: Address, readiness: Readiness, metrics: OperatorMetrics, *, metrics_only: bool = False
+    ) -> None:
         self.address = address
         self._readiness = readiness
         self._metrics = metrics
+        #: Serve /metrics alone (upstream's separate metrics listener, ``--metrics-bind-address``).
+        self._metrics_only = metrics_only
         self._runner: web.AppRunner | None = None
         self.port = address.port
 
@@ -109,8 +113,9 @@ class HealthServer:
 
     async def start(self) -> None:
         app = web.Application()
-        app.router.add_get("/healthz", self._healthz)
-        app.router.add_get("/readyz", self._readyz)
+        if not self._metrics_only:
+            app.router.add_get("/healthz", self._healthz)
+            app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/metrics", self._metrics_view)
         runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await runner.setup()
@@ -121,7 +126,8 @@ class HealthServer:
         sockets = getattr(server, "sockets", None) or []
         if sockets:
             self.port = int(sockets[0].getsockname()[1])
-        log.info("serving /healthz, /readyz and /metrics on %s", self.address)
+        served = "/metrics" if self._metrics_only else "/healthz, /readyz and /metrics"
+        log.info("serving %s on %s", served, self.address)
 
     async def stop(self) -> None:
         if self._runner is not None:

@@ -232,6 +232,8 @@ class IdentityManager:
         self.current: Identity | None = None
         self.problem = "identity not loaded yet"
         self.config: OperatorConfig | None = None
+        #: Set once deleting the used nonce Secret was forbidden (warned once, then left alone).
+        self._nonce_kept = False
 
     # --- the loop ----------------------------------------------------------------------------------
 
@@ -489,8 +491,24 @@ class IdentityManager:
         return identity
 
     async def _delete_nonce(self) -> None:
+        """Delete the used nonce Secret; where deleting Secrets is not allowed (upstream's first chart
+        grants no ``delete`` on them), warn and go on: a used nonce cannot register anyone again."""
         name = self.settings.nonce_secret
-        if await self.kube.delete(SECRETS, name, self.namespace):
+        try:
+            deleted = await self.kube.delete(SECRETS, name, self.namespace)
+        except KubeError as exc:
+            if exc.status != 403:
+                raise
+            if not self._nonce_kept:
+                log.warning(
+                    "cannot delete the used registration nonce Secret %s (%s); it is kept, and is "
+                    "harmless (a nonce registers once): delete it by hand, or grant delete on Secrets",
+                    self._where(name),
+                    exc.message,
+                )
+            self._nonce_kept = True
+            return
+        if deleted:
             log.info("deleted the used registration nonce Secret %s", self._where(name))
 
     async def store_certificate(self, cert_pem: bytes) -> Identity:

@@ -8,7 +8,8 @@ Always running (leader or not): the health endpoint, the config source, and the 
 2. ``ShardSet`` connected to every configured shard (and following config changes);
 3. the Node index, the certificate renewer;
 4. ``controllers.cluster.ensure_cluster(ctx, endpoint)`` (NstanceCluster + CAPI Cluster; the endpoint is
-   ``NSTANCE_CAPI_ENDPOINT`` when set), retried until it works;
+   ``NSTANCE_CAPI_ENDPOINT`` when set), retried until it works; when RBAC forbids it (upstream's first
+   chart grants no rules for them) the session goes on and it is retried every ``FORBIDDEN_RETRY_S``;
 5. kopf (``standalone``, cluster-wide, login from the Kube configuration, Events posted, webhook server per
    settings) with ``handlers.register``, plus ``SyncManager``, ``DrainCoordinator`` and, unless
    ``NSTANCE_CAPI_ENDPOINT`` is set, ``WorkloadKubeconfig`` (Cluster API's kubeconfig Secret).
@@ -88,6 +89,9 @@ from nstance.operator.sync import SyncManager
 from nstance.pki.serial import random_serial
 
 log = logging.getLogger(__name__)
+
+FORBIDDEN_RETRY_S: float = 300.0
+"""Seconds between two tries to write the NstanceCluster and CAPI Cluster while RBAC forbids it."""
 
 STOP_TIMEOUT: float = 5.0
 """Seconds a cancelled task gets to end (twice, see ``_settle``) before it is left behind."""
@@ -385,6 +389,7 @@ class OperatorRuntime:
         self.renewer: CertificateRenewer | None = None
         self.ctx: OperatorContext | None = None
         self.health: HealthServer | None = None
+        self.metrics_server: HealthServer | None = None
         self.active = False
         """True while the lead session runs its controllers (after identity and connections)."""
         self.sessions = 0
@@ -466,6 +471,16 @@ class OperatorRuntime:
                 await self.health.start()
             except OSError as exc:
                 raise SettingsError(f"--health-addr {self.settings.health}: cannot listen: {exc}") from None
+            if self.settings.metrics is not None:
+                self.metrics_server = HealthServer(
+                    self.settings.metrics, self.readiness, self.metrics, metrics_only=True
+                )
+                try:
+                    await self.metrics_server.start()
+                except OSError as exc:
+                    raise SettingsError(
+                        f"--metrics-bind-address {self.settings.metrics}: cannot listen: {exc}"
+                    ) from None
             self.config = self._config_source()
             background.append(
                 asyncio.create_task(self._supervise("config source", self.config.run), name="config")
@@ -537,6 +552,8 @@ class OperatorRuntime:
                 self.elector.release(), what="releasing the Lease", within=within
             )
         interrupted |= await _settle(background, what="the runtime's background tasks")
+        if self.metrics_server is not None:
+            interrupted |= await _settle_call(self.metrics_server.stop(), what="stopping the metrics server")
         if self.health is not None:
             interrupted |= await _settle_call(self.health.stop(), what="stopping the health server")
         if self._webhook_dir is not None:
@@ -656,9 +673,11 @@ class OperatorRuntime:
                 asyncio.create_task(self._supervise("certificate renewal", self.renewer.run), name="renewal")
             )
             workload = self.workload or WorkloadAccess()
-            await self._ensure_cluster_until_done(
-                ctx, self._ensure_cluster or default_ensure_cluster(workload)
-            )
+            ensure = self._ensure_cluster or default_ensure_cluster(workload)
+            if not await self._ensure_cluster_until_done(ctx, ensure):
+                tasks.append(
+                    asyncio.create_task(self._ensure_cluster_later(ctx, ensure), name="capi-cluster")
+                )
             components = self._components
             if components is None:
                 components = default_components(workload)
@@ -729,21 +748,47 @@ class OperatorRuntime:
             version = self.config.version
             shards.update(config.shards)
 
-    async def _ensure_cluster_until_done(self, ctx: OperatorContext, ensure: EnsureCluster) -> None:
+    async def _ensure_cluster_until_done(self, ctx: OperatorContext, ensure: EnsureCluster) -> bool:
+        """Make sure the NstanceCluster and CAPI Cluster exist, retrying API trouble; False (at once)
+        when the operator may not write them: RBAC without them (upstream's first Helm chart grants
+        none) must not keep the rest of the operator from starting."""
         attempt = 0
         while True:
             try:
                 await ensure(ctx)
-                return
+                return True
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - API trouble: retry with backoff
+                if isinstance(exc, KubeError) and exc.status == 403:
+                    log.warning(
+                        "not allowed to ensure the NstanceCluster and CAPI Cluster (%s); going on without "
+                        "them, trying again every %.0fs (grant the operator's ClusterRole the rules of "
+                        "config/rbac/role.yaml)",
+                        exc,
+                        FORBIDDEN_RETRY_S,
+                    )
+                    return False
                 if _cancel_requested():
                     raise asyncio.CancelledError from None
                 delay = self._restart.delay(attempt)
                 attempt += 1
                 log.warning("ensuring the CAPI Cluster failed (%s); retrying in %.1fs", exc, delay)
                 await asyncio.sleep(delay)
+
+    async def _ensure_cluster_later(self, ctx: OperatorContext, ensure: EnsureCluster) -> None:
+        """Retry ``ensure`` every ``FORBIDDEN_RETRY_S`` while it is forbidden, until it works."""
+        while True:
+            await asyncio.sleep(FORBIDDEN_RETRY_S)
+            try:
+                await ensure(ctx)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - still not allowed, or API trouble: later
+                log.debug("ensuring the CAPI Cluster still fails: %s", exc)
+                continue
+            log.info("the NstanceCluster and CAPI Cluster are in place")
+            return
 
     def _kopf_settings(self) -> kopf.OperatorSettings:
         settings = kopf.OperatorSettings()

@@ -9,9 +9,10 @@ accepted, so the CLI can print one line and exit 2.
 
 Upstream's flags (those of its ``main.go`` and controller-runtime's ``zap`` options, which its Helm
 chart passes) are mapped to ours: ``--zap-log-level``, ``--zap-encoder`` and ``--zap-devel`` to the log
-level and format. Those with no equivalent here (``--metrics-bind-address`` other than ``0`` or the
-health address, ``--zap-stacktrace-level``, ``--zap-time-encoding``) are checked as upstream checks
-them and listed in ``OperatorSettings.ignored``, one line each, for the CLI to log.
+level and format; ``--metrics-bind-address`` (unless ``0`` or the health address) to a second
+listener serving ``/metrics``. Those with no equivalent here (``--zap-stacktrace-level``,
+``--zap-time-encoding``) are checked as upstream checks them and listed in ``OperatorSettings.ignored``,
+one line each, for the CLI to log.
 
 Must not: talk to Kubernetes or the shards, read the operator config file, or start anything.
 """
@@ -127,6 +128,9 @@ class OperatorSettings:
     key_secret: str = names.KEY_SECRET
     nonce_secret: str = names.NONCE_SECRET
     health: Address = Address("", names.HEALTH_PORT)
+    #: ``--metrics-bind-address`` when it names another address than ``health``: ``/metrics`` is also
+    #: served there (upstream's chart exposes port 8080 for it); None: only on the health address.
+    metrics: Address | None = None
     leader: LeaderElection = field(default_factory=LeaderElection)
     webhook: WebhookSettings = field(default_factory=WebhookSettings)
     timings: Timings = field(default_factory=Timings)
@@ -245,22 +249,22 @@ def _logging(
     return log_format, level
 
 
+def metrics_address(metrics_bind_address: str | None, health: Address) -> Address | None:
+    """Where ``/metrics`` is served besides the health address: ``--metrics-bind-address`` unless it is
+    unset, ``0`` (upstream's "off") or the health address itself."""
+    if metrics_bind_address is None or metrics_bind_address.strip() == METRICS_DISABLED:
+        return None
+    metrics = parse_address(metrics_bind_address, "--metrics-bind-address", any_port=True)
+    return None if metrics == health else metrics
+
+
 def _ignored_upstream_flags(
     *,
-    metrics_bind_address: str | None,
-    health: Address,
     zap_stacktrace_level: str | None,
     zap_time_encoding: str | None,
 ) -> tuple[str, ...]:
     """A line for each upstream flag given that changes nothing here (its value checked first)."""
     lines: list[str] = []
-    if metrics_bind_address is not None and metrics_bind_address.strip() != METRICS_DISABLED:
-        metrics = parse_address(metrics_bind_address, "--metrics-bind-address", any_port=True)
-        if metrics != health:
-            lines.append(
-                f"--metrics-bind-address={metrics_bind_address} is ignored: the metrics are served at "
-                f"/metrics on the health address {health} (--health-addr / --health-probe-bind-address)"
-            )
     if zap_stacktrace_level is not None:
         _zap_choice(zap_stacktrace_level, "--zap-stacktrace-level", ZAP_STACKTRACE_LEVELS)
         lines.append(
@@ -461,9 +465,8 @@ def build_settings(
         zap_devel=zap_devel,
     )
     health = parse_address(health_addr, "--health-addr")
+    metrics = metrics_address(metrics_bind_address, health)
     ignored = _ignored_upstream_flags(
-        metrics_bind_address=metrics_bind_address,
-        health=health,
         zap_stacktrace_level=zap_stacktrace_level,
         zap_time_encoding=zap_time_encoding,
     )
@@ -479,6 +482,7 @@ def build_settings(
         key_secret=resolved["key_secret"],
         nonce_secret=resolved["nonce_secret"],
         health=health,
+        metrics=metrics,
         leader=leader,
         webhook=webhook,
         timings=timings,

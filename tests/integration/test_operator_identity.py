@@ -31,7 +31,7 @@ from nstance.core.backoff import Backoff
 from nstance.core.clock import ManualClock
 from nstance.operator.config import OperatorConfig, ShardEndpoint
 from nstance.operator.identity import IdentityManager, IdentityProblem
-from nstance.operator.kube import CONFIGMAPS, SECRETS, Kube, load_configuration
+from nstance.operator.kube import CONFIGMAPS, SECRETS, Kube, KubeError, load_configuration
 from nstance.operator.renewal import CertificateRenewer
 from nstance.operator.settings import OperatorSettings, build_settings
 from nstance.operator.shards import ShardSet
@@ -222,6 +222,33 @@ async def test_registration_stores_key_and_certificate_and_deletes_the_nonce(
     assert (peer.role, peer.tenant, peer.client_id) == ("operator", TENANT, CLUSTER)
     assert identity.serial == peer.serial
     assert manager.problem == ""
+
+
+async def test_a_nonce_secret_that_may_not_be_deleted_is_kept_and_the_identity_used(
+    shards: tuple[LocalCluster, dict[str, dict[str, str]]],
+    kube: tuple[KubeAPIServer, Kube],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # upstream's first Helm chart grants no delete on Secrets: the operator registered, then retried
+    # for ever on 403 and never became ready
+    cluster, addrs = shards
+    _, client = kube
+    await put_ca(client, cluster)
+    await put_nonce(client, cluster)
+
+    async def forbidden(*_: Any, **__: Any) -> bool:
+        raise KubeError(403, "Forbidden", 'secrets "nstance-operator-nonce" is forbidden')
+
+    monkeypatch.setattr(client, "delete", forbidden)
+    manager = IdentityManager(client, settings(), backoff=Backoff(base=0.05, cap=0.2))
+    with caplog.at_level("WARNING", logger="nstance.operator.identity"):
+        identity = await asyncio.wait_for(manager.ensure(config_of(addrs)), 30)
+        again = await manager.attempt(config_of(addrs))  # a restart: the stored certificate is used
+    assert again.serial == identity.serial
+    assert manager.problem == ""
+    assert await client.get(SECRETS, "nstance-operator-nonce", "default") is not None
+    assert caplog.text.count("cannot delete the used registration nonce Secret") == 1
 
 
 async def test_a_restart_with_a_valid_certificate_does_not_register_again(

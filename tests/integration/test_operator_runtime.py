@@ -560,6 +560,76 @@ async def test_a_loop_that_ignores_its_stop_does_not_keep_the_operator_from_stop
         await stopped(task, 20, "the runtime to stop")
 
 
+async def test_rbac_without_the_cluster_rules_does_not_keep_the_operator_from_starting(
+    shards: tuple[LocalCluster, dict[str, dict[str, str]], Path],
+    emulator: tuple[KubeAPIServer, Kube, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # upstream's first Helm chart grants no rules on nstanceclusters or CAPI clusters: the operator
+    # retried the Cluster for ever and never started its controllers
+    cluster, addrs, _ = shards
+    _, kube, kubeconfig = emulator
+    identity = cluster.operator_identity(tmp_path / "identity")
+    ca = {"metadata": {"name": "nstance-cluster-ca"}, "data": {"ca.crt": (identity / "ca.crt").read_text()}}
+    await kube.create(CONFIGMAPS, ca, "default")
+    data = {
+        "tls.crt": b64((identity / "identity.crt").read_text()),
+        "tls.key": b64((identity / "identity.key").read_text()),
+    }
+    secret = {"metadata": {"name": "nstance-operator-cert"}, "type": "kubernetes.io/tls", "data": data}
+    await kube.create(SECRETS, secret, "default")
+    config = tmp_path / "config.yaml"
+    config.write_text(config_yaml(addrs, "zone-a"))
+    metrics_port = free_port()
+    settings = build_settings(
+        namespace="default",
+        kubeconfig=str(kubeconfig),
+        config_file=config,
+        health_addr=f"127.0.0.1:{free_port()}",
+        metrics_bind_address=f"127.0.0.1:{metrics_port}",  # as upstream's chart passes :8080
+        disable_webhooks=True,
+        environ={},
+    )
+    monkeypatch.setattr(runtime_module, "FORBIDDEN_RETRY_S", 0.2)
+    started = asyncio.Event()
+    tries = 0
+
+    class Loop:
+        def __init__(self, ctx: OperatorContext) -> None:
+            self.ctx = ctx
+
+        async def run(self) -> None:
+            started.set()
+            await asyncio.Event().wait()
+
+    async def forbidden_twice(ctx: OperatorContext) -> None:
+        nonlocal tries
+        tries += 1
+        if tries <= 2:
+            raise KubeError(403, "Forbidden", "nstanceclusters.infrastructure.cluster.x-k8s.io is forbidden")
+
+    runtime = OperatorRuntime(
+        settings,
+        options=RuntimeOptions(run_kopf=False),
+        ensure_cluster=forbidden_twice,
+        components=[("a loop", Loop)],
+    )
+    task = asyncio.create_task(runtime.run())
+    try:
+        await eventually(started.is_set, what="the session's loops to start without the Cluster")
+        await eventually(lambda: tries >= 3, what="the Cluster to be tried again in the background")
+        assert "not allowed to ensure the NstanceCluster and CAPI Cluster" in caplog.text
+        status, body = await asyncio.to_thread(http_get, metrics_port, "/metrics")
+        assert status == 200
+        assert "nstance_operator_" in body
+        assert (await asyncio.to_thread(http_get, metrics_port, "/healthz"))[0] == 404
+    finally:
+        runtime.request_stop()
+        await stopped(task, 20, "the runtime to stop")
+
+
 async def test_a_bad_capi_endpoint_stops_the_start_with_one_line_naming_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

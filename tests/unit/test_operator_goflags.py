@@ -152,18 +152,20 @@ def test_bad_upstream_flag_values_name_the_flag(kwargs: dict[str, str], expected
 
 def test_flags_without_an_equivalent_are_listed_as_ignored() -> None:
     assert settings_of().ignored == ()
-    assert settings_of(metrics_bind_address="0").ignored == ()  # upstream's default: no metrics listener
-    assert settings_of(metrics_bind_address=":8081").ignored == ()  # where ours are served anyway
-    (line,) = settings_of(metrics_bind_address=":8080").ignored
-    assert line == (
-        "--metrics-bind-address=:8080 is ignored: the metrics are served at /metrics on the health "
-        "address :8081 (--health-addr / --health-probe-bind-address)"
-    )
+    assert settings_of(metrics_bind_address=":8080").ignored == ()  # a listener of its own (below)
     lines = settings_of(zap_stacktrace_level="error", zap_time_encoding="rfc3339").ignored
     assert [line.split(" ")[0] for line in lines] == [
         "--zap-stacktrace-level=error",
         "--zap-time-encoding=rfc3339",
     ]
+
+
+def test_metrics_bind_address_is_a_second_metrics_listener_unless_off_or_the_health_address() -> None:
+    # upstream's chart exposes port 8080 ("metrics") and passes --metrics-bind-address=:8080
+    assert settings_of().metrics is None
+    assert settings_of(metrics_bind_address="0").metrics is None  # upstream's default: no metrics listener
+    assert settings_of(metrics_bind_address=":8081").metrics is None  # served on the health address anyway
+    assert str(settings_of(metrics_bind_address=":8080").metrics) == ":8080"
 
 
 # --- the whole command line, as the chart runs it ------------------------------------------------------
@@ -228,9 +230,9 @@ def test_the_upstream_charts_arguments_start_the_operator(
     assert (settings.namespace, settings.nonce_secret) == ("nstance", "nstance-registration")
     assert (settings.key_secret, settings.cert_secret) == ("nstance-operator-key", "nstance-operator-cert")
     assert settings.webhook.enabled
+    assert str(settings.metrics) == ":8080"
     logged = capsys.readouterr().err
-    assert "--metrics-bind-address=:8080 is ignored: the metrics are served at /metrics" in logged
-    assert logged.count("is ignored") == 1
+    assert logged.count("is ignored") == 0
 
 
 def test_single_dash_and_false_values_mean_what_they_mean_to_go(
