@@ -40,7 +40,7 @@ from nstance.operator import runtime as runtime_module
 from nstance.operator.context import OperatorContext
 from nstance.operator.kube import CONFIGMAPS, EVENTS, LEASES, SECRETS, Kube, KubeError
 from nstance.operator.runtime import OperatorRuntime, RuntimeOptions
-from nstance.operator.settings import SettingsError, build_settings
+from nstance.operator.settings import OperatorSettings, SettingsError, build_settings
 from nstance.pki.nonce import operator_nonce_claims, sign_nonce
 from nstance.testing.kubeapi import KubeAPIServer
 from nstance.testing.shardproc import (
@@ -488,13 +488,13 @@ async def test_losing_the_lease_stops_kopf_at_once_and_leading_again_restarts_it
         await stopped(task, 20, "the runtime to stop")
 
 
-async def test_a_loop_that_ignores_its_stop_does_not_keep_the_operator_from_stopping(
+async def stored_identity_settings(
     shards: tuple[LocalCluster, dict[str, dict[str, str]], Path],
     emulator: tuple[KubeAPIServer, Kube, Path],
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
-) -> None:
+    **options: Any,
+) -> OperatorSettings:
+    """Settings of an operator whose CA, certificate and config are in place (no registration)."""
     cluster, addrs, _ = shards
     _, kube, kubeconfig = emulator
     identity = cluster.operator_identity(tmp_path / "identity")
@@ -508,17 +508,33 @@ async def test_a_loop_that_ignores_its_stop_does_not_keep_the_operator_from_stop
     await kube.create(SECRETS, secret, "default")
     config = tmp_path / "config.yaml"
     config.write_text(config_yaml(addrs, "zone-a"))
-    settings = build_settings(
+    return build_settings(
         namespace="default",
         kubeconfig=str(kubeconfig),
         config_file=config,
         health_addr=f"127.0.0.1:{free_port()}",
         disable_webhooks=True,
+        environ={},
+        **options,
+    )
+
+
+async def test_a_loop_that_ignores_its_stop_does_not_keep_the_operator_from_stopping(
+    shards: tuple[LocalCluster, dict[str, dict[str, str]], Path],
+    emulator: tuple[KubeAPIServer, Kube, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    kube = emulator[1]
+    settings = await stored_identity_settings(
+        shards,
+        emulator,
+        tmp_path,
         leader_elect_lease_duration="2s",
         leader_elect_renew_interval="300ms",
         leader_elect_renew_deadline="1200ms",
         holder_identity="stubborn",
-        environ={},
     )
     # How long a cancelled task gets before it is cancelled again, then left behind (5 s in production).
     monkeypatch.setattr(runtime_module, "STOP_TIMEOUT", 0.5)
@@ -569,28 +585,12 @@ async def test_rbac_without_the_cluster_rules_does_not_keep_the_operator_from_st
 ) -> None:
     # upstream's first Helm chart grants no rules on nstanceclusters or CAPI clusters: the operator
     # retried the Cluster for ever and never started its controllers
-    cluster, addrs, _ = shards
-    _, kube, kubeconfig = emulator
-    identity = cluster.operator_identity(tmp_path / "identity")
-    ca = {"metadata": {"name": "nstance-cluster-ca"}, "data": {"ca.crt": (identity / "ca.crt").read_text()}}
-    await kube.create(CONFIGMAPS, ca, "default")
-    data = {
-        "tls.crt": b64((identity / "identity.crt").read_text()),
-        "tls.key": b64((identity / "identity.key").read_text()),
-    }
-    secret = {"metadata": {"name": "nstance-operator-cert"}, "type": "kubernetes.io/tls", "data": data}
-    await kube.create(SECRETS, secret, "default")
-    config = tmp_path / "config.yaml"
-    config.write_text(config_yaml(addrs, "zone-a"))
     metrics_port = free_port()
-    settings = build_settings(
-        namespace="default",
-        kubeconfig=str(kubeconfig),
-        config_file=config,
-        health_addr=f"127.0.0.1:{free_port()}",
-        metrics_bind_address=f"127.0.0.1:{metrics_port}",  # as upstream's chart passes :8080
-        disable_webhooks=True,
-        environ={},
+    settings = await stored_identity_settings(
+        shards,
+        emulator,
+        tmp_path,
+        metrics_bind_address=f"127.0.0.1:{metrics_port}",  # the chart's :8080
     )
     monkeypatch.setattr(runtime_module, "FORBIDDEN_RETRY_S", 0.2)
     started = asyncio.Event()
