@@ -101,6 +101,10 @@ def _no_constants(name: str) -> Any:
 
 def strict_json(text: str) -> Any:
     """``text`` read as JSONC: comments and trailing commas blanked, the rest strict JSON."""
+    try:  # what Go writes (groups.jsonc) has neither: read as it is, no pass over its strings
+        return json.loads(text, parse_constant=_no_constants)
+    except json.JSONDecodeError:
+        pass
     plain = _COMMENTS.sub(_blank_comment, text) if "/" in text else text
     if _MAYBE_TRAILING.search(plain):  # documents Go writes have neither: no pass over their strings
         plain = _TRAILING_COMMAS.sub(_blank_comma, plain)
