@@ -99,7 +99,12 @@ def main_command(
     ] = None,
     kubeconfig: Annotated[
         str | None,
-        typer.Option("--kubeconfig", envvar="KUBECONFIG", help="kubeconfig file; default in-cluster config."),
+        typer.Option(
+            "--kubeconfig",
+            envvar="KUBECONFIG",
+            help="kubeconfig file (or files separated by ':'); default: the service account in a pod, "
+            "else ~/.kube/config.",
+        ),
     ] = None,
     namespace: Annotated[
         str | None,

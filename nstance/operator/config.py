@@ -38,6 +38,7 @@ from nstance.core.backoff import Backoff
 from nstance.core.errors import InvalidArgument
 from nstance.core.ids import identifier_problem
 from nstance.operator.kube import CONFIGMAPS, Kube, KubeError, Object
+from nstance.operator.yamltext import yaml_error_text
 
 log = logging.getLogger(__name__)
 
@@ -142,10 +143,7 @@ def parse_config(text: str, source: str = "config.yaml") -> OperatorConfig:
     try:
         doc = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: no arbitrary objects
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(source, [f"{where}not valid YAML: {problem}"]) from None
+        raise ConfigError(source, [yaml_error_text(exc)]) from None
     if doc is None:
         raise ConfigError(source, ["the document is empty; cluster_id, tenant and shards are required"])
     if not isinstance(doc, Mapping):

@@ -28,12 +28,16 @@ import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Final
 
 import aiohttp
 from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.config import ConfigException
+
+from nstance.operator.yamltext import YamlFileError, read_yaml_mapping
 
 log = logging.getLogger(__name__)
 
@@ -122,16 +126,48 @@ def owner_reference(owner: Mapping[str, Any], *, controller: bool = True) -> Obj
     return {**ref_of(owner), "controller": controller, "blockOwnerDeletion": True}
 
 
+DEFAULT_KUBECONFIG: Final = "~/.kube/config"
+
+
+def kubeconfig_files(kubeconfig: str | None) -> list[Path]:
+    """The kubeconfig files ``kubeconfig`` names (a list separated by ``os.pathsep``, as
+    ``$KUBECONFIG`` may be), or ``~/.kube/config`` when it names none."""
+    named = [part for part in (kubeconfig or "").split(os.pathsep) if part]
+    return [Path(part).expanduser() for part in named or [DEFAULT_KUBECONFIG]]
+
+
+def check_kubeconfig_files(files: Sequence[Path]) -> None:
+    """Raise ``ConfigException`` with a plain reason unless the files can make a kubeconfig: one file
+    must be a readable YAML mapping; of several, missing ones are skipped (as kubectl skips them)
+    but one at least must exist, and every one that exists must be readable."""
+    present = [f for f in files if len(files) == 1 or f.exists()]
+    if not present:
+        raise ConfigException(f"none of {', '.join(map(str, files))} exists")
+    for file in present:
+        if not file.exists():
+            raise ConfigException(f"{file} does not exist")
+        try:
+            read_yaml_mapping(file)
+        except YamlFileError as exc:
+            raise ConfigException(str(exc)) from None
+
+
 async def load_configuration(kubeconfig: str | None = None) -> Configuration:
     """Connection settings: the in-cluster service account inside a pod, else a kubeconfig file
-    (``kubeconfig``, else ``$KUBECONFIG``, else ``~/.kube/config``)."""
+    (``kubeconfig``, else ``$KUBECONFIG``, else ``~/.kube/config``). A file that is missing,
+    unreadable or not YAML is refused with ``ConfigException`` naming it and the reason (the client
+    library would say only that ``current-context`` is missing)."""
     configuration = Configuration()
     if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
         kube_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    else:
-        await kube_config.load_kube_config(
-            config_file=kubeconfig, client_configuration=configuration, persist_config=False
-        )
+        return configuration
+    files = kubeconfig_files(kubeconfig or os.environ.get("KUBECONFIG"))
+    check_kubeconfig_files(files)
+    await kube_config.load_kube_config(
+        config_file=os.pathsep.join(map(str, files)),
+        client_configuration=configuration,
+        persist_config=False,
+    )
     return configuration
 
 

@@ -459,11 +459,12 @@ class OperatorRuntime:
                 try:
                     configuration = await load_configuration(self.settings.kubeconfig)
                 except (ConfigException, OSError) as exc:
-                    where = (
-                        f"--kubeconfig {self.settings.kubeconfig}"
-                        if self.settings.kubeconfig
-                        else "in-cluster"
-                    )
+                    if self.settings.kubeconfig:
+                        where = f"--kubeconfig {self.settings.kubeconfig}"
+                    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+                        where = "in-cluster"
+                    else:
+                        where = "not in a pod, and no --kubeconfig or KUBECONFIG"
                     raise SettingsError(f"cannot load the Kubernetes credentials ({where}): {exc}") from None
                 self._kube = Kube.from_configuration(configuration)
             self.health = HealthServer(self.settings.health, self.readiness, self.metrics)
