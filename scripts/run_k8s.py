@@ -5,7 +5,8 @@ when ``scripts/build_kube.sh`` has built it on this machine, and the Kubernetes 
 installs the Nstance CRDs and Cluster API's (its own, generated from its types, on the real server; the
 minimal ones on the emulator); starts the shard servers ``zone-a`` and ``zone-b`` (local provider: every VM
 is an nstance-agent process) and the operator with its static-group webhook; prints the KUBECONFIG to
-export and the commands to try (the manifests of examples/kubernetes/). Ctrl-C stops everything.
+export and the commands to try (the manifests of examples/kubernetes/). Ctrl-C, or closing the terminal,
+stops everything.
 
 State lives in .local/k8s/ and is started afresh on every run. Not part of the product: a demo built from
 the test harness (``nstance.testing``).
@@ -26,6 +27,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+from nstance.core.cli import stop_signals  # noqa: E402
 from nstance.testing.kubeapi import KubeAPIServer  # noqa: E402
 from nstance.testing.operatorproc import OperatorProcess, bootstrap_objects  # noqa: E402
 from nstance.testing.realkube import RealKube, binaries  # noqa: E402
@@ -72,21 +74,33 @@ def apply(kubeconfig: Path, emulator: KubeAPIServer | None, documents: list[dict
     )
 
 
+def say(text: str) -> None:
+    """Print ``text``; once the terminal is closed (SIGHUP) printing fails, and the stopping goes on."""
+    with contextlib.suppress(OSError):
+        print(text, flush=True)
+
+
 def main() -> int:
     shutil.rmtree(STATE, ignore_errors=True)
     STATE.mkdir(parents=True)
     stopping = False
+    started = False
 
     def stop(_signum: int, _frame: object) -> None:
         nonlocal stopping
         stopping = True
+        if not started:
+            raise KeyboardInterrupt  # half-way through the start: unwind it, as Ctrl-C does
 
-    signal.signal(signal.SIGTERM, stop)
+    # SIGHUP: the terminal was closed; by default it killed this script and left every process behind.
+    for sig in stop_signals():
+        if sig != signal.SIGINT:
+            signal.signal(sig, stop)
     servers: list[ServerProcess] = []
     operator: OperatorProcess | None = None
     with kubernetes() as (kubeconfig, description, emulator):
         try:
-            print(f"== Kubernetes API: {description}", flush=True)
+            say(f"== Kubernetes API: {description}")
             cluster = LocalCluster(STATE / "bucket")
             cluster.init()
             addrs = {shard: server_addrs() for shard in SHARDS}
@@ -103,9 +117,7 @@ def main() -> int:
                     shard_extra={"health_check_interval": "2s", "default_drain_timeout": "30s"},
                 )
                 cluster.write_config(shard, config)
-                print(
-                    f"== starting nstance-server for shard {shard} (log: {root / 'server.log'})", flush=True
-                )
+                say(f"== starting nstance-server for shard {shard} (log: {root / 'server.log'})")
                 servers.append(
                     start_leader(cluster, root, shard=shard, env={"NSTANCE_REPORT_INTERVAL": "1s"})
                 )
@@ -128,10 +140,10 @@ def main() -> int:
                     "127.0.0.1:0",
                 ],
             ).start()
-            print(f"== starting nstance-operator (log: {operator.log_path})", flush=True)
+            say(f"== starting nstance-operator (log: {operator.log_path})")
             operator.wait_ready(60)
             examples = REPO_ROOT / "examples" / "kubernetes"
-            print(
+            say(
                 f"""
 Ready. In another terminal:
 
@@ -141,19 +153,19 @@ Ready. In another terminal:
   kubectl scale machinepool workers --replicas 5
   kubectl get nstancemachinepools -w
 
-The VMs are nstance-agent processes under {STATE}/zone-*/instances. Ctrl-C stops everything.""",
-                flush=True,
+The VMs are nstance-agent processes under {STATE}/zone-*/instances. Ctrl-C stops everything."""
             )
+            started = True
             while not stopping:
                 for server in servers:
                     if server.proc is not None and server.proc.poll() is not None:
-                        print(f"nstance-server of shard {server.shard} exited; see {server.log_path}")
+                        say(f"nstance-server of shard {server.shard} exited; see {server.log_path}")
                         return 1
                 time.sleep(0.5)
         except KeyboardInterrupt:
             pass
         finally:
-            print("\n== stopping", flush=True)
+            say("\n== stopping")
             if operator is not None:
                 operator.stop()
             for server in servers:
@@ -162,4 +174,7 @@ The VMs are nstance-agent processes under {STATE}/zone-*/instances. Ctrl-C stops
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # stopped before the API server was up: what had started is stopped
+        sys.exit(130)

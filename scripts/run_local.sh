@@ -3,7 +3,8 @@
 #
 # Sets up the cluster (CA, nonce key, shard config, an operator identity), starts nstance-server with
 # the local provider (each instance is an nstance-agent process), scales the example group to 3 and
-# shows the groups and instances live. Ctrl-C stops the server, which stops every instance it started.
+# shows the groups and instances live. Ctrl-C, or closing the terminal, stops the server, which stops
+# every instance it started.
 #
 # One copy per state directory: a second `make run` finds the first one's lock (or, from another
 # checkout, the ports in use) and exits without touching anything. The script only ever stops
@@ -88,7 +89,9 @@ stop_pid() {
 
 cleanup() {
     local status=$?
-    trap - INT TERM EXIT
+    trap - INT TERM HUP EXIT
+    # After a SIGHUP the terminal is gone and every message fails: the stopping must go on regardless.
+    set +e
     stop_pid "$VIEW_PID"
     if [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; then
         printf '\n== stopping nstance-server (it stops the instances it started)\n'
@@ -104,7 +107,8 @@ on_signal() {
     exit 0 # a Ctrl-C is the normal way to stop: the EXIT trap reports and exits cleanly
 }
 trap cleanup EXIT
-trap on_signal INT TERM
+# HUP: the terminal was closed. The server stops on it too (and stops its instances); the view dies.
+trap on_signal INT TERM HUP
 
 # The local provider's agents inherit the server's environment: report as often as the example's
 # shard.health_check_interval (10s) expects, or they would count as silent after three intervals.

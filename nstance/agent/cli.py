@@ -3,7 +3,7 @@
 Configuration comes from ``NSTANCE_*`` variables (config.py). ``--instance-dir DIR`` (or
 ``NSTANCE_INSTANCE_DIR``) is the local provider's contract: the identity, keys and receive directories
 default to ``DIR/identity``, ``DIR/keys`` and ``DIR/recv``, and ``DIR/instance.json`` fills in the server
-addresses and instance ID when the environment lacks them. Exit codes: 0 after SIGTERM/SIGINT, 2 for a
+addresses and instance ID when the environment lacks them. Exit codes: 0 after SIGTERM/SIGINT/SIGHUP, 2 for a
 configuration or bootstrap problem (the message names the variable or file), 1 for anything unexpected.
 This module holds no agent logic.
 """
@@ -25,7 +25,7 @@ import typer
 from nstance import __version__
 from nstance.agent.config import AgentConfig, ConfigError, load_config
 from nstance.agent.run import Agent
-from nstance.core.cli import VERSION_HELP, print_version, run_app
+from nstance.core.cli import VERSION_HELP, print_version, run_app, stop_signals
 from nstance.core.errors import FailedPrecondition, InvalidArgument
 from nstance.core.logformat import TEXT_FORMAT
 
@@ -42,7 +42,6 @@ app = typer.Typer(
 )
 
 IDENTITY_FILES: tuple[str, ...] = ("nonce.jwt", "ca.crt")
-STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT)
 
 
 def check_instance_dir(instance_dir: Path, identity_dir: Path | None = None) -> str | None:
@@ -67,17 +66,19 @@ def read_instance_info(instance_dir: Path) -> dict[str, object]:
 
 
 class _EarlySignals:
-    """Records a stop signal that arrives before the event loop installs its handlers."""
+    """Records a stop signal that arrives before the event loop installs its handlers; ``signals`` are
+    the stop signals (``stop_signals``), decided once, before any handler is installed."""
 
     def __init__(self) -> None:
         self.received: signal.Signals | None = None
+        self.signals = stop_signals()
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         self.received = signal.Signals(signum)
 
 
 async def run_until_signal(config: AgentConfig, early: _EarlySignals) -> int:
-    """Run the agent until SIGTERM/SIGINT (exit 0) or a bootstrap problem (exit 2)."""
+    """Run the agent until SIGTERM/SIGINT/SIGHUP (exit 0) or a bootstrap problem (exit 2)."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     received: list[signal.Signals] = []
@@ -86,7 +87,7 @@ async def run_until_signal(config: AgentConfig, early: _EarlySignals) -> int:
         received.append(sig)
         stop.set()
 
-    for sig in STOP_SIGNALS:
+    for sig in early.signals:
         loop.add_signal_handler(sig, on_signal, sig)
     if early.received is not None:
         on_signal(early.received)
@@ -134,7 +135,7 @@ def main_command(
 ) -> None:
     """Run the agent."""
     early = _EarlySignals()
-    for sig in STOP_SIGNALS:
+    for sig in early.signals:
         signal.signal(sig, early)
     logging.basicConfig(
         level=logging.DEBUG if debug else logging.INFO,

@@ -6,7 +6,9 @@ one ``PROGRAM: unexpected error: TYPE: message`` line with exit status 1 (the tr
 ``NSTANCE_DEBUG`` is set). Expected failures are still each command's job (one line naming the flag);
 this is the net under them, and tests treat its line as a failure.
 
-``raise_on_sigterm`` makes SIGTERM raise ``Stopped`` in the main thread, as SIGINT raises
+``stop_signals`` names the signals on which the three daemons stop in order: SIGTERM, SIGINT and
+SIGHUP (the terminal that started them was closed), unless SIGHUP was ignored when the process started
+(``nohup``). ``raise_on_sigterm`` makes SIGTERM raise ``Stopped`` in the main thread, as SIGINT raises
 KeyboardInterrupt, for the batch commands (the simulation, the benchmark runner) that clean up on the
 way out; ``stop_signal`` tells which of the two stopped them (``stop_exception`` goes the other way).
 """
@@ -37,6 +39,17 @@ def print_version(program: str) -> Callable[[bool], None]:
             raise typer.Exit(0)
 
     return callback
+
+
+def stop_signals() -> tuple[signal.Signals, ...]:
+    """SIGTERM, SIGINT and SIGHUP: a daemon stops the same orderly way on each. SIGHUP comes when the
+    terminal that started it is closed (a ``make run`` window shut): by default it killed the server
+    at once, so its local instances outlived it. None of the programs reloads on SIGHUP (config is
+    followed from storage and the API). A SIGHUP ignored at start (``nohup``) is left out, so it stays
+    ignored. Call before installing handlers."""
+    if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+        return (signal.SIGTERM, signal.SIGINT)
+    return (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 class Stopped(BaseException):

@@ -5,7 +5,8 @@ prints one line naming it and exits 2, as does an operator config file that does
 path is in the message). Go's flag syntax, which upstream's Helm chart uses (``--leader-elect=true``,
 ``-metrics-bind-address :8080``), is accepted too (``goflags``), and so are upstream's flags; one with
 no effect here is logged as ignored at start. Everything else — unreachable shards, a missing nonce, a
-lost Lease — is handled by the runtime without exiting. SIGTERM/SIGINT stop the runtime gracefully (exit 0).
+lost Lease — is handled by the runtime without exiting. SIGTERM/SIGINT/SIGHUP stop the runtime
+gracefully (exit 0).
 
 This module holds no operator logic.
 """
@@ -14,14 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from nstance.core.cli import VERSION_HELP, print_version, run_app
+from nstance.core.cli import VERSION_HELP, print_version, run_app, stop_signals
 from nstance.core.logformat import TEXT_FORMAT, JsonFormatter
 from nstance.operator.config import ConfigError, load_config_file
 from nstance.operator.crds import names
@@ -53,8 +53,6 @@ app = typer.Typer(
     ),
 )
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
 
 def setup_logging(log_format: str, level: int) -> None:
     handler = logging.StreamHandler(sys.stderr)
@@ -70,14 +68,15 @@ def setup_logging(log_format: str, level: int) -> None:
 
 
 async def run_until_stopped(settings: OperatorSettings) -> int:
-    """Run the runtime until SIGTERM/SIGINT; 0 on a clean stop."""
+    """Run the runtime until SIGTERM/SIGINT/SIGHUP; 0 on a clean stop."""
     loop = asyncio.get_running_loop()
     runtime = OperatorRuntime(settings)
+    signals = stop_signals()
 
     def install() -> None:
         # kopf installs its own handlers each time it starts; ours must win so a signal stops the
         # whole process (kopf is stopped by the runtime), not only kopf.
-        for sig in STOP_SIGNALS:
+        for sig in signals:
             loop.add_signal_handler(sig, runtime.request_stop)
 
     install()

@@ -6,7 +6,7 @@ that will not load is visible at once: on ``--health-addr``, else on ``:8990`` u
 and in the log), the cluster election and cluster identity (CA and nonce key; created by
 the cluster leader if the cluster was never initialised), the provider, the Operator gRPC API on mTLS
 (served by standbys too, for reads), and finally the shard election, whose transitions start and stop
-the leader-only machinery in ``Shard``. SIGTERM/SIGINT stops in reverse order: leadership work first
+the leader-only machinery in ``Shard``. SIGTERM/SIGINT/SIGHUP stops in reverse order: leadership work first
 (in-flight provider calls finish or are recorded), watch streams closed, gRPC drained, lock released.
 """
 
@@ -17,7 +17,6 @@ import contextlib
 import gc
 import logging
 import os
-import signal
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +28,7 @@ import grpc
 
 from nstance.config import ServerConfig
 from nstance.core.backoff import Backoff
+from nstance.core.cli import stop_signals
 from nstance.core.clock import Clock, SystemClock
 from nstance.core.errors import FailedPrecondition, InvalidArgument, NstanceError, Unauthenticated
 from nstance.core.hostport import split_host_port
@@ -734,10 +734,10 @@ def tune_gc() -> None:
 
 
 async def serve(opts: ServerOptions) -> int:
-    """Run a server until SIGTERM or SIGINT."""
+    """Run a server until SIGTERM, SIGINT or SIGHUP (``stop_signals``)."""
     tune_gc()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in stop_signals():
         loop.add_signal_handler(sig, stop.set)
     return await ServerApp(opts).run(stop)

@@ -47,16 +47,19 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def as_terminal_job() -> None:
-    """``preexec_fn`` for a child that a test will stop as a terminal's Ctrl-C does (SIGINT to its
-    process group): SIGINT and SIGQUIT back to their default actions.
+    """``preexec_fn`` for a child that a test will stop as a terminal does (SIGINT to its process
+    group for Ctrl-C, SIGHUP when the terminal is closed): SIGINT, SIGQUIT and SIGHUP back to their
+    default actions.
 
     A terminal's foreground job always starts with them at their defaults. A test suite started as a
-    background job of a non-interactive shell (``cmd &`` in a script, ``nohup``) inherits both
-    ignored, and an ignored signal stays ignored in every child: Python then raises no
-    KeyboardInterrupt and bash cannot trap it, so the stop under test would never be tried.
+    background job of a non-interactive shell (``cmd &`` in a script) inherits SIGINT and SIGQUIT
+    ignored, under ``nohup`` SIGHUP too, and an ignored signal stays ignored in every child: Python
+    then raises no KeyboardInterrupt and bash cannot trap it, so the stop under test would never be
+    tried.
     """
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 def spawn_logged(argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> subprocess.Popen[bytes]:

@@ -1,4 +1,5 @@
-"""The nstance-agent command: exit 2 naming a bad variable or missing file, exit 0 promptly on SIGTERM."""
+"""The nstance-agent command: exit 2 naming a bad variable or missing file, exit 0 promptly on SIGTERM
+and on SIGHUP (its terminal closed)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from nstance.core.clock import ManualClock
 from nstance.pki.ca import create_ca
+from nstance.testing.procs import as_terminal_job
 
 
 def agent_env(**extra: str) -> dict[str, str]:
@@ -60,7 +64,8 @@ def test_missing_nonce_exits_2_and_names_the_file(tmp_path: Path) -> None:
     assert "identity/nonce.jwt" in result.stderr
 
 
-def test_sigterm_while_registering_exits_0(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_stop_signal_while_registering_exits_0(tmp_path: Path, stop: signal.Signals) -> None:
     directory = instance_dir(tmp_path)
     info = {
         "instance_id": "web06h1me03z9srk7h6t0f09cb1f4",
@@ -73,6 +78,7 @@ def test_sigterm_while_registering_exits_0(tmp_path: Path) -> None:
         env=agent_env(),
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=as_terminal_job,  # SIGHUP at its default even when the tests run under nohup
     )
     try:
         assert agent.stderr is not None
@@ -84,10 +90,10 @@ def test_sigterm_while_registering_exits_0(tmp_path: Path) -> None:
             lines.append(agent.stderr.readline())
         assert (directory / "identity" / "identity.key").exists()
         started = time.monotonic()
-        agent.send_signal(signal.SIGTERM)
+        agent.send_signal(stop)
         assert agent.wait(timeout=10) == 0
         assert time.monotonic() - started < 5
-        assert "received SIGTERM; exiting" in agent.stderr.read()
+        assert f"received {stop.name}; exiting" in agent.stderr.read()
     finally:
         agent.kill()
         agent.wait()

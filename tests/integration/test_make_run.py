@@ -1,10 +1,16 @@
-"""``make run`` (scripts/run_local.sh) as two users would meet it: one copy at a time, Ctrl-C stops cleanly.
+"""``make run`` (scripts/run_local.sh) as users would meet it: one copy at a time, Ctrl-C stops cleanly,
+and so does closing its terminal.
 
 The first copy runs the example shard on ephemeral ports with its state in a temporary directory. A
 second copy with the same state must refuse (naming the first) and a third with other state but the
 same ports must refuse too; neither may touch the first copy's agents. Ctrl-C (SIGINT to the first
 copy's process group, as a terminal sends it) ends it with a "stopped" line, exit 0, and its agents
 gone.
+
+Closing the terminal is played with a pseudo-terminal: the run writes to it, the test closes its
+master side (every later write fails) and sends SIGHUP to the run's process group, as the kernel does
+on a hang-up. The server must stop in order (its log ends with ``stopped``) and take its agents with
+it; before, SIGHUP killed the server at once and the agents outlived it.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -141,3 +148,65 @@ def test_second_copy_refuses_and_first_survives(tmp_path: Path) -> None:
         within=60,
         what=lambda: f"the agents to stop with make run: {_agents(state)}",
     )
+
+
+@pytest.mark.timeout(600)
+def test_closing_the_terminal_stops_the_server_and_its_agents(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    state = tmp_path / "state"
+    master, slave = os.openpty()
+    received = bytearray()
+
+    def drain() -> None:  # a terminal reads what the run writes; its live view must never block
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:
+                return
+            if not data:
+                return
+            received.extend(data)
+
+    run = subprocess.Popen(
+        ["bash", str(SCRIPT)],
+        cwd=ROOT,
+        env=_env(config, state),
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        start_new_session=True,
+        preexec_fn=as_terminal_job,
+    )
+    os.close(slave)
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    closed = False
+    try:
+        eventually_sync(
+            lambda: len(_agents(state)) >= SIZE or run.poll() is not None,
+            within=240,
+            what="make run to have its instances running",
+            log=lambda: received.decode(errors="replace")[-3000:],
+        )
+        assert run.poll() is None, received.decode(errors="replace")[-3000:]
+        agents = _agents(state)
+        assert len(agents) >= SIZE
+        os.close(master)  # the terminal window goes away: writes to it fail from now on
+        closed = True
+        os.killpg(run.pid, signal.SIGHUP)  # and the kernel hangs up its foreground process group
+        run.wait(timeout=120)
+        eventually_sync(
+            lambda: not _agents(state),
+            within=60,
+            what=lambda: f"the agents to stop with the server: {_agents(state)}",
+        )
+        lines = (state / "server.log").read_text(encoding="utf-8").splitlines()
+        assert json.loads(lines[-1])["msg"] == "stopped", lines[-5:]
+        assert not (state / "run.pid").exists()
+    finally:
+        if not closed:
+            os.close(master)
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGINT)
+            run.wait(timeout=120)
+        reader.join(timeout=5)

@@ -8,7 +8,7 @@ What a user sees:
   kopf registers itself, ``ensure_cluster`` and the sync/drain loops;
 * editing the ConfigMap adds and removes a shard without a restart; an invalid edit keeps the running
   config and leaves an Event on the ConfigMap;
-* ``nstance-operator`` (the CLI) becomes ready and exits 0 on SIGTERM.
+* ``nstance-operator`` (the CLI) becomes ready and exits 0 on SIGTERM, and on SIGHUP.
 
 Every wait is bounded and fails with what it waited for (a runtime that does not stop fails with the
 place it is stuck at) instead of running into the suite's timeout.
@@ -43,6 +43,7 @@ from nstance.operator.runtime import OperatorRuntime, RuntimeOptions
 from nstance.operator.settings import OperatorSettings, SettingsError, build_settings
 from nstance.pki.nonce import operator_nonce_claims, sign_nonce
 from nstance.testing.kubeapi import KubeAPIServer
+from nstance.testing.procs import as_terminal_job
 from nstance.testing.shardproc import (
     LocalCluster,
     ServerProcess,
@@ -319,10 +320,12 @@ async def edit_config(kube: Kube, text: str) -> None:
     await kube.patch(CONFIGMAPS, "nstance-operator-config", {"data": {"config.yaml": text}}, "default")
 
 
-async def test_the_cli_runs_the_operator_and_exits_cleanly_on_sigterm(
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+async def test_the_cli_runs_the_operator_and_exits_cleanly_on_a_stop_signal(
     shards: tuple[LocalCluster, dict[str, dict[str, str]], Path],
     emulator: tuple[KubeAPIServer, Kube, Path],
     tmp_path: Path,
+    stop: signal.Signals,
 ) -> None:
     cluster, addrs, _ = shards
     _, kube, kubeconfig = emulator
@@ -364,6 +367,7 @@ async def test_the_cli_runs_the_operator_and_exits_cleanly_on_sigterm(
             env=env,
             stdout=log_file,
             stderr=log_file,
+            preexec_fn=as_terminal_job,  # SIGHUP at its default even when the tests run under nohup
         )
     try:
 
@@ -375,7 +379,7 @@ async def test_the_cli_runs_the_operator_and_exits_cleanly_on_sigterm(
         await eventually(ready, within=60, what="the CLI operator to become ready")
         _, body = await get(health, "/readyz")
         assert body.startswith("leader: zone-a: reachable")
-        process.send_signal(signal.SIGTERM)
+        process.send_signal(stop)
         code = await asyncio.to_thread(process.wait, 20)
         assert code == 0, log_path.read_text()[-4000:]
         lines = [json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")]
