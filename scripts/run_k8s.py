@@ -165,6 +165,8 @@ The VMs are nstance-agent processes under {STATE}/zone-*/instances. Ctrl-C stops
         except KeyboardInterrupt:
             pass
         finally:
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_IGN)  # stopping must finish once begun
             say("\n== stopping")
             if operator is not None:
                 operator.stop()

@@ -89,8 +89,11 @@ stop_pid() {
 
 cleanup() {
     local status=$?
-    trap - INT TERM HUP EXIT
-    # After a SIGHUP the terminal is gone and every message fails: the stopping must go on regardless.
+    # Stopping must finish once begun: a second Ctrl-C or hang-up is ignored (the server's own stop
+    # is bounded by shard.shutdown_timeout), and after a hang-up the terminal is gone, so every message
+    # fails and the stopping goes on regardless.
+    trap '' INT TERM HUP
+    trap - EXIT
     set +e
     stop_pid "$VIEW_PID"
     if [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; then
@@ -104,6 +107,9 @@ cleanup() {
     exit "$status"
 }
 on_signal() {
+    # A hang-up can be taken twice (this shell's own, and again when its foreground command dies of
+    # it); a second run of this trap must not cut the EXIT trap's stopping short.
+    trap '' INT TERM HUP
     exit 0 # a Ctrl-C is the normal way to stop: the EXIT trap reports and exits cleanly
 }
 trap cleanup EXIT

@@ -20,7 +20,9 @@ import os
 import signal
 import subprocess
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -80,31 +82,42 @@ def _agents(state: Path) -> dict[int, Path]:
     return out
 
 
+def _foreground(config: Path, state: Path, stdin: Any, output: Any) -> subprocess.Popen[bytes]:
+    """``make run`` as a terminal's foreground job: its own process group, with Ctrl-C and hang-up at
+    their default actions (never inherited ignored), output (and errors) to ``output``."""
+    return subprocess.Popen(
+        ["bash", str(SCRIPT)],
+        cwd=ROOT,
+        env=_env(config, state),
+        stdin=stdin,
+        stdout=output,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=as_terminal_job,
+    )
+
+
+def _wait_running(run: subprocess.Popen[bytes], state: Path, log: Callable[[], str]) -> dict[int, Path]:
+    """Wait until ``run`` has its instances running; pid -> instance directory of its agents."""
+    eventually_sync(
+        lambda: len(_agents(state)) >= SIZE or run.poll() is not None,
+        within=240,
+        what="make run to have its instances running",
+        log=log,
+    )
+    assert run.poll() is None, log()
+    return _agents(state)
+
+
 @pytest.mark.timeout(900)  # a whole make run: cluster setup, a server, two agents, two refused copies
 def test_second_copy_refuses_and_first_survives(tmp_path: Path) -> None:
     config = _config(tmp_path)
     state = tmp_path / "state"
     log = tmp_path / "first.out"
     with log.open("wb") as out:
-        first = subprocess.Popen(
-            ["bash", str(SCRIPT)],
-            cwd=ROOT,
-            env=_env(config, state),
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group, like a terminal's foreground job
-            preexec_fn=as_terminal_job,  # whose Ctrl-C is never ignored
-        )
+        first = _foreground(config, state, subprocess.DEVNULL, out)
     try:
-        eventually_sync(
-            lambda: len(_agents(state)) >= SIZE or first.poll() is not None,
-            within=240,
-            what="the first make run to have its instances running",
-            log=log.read_text,
-        )
-        assert first.poll() is None, log.read_text()
-        agents = _agents(state)
+        agents = _wait_running(first, state, log.read_text)
 
         second = subprocess.run(
             ["bash", str(SCRIPT)],
@@ -167,34 +180,17 @@ def test_closing_the_terminal_stops_the_server_and_its_agents(tmp_path: Path) ->
                 return
             received.extend(data)
 
-    run = subprocess.Popen(
-        ["bash", str(SCRIPT)],
-        cwd=ROOT,
-        env=_env(config, state),
-        stdin=slave,
-        stdout=slave,
-        stderr=slave,
-        start_new_session=True,
-        preexec_fn=as_terminal_job,
-    )
+    run = _foreground(config, state, slave, slave)
     os.close(slave)
     reader = threading.Thread(target=drain, daemon=True)
     reader.start()
     closed = False
     try:
-        eventually_sync(
-            lambda: len(_agents(state)) >= SIZE or run.poll() is not None,
-            within=240,
-            what="make run to have its instances running",
-            log=lambda: received.decode(errors="replace")[-3000:],
-        )
-        assert run.poll() is None, received.decode(errors="replace")[-3000:]
-        agents = _agents(state)
-        assert len(agents) >= SIZE
+        _wait_running(run, state, lambda: received.decode(errors="replace")[-3000:])
         os.close(master)  # the terminal window goes away: writes to it fail from now on
         closed = True
         os.killpg(run.pid, signal.SIGHUP)  # and the kernel hangs up its foreground process group
-        run.wait(timeout=120)
+        code = run.wait(timeout=120)
         eventually_sync(
             lambda: not _agents(state),
             within=60,
@@ -202,6 +198,7 @@ def test_closing_the_terminal_stops_the_server_and_its_agents(tmp_path: Path) ->
         )
         lines = (state / "server.log").read_text(encoding="utf-8").splitlines()
         assert json.loads(lines[-1])["msg"] == "stopped", lines[-5:]
+        assert code == 0, f"make run ended with {code}"
         assert not (state / "run.pid").exists()
     finally:
         if not closed:
