@@ -17,8 +17,9 @@ versions of the libraries the figures depend on), the date and git commit, one e
 
 Must not: change what a benchmark measures or how it is started, or leave a benchmark's processes
 behind (each runs in its own process group, which is terminated on timeout, on interrupt, and when the
-benchmark exits while processes it started are still running). Ctrl-C or SIGTERM stops the run with
-one line and exit status 130 or 143; the results file keeps the benchmarks that had finished.
+benchmark exits while processes it started are still running). Ctrl-C, SIGTERM or SIGHUP (a closed
+terminal) stops the run with one line and exit status 130, 143 or 129; the results file keeps the
+benchmarks that had finished.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from nstance.core.cli import Stopped, raise_on_sigterm, stop_signal
+from nstance.core.cli import Stopped, raise_on_stop_signals, stop_signal
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
@@ -733,9 +734,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def cli(argv: Sequence[str] | None = None) -> int:
-    """``main``, stopped by Ctrl-C or SIGTERM with one line (the running benchmark's group is
-    terminated by ``run_benchmark`` on the way out) and exit status 130 or 143."""
-    raise_on_sigterm()
+    """``main``, stopped by Ctrl-C, SIGTERM or SIGHUP with one line (the running benchmark's group is
+    terminated by ``run_benchmark`` on the way out) and exit status 130, 143 or 129."""
+    raise_on_stop_signals()
     try:
         return main(argv)
     except (KeyboardInterrupt, Stopped) as exc:

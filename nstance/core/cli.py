@@ -8,9 +8,10 @@ this is the net under them, and tests treat its line as a failure.
 
 ``stop_signals`` names the signals on which the three daemons stop in order: SIGTERM, SIGINT and
 SIGHUP (the terminal that started them was closed), unless SIGHUP was ignored when the process started
-(``nohup``). ``raise_on_sigterm`` makes SIGTERM raise ``Stopped`` in the main thread, as SIGINT raises
-KeyboardInterrupt, for the batch commands (the simulation, the benchmark runner) that clean up on the
-way out; ``stop_signal`` tells which of the two stopped them (``stop_exception`` goes the other way).
+(``nohup``). ``raise_on_stop_signals`` makes SIGTERM and SIGHUP raise ``Stopped`` in the main thread, as
+SIGINT raises KeyboardInterrupt, for the batch commands (the simulation, the benchmark runner) that
+clean up on the way out; ``stop_signal`` tells which signal stopped them (``stop_exception`` goes the
+other way).
 """
 
 from __future__ import annotations
@@ -53,29 +54,36 @@ def stop_signals() -> tuple[signal.Signals, ...]:
 
 
 class Stopped(BaseException):
-    """SIGTERM arrived (raised by the handler ``raise_on_sigterm`` installs)."""
+    """SIGTERM or SIGHUP arrived (raised by the handler ``raise_on_stop_signals`` installs); ``signum``
+    says which."""
+
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        super().__init__(signum)
+        self.signum = signal.Signals(signum)
 
 
-def _raise_stopped(_signum: int, _frame: object) -> None:
-    raise Stopped()
+def _raise_stopped(signum: int, _frame: object) -> None:
+    raise Stopped(signum)
 
 
-def raise_on_sigterm() -> None:
-    """From now on SIGTERM raises ``Stopped`` where the main thread is, so ``finally`` blocks and
-    ``atexit`` run; a process forked later inherits the handler (reset it there if it must not). A
-    SIGTERM this process was started ignoring stays ignored, as Python leaves an ignored SIGINT."""
-    if signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:
-        signal.signal(signal.SIGTERM, _raise_stopped)
+def raise_on_stop_signals() -> None:
+    """From now on SIGTERM and SIGHUP raise ``Stopped`` where the main thread is, so ``finally`` blocks
+    and ``atexit`` run; a process forked later inherits the handlers (reset them there if it must not).
+    A signal this process was started ignoring stays ignored (``nohup``), as Python leaves an ignored
+    SIGINT."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, _raise_stopped)
 
 
 def stop_signal(exc: KeyboardInterrupt | Stopped) -> signal.Signals:
-    """The signal behind ``exc``: SIGTERM for ``Stopped``, SIGINT for KeyboardInterrupt."""
-    return signal.SIGTERM if isinstance(exc, Stopped) else signal.SIGINT
+    """The signal behind ``exc``: its own for ``Stopped``, SIGINT for KeyboardInterrupt."""
+    return exc.signum if isinstance(exc, Stopped) else signal.SIGINT
 
 
 def stop_exception(signum: int) -> KeyboardInterrupt | Stopped:
-    """The exception that stands for ``signum``: ``Stopped`` for SIGTERM, KeyboardInterrupt otherwise."""
-    return Stopped() if signum == signal.SIGTERM else KeyboardInterrupt()
+    """The exception that stands for ``signum``: KeyboardInterrupt for SIGINT, ``Stopped`` otherwise."""
+    return KeyboardInterrupt() if signum == signal.SIGINT else Stopped(signum)
 
 
 def _debug_requested() -> bool:

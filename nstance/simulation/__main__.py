@@ -25,7 +25,7 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-from nstance.core.cli import Stopped, raise_on_sigterm, stop_exception, stop_signal
+from nstance.core.cli import Stopped, raise_on_stop_signals, stop_exception, stop_signal
 from nstance.simulation.run import SeedResult, prepare_scratch, reproduce_command, run_seed
 
 
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     slowest = 0.0
     slowest_seed = None
     progress = _Progress(len(seeds), terminal=sys.stderr.isatty())
-    raise_on_sigterm()
+    raise_on_stop_signals()
     try:
         for result in _results(seeds, opts.jobs, verbose=opts.verbose or opts.trace):
             seed = result.seed
@@ -139,7 +139,7 @@ class _Progress:
 
 
 class _BetweenSeeds:
-    """Ctrl-C or SIGTERM while seeds run in this process takes effect between two seeds: the
+    """Ctrl-C, SIGTERM or SIGHUP while seeds run in this process takes effect between two seeds: the
     simulation's event loop must not be interrupted halfway (its tasks and threads would be left
     running and printing). A second signal before then interrupts at once."""
 
@@ -148,7 +148,7 @@ class _BetweenSeeds:
         self._saved: dict[int, Any] = {}  # what signal.signal returned: a handler, SIG_DFL or SIG_IGN
 
     def __enter__(self) -> _BetweenSeeds:
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             if signal.getsignal(signum) is not signal.SIG_IGN:  # ignored when started: stays so
                 self._saved[signum] = signal.signal(signum, self._remember)
         return self
@@ -169,9 +169,11 @@ class _BetweenSeeds:
 
 
 def _worker_init() -> None:
-    """A worker leaves stopping to the parent: Ctrl-C reaches the whole process group, and the parent
-    terminates the pool (SIGTERM, whose default action the worker gets back from the parent's handler)."""
+    """A worker leaves stopping to the parent: Ctrl-C and a closed terminal's SIGHUP reach the whole
+    process group, and the parent terminates the pool (SIGTERM, whose default action the worker gets
+    back from the parent's handler)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 

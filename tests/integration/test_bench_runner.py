@@ -98,7 +98,7 @@ def test_runner_kills_a_benchmark_past_its_timeout(tmp_path: Path) -> None:
     assert figures == []
 
 
-@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm", "hangup"])
 def test_a_stopped_runner_terminates_the_benchmark_and_says_so(tmp_path: Path, how: str) -> None:
     # SIGTERM used to kill the runner alone and leave the running benchmark (in a process group of
     # its own) behind; Ctrl-C printed a KeyboardInterrupt traceback.
@@ -133,6 +133,8 @@ def test_a_stopped_runner_terminates_the_benchmark_and_says_so(tmp_path: Path, h
         eventually_sync(lambda: pid_file.exists() and pid_file.read_text() != "", within=60, what="start")
         if how == "ctrl-c":
             os.killpg(runner.pid, signal.SIGINT)  # the terminal's job: the benchmark has its own group
+        elif how == "hangup":
+            os.killpg(runner.pid, signal.SIGHUP)  # the terminal closed (it used to orphan the benchmark)
         else:
             runner.send_signal(signal.SIGTERM)
         output, _ = runner.communicate(timeout=60)
@@ -143,7 +145,7 @@ def test_a_stopped_runner_terminates_the_benchmark_and_says_so(tmp_path: Path, h
             runner.wait()
         if not benchmark_gone():  # left behind by a runner that failed this test
             os.kill(int(pid_file.read_text()), signal.SIGKILL)
-    name = {"ctrl-c": "SIGINT", "sigterm": "SIGTERM"}[how]
+    name = {"ctrl-c": "SIGINT", "sigterm": "SIGTERM", "hangup": "SIGHUP"}[how]
     assert runner.returncode == 128 + signal.Signals[name], output
     assert "Traceback" not in output, output
     assert f"[run_all] stopped by {name}" in output.splitlines()[-1], output

@@ -257,7 +257,10 @@ def test_a_run_leaves_no_scratch_directory_behind(tmp_path: Path, jobs: int) -> 
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize(("jobs", "how"), [(1, "ctrl-c"), (1, "sigterm"), (2, "ctrl-c"), (2, "sigterm")])
+@pytest.mark.parametrize(
+    ("jobs", "how"),
+    [(1, "ctrl-c"), (1, "sigterm"), (1, "hangup"), (2, "ctrl-c"), (2, "sigterm"), (2, "hangup")],
+)
 def test_a_stopped_run_says_how_far_it_got_and_cleans_up(tmp_path: Path, jobs: int, how: str) -> None:
     # Ctrl-C printed a KeyboardInterrupt traceback (with one job, from the middle of a seed's event
     # loop, with its tasks destroyed pending); SIGTERM left the workers printing BrokenPipeError
@@ -288,6 +291,8 @@ def test_a_stopped_run_says_how_far_it_got_and_cleans_up(tmp_path: Path, jobs: i
         )
         if how == "ctrl-c":
             os.killpg(run.pid, signal.SIGINT)  # what a terminal sends to every process of the job
+        elif how == "hangup":
+            os.killpg(run.pid, signal.SIGHUP)  # the terminal closed: to every process of the job too
         else:
             run.send_signal(signal.SIGTERM)  # to the parent only, as a supervisor sends it
         output, _ = run.communicate(timeout=120)
@@ -295,9 +300,13 @@ def test_a_stopped_run_says_how_far_it_got_and_cleans_up(tmp_path: Path, jobs: i
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
             run.wait()
-    expected = {"ctrl-c": 128 + signal.SIGINT, "sigterm": 128 + signal.SIGTERM}[how]
+    expected = {
+        "ctrl-c": 128 + signal.SIGINT,
+        "sigterm": 128 + signal.SIGTERM,
+        "hangup": 128 + signal.SIGHUP,
+    }[how]
     assert run.returncode == expected, output
     assert "Traceback" not in output, output
-    name = {"ctrl-c": "SIGINT", "sigterm": "SIGTERM"}[how]
+    name = {"ctrl-c": "SIGINT", "sigterm": "SIGTERM", "hangup": "SIGHUP"}[how]
     assert f"sim: stopped by {name} after " in output.splitlines()[-1], output
     assert list(tmp_path.iterdir()) == []
