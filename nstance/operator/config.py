@@ -38,7 +38,7 @@ from nstance.core.backoff import Backoff
 from nstance.core.errors import InvalidArgument
 from nstance.core.ids import identifier_problem
 from nstance.operator.kube import CONFIGMAPS, Kube, KubeError, Object
-from nstance.operator.yamltext import yaml_error_text
+from nstance.operator.yamltext import YamlFileError, read_text, yaml_error_text
 
 log = logging.getLogger(__name__)
 
@@ -200,9 +200,9 @@ def parse_config(text: str, source: str = "config.yaml") -> OperatorConfig:
 def load_config_file(path: Path) -> OperatorConfig:
     """Read and check a config file; ConfigError names the file and each problem."""
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(str(path), [f"cannot read: {exc.strerror or exc}"]) from None
+        text = read_text(path)
+    except YamlFileError as exc:
+        raise ConfigError(str(path), [str(exc)]) from None
     return parse_config(text, str(path))
 
 
@@ -320,9 +320,9 @@ class FileSource(ConfigSource):
     async def poll(self) -> None:
         """Read the file once and offer its content."""
         try:
-            text = await asyncio.to_thread(self.path.read_text)
-        except OSError as exc:
-            await self.offer(None, f"{self.path}: cannot read the operator config: {exc.strerror or exc}")
+            text = await asyncio.to_thread(read_text, self.path)
+        except YamlFileError as exc:  # a mounted ConfigMap can hold anything; the last good one stays
+            await self.offer(None, f"{self.path}: the operator config is unusable: {exc}")
             return
         await self.offer(text)
 

@@ -280,6 +280,13 @@ def _ignored_upstream_flags(
     return tuple(lines)
 
 
+def file_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be read as a file (missing, or a directory), or None."""
+    if path.is_file():
+        return None
+    return "is a directory, not a file" if path.is_dir() else "no such file"
+
+
 def default_namespace(path: Path = SERVICE_ACCOUNT_NAMESPACE) -> str:
     """The pod's namespace (from its service account mount), else ``default``."""
     try:
@@ -306,8 +313,9 @@ def _webhook_files(
         raise SettingsError("--webhook-cert and --webhook-key must be given together")
     if cert is not None and key is not None:
         for path, flag in ((cert, "--webhook-cert"), (key, "--webhook-key")):
-            if not path.is_file():
-                raise SettingsError(f"{flag} {path}: no such file")
+            problem = file_problem(path)
+            if problem:
+                raise SettingsError(f"{flag} {path}: {problem}")
         return cert, key
     directory = cert_dir or DEFAULT_WEBHOOK_CERT_DIR
     default_cert, default_key = directory / "tls.crt", directory / "tls.key"
@@ -365,8 +373,9 @@ def build_settings(
     ns = namespace or env.get(ENV_NAMESPACE) or default_namespace(service_account_namespace)
     ns = _namespace_name(ns, f"namespace (--namespace / {ENV_NAMESPACE})")
 
-    if config_file is not None and not config_file.is_file():
-        raise SettingsError(f"--config {config_file}: no such file")
+    problem = file_problem(config_file) if config_file is not None else None
+    if problem:
+        raise SettingsError(f"--config {config_file}: {problem}")
 
     object_names = {
         "config_configmap": (config_configmap, ENV_CONFIG_CONFIGMAP, names.CONFIG_CONFIGMAP),

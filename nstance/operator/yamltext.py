@@ -1,9 +1,10 @@
 """Reading a YAML file a person wrote, with one plain line when it cannot be read.
 
 ``yaml_error_text`` turns a PyYAML parser error into ``line L, column C: not valid YAML: PROBLEM``
-(PyYAML counts from 0, people from 1). ``read_yaml_mapping`` reads a file that must hold one YAML
-mapping (a kubeconfig) and raises ``YamlFileError`` with the file's name and the reason: missing or
-unreadable, not UTF-8, not YAML, empty or not a mapping. Must not: know what the mapping means.
+(PyYAML counts from 0, people from 1). ``read_text`` reads a file as UTF-8 text and raises
+``YamlFileError`` with the reason (unreadable, a directory, not UTF-8). ``read_yaml_mapping`` reads a
+file that must hold one YAML mapping (a kubeconfig) and raises ``YamlFileError`` naming the file and
+the reason: any of those, not YAML, empty or not a mapping. Must not: know what the mapping means.
 """
 
 from __future__ import annotations
@@ -26,21 +27,28 @@ def yaml_error_text(exc: yaml.YAMLError) -> str:
     return f"{where}not valid YAML: {problem}"
 
 
-def read_yaml_mapping(path: str | Path) -> dict[Any, Any]:
-    """The mapping in the YAML file at ``path``; ``YamlFileError`` with the reason otherwise."""
+def read_text(path: str | Path) -> str:
+    """The file at ``path`` as UTF-8 text; ``YamlFileError`` with the reason (not the name) otherwise."""
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
-        raise YamlFileError(f"cannot read {path}: {exc.strerror or exc}") from None
+        raise YamlFileError(f"cannot read: {exc.strerror or exc}") from None
     try:
-        text = data.decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise YamlFileError(f"{path} is not UTF-8 text (byte {exc.start})") from None
+        raise YamlFileError(f"not UTF-8 text (byte {exc.start})") from None
+
+
+def read_yaml_mapping(path: str | Path) -> dict[Any, Any]:
+    """The mapping in the YAML file at ``path``; ``YamlFileError`` naming the file and the reason
+    otherwise."""
     try:
-        doc = yaml.safe_load(text)
+        doc = yaml.safe_load(read_text(path))
+    except YamlFileError as exc:
+        raise YamlFileError(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:
         raise YamlFileError(f"{path}: {yaml_error_text(exc)}") from None
     if not isinstance(doc, dict):
         got = "empty" if doc is None else f"a {type(doc).__name__}"
-        raise YamlFileError(f"{path} must hold a YAML mapping (it is {got})")
+        raise YamlFileError(f"{path}: must hold a YAML mapping (it is {got})")
     return doc

@@ -9,12 +9,20 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
 from nstance.operator.cli import app
-from nstance.operator.config import ConfigError, ConfigSource, OperatorConfig, ShardEndpoint, parse_config
+from nstance.operator.config import (
+    ConfigError,
+    ConfigSource,
+    FileSource,
+    OperatorConfig,
+    ShardEndpoint,
+    parse_config,
+)
 from nstance.operator.crds import names
 from nstance.operator.renewal import leader_address, retry_delay
 from nstance.operator.settings import SettingsError, build_settings, parse_address, parse_seconds
@@ -270,6 +278,35 @@ def test_the_cli_exits_2_with_one_line_naming_the_problem(tmp_path: Path) -> Non
     result = runner.invoke(app, ["--disable-webhooks", "--config", str(tmp_path / "none.yaml")])
     assert result.exit_code == 2
     assert "--config" in result.output
+
+
+@pytest.mark.parametrize(
+    ("make", "expected"),
+    [
+        (lambda p: p.mkdir(), "--config {p}: is a directory, not a file"),  # was "no such file"
+        (lambda p: p.write_bytes(b"\xff\xfe"), "{p}: not UTF-8 text (byte 0)"),  # was "unexpected error"
+    ],
+    ids=["directory", "binary"],
+)
+def test_an_unusable_config_file_gets_one_line_and_exit_2(tmp_path: Path, make: Any, expected: str) -> None:
+    path = tmp_path / "config.yaml"
+    make(path)
+    result = CliRunner().invoke(app, ["--disable-webhooks", "--config", str(path)])
+    assert result.exit_code == 2, result.output
+    assert expected.format(p=path) in result.output
+    assert "unexpected error" not in result.output
+
+
+async def test_a_polled_file_that_turns_binary_keeps_the_last_good_config(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(GOOD)
+    source = FileSource(path, interval=3600)
+    await source.poll()
+    assert isinstance(source.current, OperatorConfig)
+    path.write_bytes(b"\x00\xff binary")
+    await source.poll()  # raised UnicodeDecodeError out of the polling task
+    assert isinstance(source.current, OperatorConfig)
+    assert f"{path}: the operator config is unusable: not UTF-8 text (byte 1)" in source.problem
 
 
 # --- renewal arithmetic ---------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ users:
     ("content", "reason"),
     [
         (None, "does not exist"),
-        (b"\xff\xfe\x00x", "is not UTF-8 text (byte 0)"),
+        (b"\xff\xfe\x00x", "not UTF-8 text (byte 0)"),
         (b"clusters: [\n", "line 2, column 1: not valid YAML"),
         (b"", "must hold a YAML mapping (it is empty)"),
         (b"- a\n- b\n", "must hold a YAML mapping (it is a list)"),
@@ -59,7 +59,7 @@ def test_unusable_file_is_refused_with_its_reason(tmp_path: Path, content: bytes
 
 
 def test_directory_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(YamlFileError, match=r"cannot read .*: Is a directory"):
+    with pytest.raises(YamlFileError, match=r": cannot read: Is a directory"):
         read_yaml_mapping(tmp_path)
 
 
@@ -92,7 +92,7 @@ def test_yaml_error_text_counts_from_one() -> None:
     ("content", "expected"),
     [
         (b"users: {a: [\n", "line 2, column 1: not valid YAML"),
-        (b"\xff\x00", "is not UTF-8 text"),
+        (b"\xff\x00", "not UTF-8 text (byte 0)"),
     ],
 )
 def test_the_program_says_one_line_and_exits_2(
