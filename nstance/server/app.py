@@ -388,7 +388,7 @@ class ServerApp:
         opts = self.opts
         open_files = raise_open_file_limit()
         scopes = self._scopes()
-        opts.cachedir.mkdir(parents=True, exist_ok=True)
+        prepare_cachedir(opts.cachedir)
         db: Database = await asyncio.to_thread(open_database, opts.cachedir / "db" / "nstance.db")
         health = HealthServer(self, self.metrics, max_connections=HEALTH_CONNECTIONS)
         grpc_servers: list[grpc.aio.Server] = []
@@ -731,6 +731,17 @@ def tune_gc() -> None:
     gc.freeze()
     _, older, oldest = gc.get_threshold()
     gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
+
+
+def prepare_cachedir(cachedir: Path) -> None:
+    """Create ``--cachedir`` if needed; InvalidArgument naming it when it cannot be the cache directory
+    (a file of that name, no permission), instead of a FileExistsError nobody expects."""
+    try:
+        cachedir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        in_the_way = cachedir.exists() and not cachedir.is_dir()
+        what = "is not a directory" if in_the_way else exc.strerror or str(exc)
+        raise InvalidArgument(f"--cachedir {cachedir}: {what}; the server keeps its cache there") from None
 
 
 async def serve(opts: ServerOptions) -> int:
