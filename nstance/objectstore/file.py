@@ -138,9 +138,14 @@ class FileObjectStore:
 
     def __init__(self, root: Path | str) -> None:
         self._root = Path(root).expanduser().absolute()
-        self._root.mkdir(parents=True, exist_ok=True)
         self._locks = self._root / _LOCK_DIR
-        self._locks.mkdir(exist_ok=True)
+        try:
+            self._root.mkdir(parents=True, exist_ok=True)
+            self._locks.mkdir(exist_ok=True)
+        except OSError as exc:  # a file of that name, a parent that is a file, no permission
+            in_the_way = self._root.exists() and not self._root.is_dir()
+            what = "is not a directory" if in_the_way else exc.strerror or str(exc)
+            raise InvalidArgument(f"storage directory {root}: {what}") from None
         self._go_locks = go_lock_dir(self._root)
         self._go_locks_unusable = False
         self._remove_legacy_locks()

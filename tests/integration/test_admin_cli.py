@@ -70,6 +70,21 @@ def test_init_then_refuse_then_exist_ok(runner: CliRunner, tmp_path: Path) -> No
     assert _identity(bucket).ca_fingerprint == fingerprint
 
 
+@pytest.mark.parametrize(
+    ("where", "reason"), [("file", "is not a directory"), ("file/below", "Not a directory")]
+)
+def test_init_names_a_storage_directory_it_cannot_make(
+    runner: CliRunner, tmp_path: Path, where: str, reason: str
+) -> None:
+    # a file in the way ended in "unexpected error: FileExistsError" / "NotADirectoryError"
+    (tmp_path / "file").write_text("not a directory")
+    bucket = tmp_path / where
+    code, _, err = _invoke(runner, ["cluster", "init", "--cluster-id", "demo", *_store_flags(bucket)])
+    assert code == 1, err
+    assert f"storage directory {bucket}: {reason}" in err
+    assert "unexpected error" not in err
+
+
 def test_init_without_key_writes_nothing(runner: CliRunner, tmp_path: Path) -> None:
     bucket = tmp_path / "store"
     code, _, err = _invoke(
