@@ -184,8 +184,13 @@ def cluster_nonce(
         sys.stdout.write(token + "\n")
         return
     path = Path(output) if output else temp_dir(ctx) / "cli-operator-identity" / "nonce.jwt"
+    if path.is_dir():
+        raise fail(f"--output {path} is a directory; name the file to write (or '-' for stdout)")
     # As upstream's admin: the token alone (no newline), missing directories 0700, the file 0600.
-    write_atomic(path, token.encode(), mode=0o600, dir_mode=PRIVATE_DIR_MODE)
+    try:
+        write_atomic(path, token.encode(), mode=0o600, dir_mode=PRIVATE_DIR_MODE)
+    except OSError as exc:  # a parent that is a file, no permission, a full disk: nothing was written
+        raise fail(f"cannot write the nonce to {path}: {exc.strerror or exc}") from None
     typer.echo(f"wrote operator nonce for tenant {tenant} (valid {expiry}) to {path}")
 
 

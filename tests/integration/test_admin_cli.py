@@ -158,6 +158,27 @@ def test_nonce_default_output_and_stdout(
     assert header["alg"] == "EdDSA"
 
 
+def test_nonce_output_that_cannot_be_written_is_named(runner: CliRunner, tmp_path: Path) -> None:
+    # a directory, or a path below a file, ended in "unexpected error: IsADirectoryError" and the like
+    bucket = tmp_path / "store"
+    assert _invoke(runner, ["cluster", "init", "--cluster-id", "demo", *_store_flags(bucket)])[0] == 0
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "dir").mkdir()
+    cases = [
+        (["-o", str(tmp_path / "dir")], f"--output {tmp_path / 'dir'} is a directory"),
+        (["-o", str(tmp_path / "file" / "n")], f"cannot write the nonce to {tmp_path / 'file' / 'n'}: Not a"),
+    ]
+    for extra, message in cases:
+        code, _, err = _invoke(
+            runner, ["cluster", "nonce", "--cluster-id", "demo", *extra, *_store_flags(bucket)]
+        )
+        assert code == 1, err
+        assert message in err
+        assert "unexpected error" not in err
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".nstance-tmp")]  # no temporary file left
+    assert list((tmp_path / "dir").iterdir()) == []
+
+
 def test_cluster_and_root_options_work_on_their_group_and_after_cluster_commands(
     runner: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
