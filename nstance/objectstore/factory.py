@@ -19,9 +19,10 @@ for ``gcs://``.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from nstance.core.errors import InvalidArgument, NotFound
@@ -124,6 +125,11 @@ class StorageScopes:
     cluster: ObjectStore
 
 
+BUCKET_NAME: Final = re.compile(r"[a-zA-Z0-9.\-_]{1,255}")
+"""What botocore accepts as a bucket name (an access point or outposts ARN aside); the clouds' own
+rules are stricter and are theirs to report."""
+
+
 def open_scopes(
     storage: str,
     bucket: str,
@@ -143,6 +149,11 @@ def open_scopes(
     if kind in ("s3", "gcs"):
         if not bucket:
             raise InvalidArgument(f"--bucket must name a bucket for {kind} storage")
+        if not BUCKET_NAME.fullmatch(bucket) and not bucket.startswith("arn:"):
+            # Every request would fail the client's own check, and a server retried it for ever.
+            raise InvalidArgument(
+                f"--bucket {bucket!r} is not a bucket name (letters, digits, '.', '-' and '_' only)"
+            )
         root = open_store(f"{kind}://{bucket}", **opts)
     elif kind == "file":
         if not bucket:

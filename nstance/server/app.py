@@ -81,6 +81,8 @@ log = logging.getLogger("nstance.server")
 T = TypeVar("T")
 
 DEFAULT_HEALTH_ADDR = ":8990"
+CONFIG_LOAD_FAILED = "cannot load the shard config"
+"""How a failed config load is logged; errors that already say so are logged as they are."""
 #: Worker threads for blocking I/O (object storage, userdata fetches).
 IO_THREADS = 64
 #: Seconds between reads of the revocation list in cluster storage (``revoked/``).
@@ -280,7 +282,8 @@ class ServerApp:
 
         def failed(exc: Exception, delay: float) -> None:
             self._config_error = str(exc)
-            log.error("cannot load the shard config: %s (retrying in %.1fs)", exc, delay)
+            said = str(exc) if str(exc).startswith(CONFIG_LOAD_FAILED) else f"{CONFIG_LOAD_FAILED}: {exc}"
+            log.error("%s (retrying in %.1fs)", said, delay)
 
         return await retry_until_stopped(load, stop, cap=30.0, failed=failed)
 

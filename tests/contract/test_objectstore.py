@@ -920,3 +920,9 @@ def test_open_scopes_builds_shard_and_cluster_views(tmp_path: Path) -> None:
 
     with pytest.raises(InvalidArgument):
         open_scopes("gcs", "b", shard="x")
+
+
+@pytest.mark.parametrize("bucket", ["my bucket", "b/c", "bücket", "x" * 256])
+def test_a_bucket_name_the_client_would_refuse_is_refused_at_once(bucket: str) -> None:
+    with pytest.raises(InvalidArgument, match="is not a bucket name"):
+        open_scopes("s3", bucket, shard="x")
