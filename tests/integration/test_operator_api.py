@@ -28,6 +28,9 @@ from nstance.testing.waiting import eventually_sync
 
 pytestmark = pytest.mark.timeout(120)
 SHARD = "zone-a"
+ELECTION = {"frequent_interval": "500ms", "infrequent_interval": "2s", "leader_timeout": "6s"}
+"""One server that nothing here kills: a lease long enough that a loaded CI machine (a renewal given
+0.3 s under the 1 s test default) does not turn it into a standby between the tests' calls."""
 
 
 class Server:
@@ -40,6 +43,7 @@ class Server:
             shard=SHARD,
             addrs=self.addrs,
             provider_options={"latency": "5ms"},
+            election=ELECTION,
             groups={
                 "web": {"template": "app", "size": 0},
                 "jobs": {"template": "app", "size": 0},
