@@ -33,6 +33,14 @@ def ensure_dir(path: Path, mode: int = 0o750) -> None:
         os.chmod(path, mode)  # mkdir's mode is filtered by the umask
 
 
+def directory_problem(path: Path, exc: OSError) -> str:
+    """Why creating directory ``path`` failed with ``exc``, said plainly: "is not a directory" when a
+    file has its name, else the system's reason (a parent that is a file, no permission)."""
+    if path.exists() and not path.is_dir():
+        return "is not a directory"
+    return exc.strerror or str(exc)
+
+
 def fsync_dir(path: Path) -> None:
     """Make a rename or create inside directory ``path`` durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

@@ -62,7 +62,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
-from nstance.core.atomicfile import fsync_dir, write_atomic
+from nstance.core.atomicfile import directory_problem, fsync_dir, write_atomic
 from nstance.core.errors import InvalidArgument
 from nstance.objectstore.base import ObjectInfo, ObjectNotFound, PreconditionFailed
 from nstance.objectstore.memory import content_etag
@@ -143,9 +143,7 @@ class FileObjectStore:
             self._root.mkdir(parents=True, exist_ok=True)
             self._locks.mkdir(exist_ok=True)
         except OSError as exc:  # a file of that name, a parent that is a file, no permission
-            in_the_way = self._root.exists() and not self._root.is_dir()
-            what = "is not a directory" if in_the_way else exc.strerror or str(exc)
-            raise InvalidArgument(f"storage directory {root}: {what}") from None
+            raise InvalidArgument(f"storage directory {root}: {directory_problem(self._root, exc)}") from None
         self._go_locks = go_lock_dir(self._root)
         self._go_locks_unusable = False
         self._remove_legacy_locks()

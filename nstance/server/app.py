@@ -27,6 +27,7 @@ from typing import TypeVar
 import grpc
 
 from nstance.config import ServerConfig
+from nstance.core.atomicfile import directory_problem
 from nstance.core.backoff import Backoff
 from nstance.core.cli import stop_signals
 from nstance.core.clock import Clock, SystemClock
@@ -742,9 +743,8 @@ def prepare_cachedir(cachedir: Path) -> None:
     try:
         cachedir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        in_the_way = cachedir.exists() and not cachedir.is_dir()
-        what = "is not a directory" if in_the_way else exc.strerror or str(exc)
-        raise InvalidArgument(f"--cachedir {cachedir}: {what}; the server keeps its cache there") from None
+        problem = directory_problem(cachedir, exc)
+        raise InvalidArgument(f"--cachedir {cachedir}: {problem}; the server keeps its cache there") from None
 
 
 async def serve(opts: ServerOptions) -> int:
