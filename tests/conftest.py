@@ -9,6 +9,7 @@ run; where ``NSTANCE_KUBE_BIN`` is set (CI sets it from the build script's outpu
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,6 +36,21 @@ def _debug_env_per_test(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every test starts without NSTANCE_DEBUG: a CLI run in-process with ``-v`` sets it in
     ``os.environ`` (as the programs do for their own process), and it must not reach the next test."""
     monkeypatch.delenv(DEBUG_ENV, raising=False)
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_per_test() -> Iterator[None]:
+    """Every test ends with the root logger it started with. A program's main run in-process (through
+    CliRunner) installs its own handler on the stream that was ``sys.stderr`` at that moment, which
+    CliRunner closes afterwards; left behind, it made every later log line of the session print a
+    "--- Logging error ---" traceback into whatever the next CLI test captured. pytest's own capture
+    handlers come and go with each test phase and are left to it."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    ours = [h for h in root.handlers if type(h).__module__.startswith("_pytest.")]
+    root.handlers[:] = [h for h in handlers if not type(h).__module__.startswith("_pytest.")] + ours
+    root.setLevel(level)
 
 
 @pytest.fixture
