@@ -114,9 +114,11 @@ class Instance(Base):
             "record_state IN ('pending', 'provisioned', 'failed')",
             name="record_state",
         ),
-        # Leftmost prefixes serve lookups by tenant and by (tenant, group); the trailing created_at
-        # returns a group's instances oldest first without a sort.
-        Index("ix_instances_tenant_group_key_created_at", "tenant", "group_key", "created_at"),
+        # Leftmost prefixes serve lookups by tenant and by (tenant, group); the trailing (created_at,
+        # id) returns a tenant's or a group's instances oldest first without a sort, and lets a page
+        # of ListInstances start where the previous one ended (a range seek, not a scan of the tenant).
+        Index("ix_instances_tenant_group_key_created_at_id", "tenant", "group_key", "created_at", "id"),
+        Index("ix_instances_tenant_created_at_id", "tenant", "created_at", "id"),
         Index("ix_instances_created_at", "created_at"),
         Index("ix_instances_registered_at", "registered_at"),
         Index("ix_instances_updated_at", "updated_at"),

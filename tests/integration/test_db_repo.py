@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
@@ -279,6 +279,113 @@ def test_list_active_instances_reads_pages_after_a_key_through_ties_of_created_a
             after = (rows[-1].created_at, rows[-1].id)
     assert everything == ["i5", "i6", "i3", "i4", "i1", "i2", "i0"]
     assert pages == [["i5", "i6", "i3"], ["i4", "i1", "i2"], ["i0"]]
+
+
+def _steps(db: Database, read: Callable[[Any], object]) -> int:
+    """SQLite virtual-machine steps (in units of 100) that ``read`` on one read connection takes."""
+    counted = [0]
+
+    def count() -> int:
+        counted[0] += 1
+        return 0  # 0: go on
+
+    with db.read_connection() as conn:
+        conn.set_progress_handler(count, 100)
+        try:
+            read(conn)
+        finally:
+            conn.set_progress_handler(None, 0)
+    return counted[0]
+
+
+def test_a_page_of_instances_costs_its_own_rows_not_every_row_before_it(db: Database) -> None:
+    # 20,000 rows in 20 groups, restored in batches as the cache rebuild writes them.
+    rows = [
+        {
+            "id": f"app{i:08d}",
+            "tenant": "acme",
+            "group_key": f"g{i % 20:02d}",
+            "kind": "knc",
+            "template": "app",
+            "nonce": f"jwt-{i}",
+            "created_at": T0 + timedelta(milliseconds=i),
+            "updated_at": T0,
+        }
+        for i in range(20_000)
+    ]
+    with db.write_connection() as conn:
+        for start in range(0, len(rows), 5_000):
+            repo.restore_instances(conn, rows[start : start + 5_000])
+    last = (rows[-11]["created_at"], rows[-11]["id"])
+    whole = _steps(db, lambda c: repo.list_active_instances(c, tenant="acme"))
+    page = _steps(db, lambda c: repo.list_active_instances(c, tenant="acme", after=last, limit=10))
+    first = _steps(db, lambda c: repo.list_active_instances(c, tenant="acme", limit=10))
+    group_last = (rows[-40]["created_at"], rows[-40]["id"])  # the last row of g00 but one
+    group_page = _steps(
+        db,
+        lambda c: repo.list_active_instances(c, tenant="acme", group_key="g00", after=group_last, limit=10),
+    )
+    # A seek in the (tenant[, group_key], created_at, id) index: a page of 10 costs about what 10
+    # rows cost, wherever it starts. Scanning and sorting the tenant's rows cost as much as the
+    # whole listing for every page.
+    assert whole > 1_000
+    assert page * 50 < whole, (page, whole)
+    assert first * 50 < whole, (first, whole)
+    assert group_page * 50 < whole, (group_page, whole)
+    with db.read_connection() as conn:
+        tail = repo.list_active_instances(conn, tenant="acme", after=last, limit=10)
+        assert [r.id for r in tail] == [r["id"] for r in rows[-10:]]
+        in_group = repo.list_active_instances(
+            conn, tenant="acme", group_key="g00", after=group_last, limit=10
+        )
+        assert [r.id for r in in_group] == [rows[-20]["id"]]
+
+
+def test_serving_provider_ids_leave_out_what_a_group_status_does_not_count(db: Database) -> None:
+    for iid in ("up", "young", "draining", "failed", "gone", "stopped"):
+        _add(db, iid)
+    _add(db, "ondemand", on_demand=True)
+    _add(db, "ingress-1", group_key="ingress")
+    _add(db, "other-tenant", tenant="globex")
+    with db.session() as session:
+        for iid in ("up", "draining", "gone", "stopped", "ondemand", "ingress-1", "other-tenant"):
+            repo.set_provider_details(
+                session, iid, provider_id=f"vm-{iid}", now=T0, provider_status="running"
+            )
+        repo.set_provider_status(session, "stopped", "deleted", now=T0)
+        repo.soft_delete(session, "gone", now=T0)
+        repo.start_drain(session, "draining", reason="unhealthy", now=T0, delete_at=T0 + timedelta(minutes=5))
+        repo.mark_create_failed(session, "failed", now=T0)
+    with db.read_connection() as conn:
+        tenant = repo.serving_provider_ids(conn, tenant="acme")
+        one = repo.serving_provider_ids(conn, tenant="acme", group_key="ingress")
+    assert {group: sorted(ids, key=str) for group, ids in tenant.items()} == {
+        "workers": sorted(["vm-up", None], key=str),  # "young": its create has not returned yet
+        "ingress": ["vm-ingress-1"],
+    }
+    assert one == {"ingress": ["vm-ingress-1"]}
+
+
+def test_awaiting_drain_ack_is_the_unacknowledged_drains_of_one_tenant(db: Database) -> None:
+    for iid, at in (
+        ("late", T0 + timedelta(minutes=2)),
+        ("early", T0),
+        ("acked", T0),
+        ("gone", T0),
+        ("up", T0),
+    ):
+        _add(db, iid, at=at)
+    _add(db, "other-tenant", tenant="globex")
+    deadline = T0 + timedelta(minutes=5)
+    with db.session() as session:
+        for iid in ("late", "early", "acked", "gone", "other-tenant"):
+            repo.start_drain(session, iid, reason="unhealthy", now=T0, delete_at=deadline)
+        repo.acknowledge_drain(session, "acked", now=T0)
+        repo.soft_delete(session, "gone", now=T0)
+    with db.read_connection() as conn:
+        rows = repo.awaiting_drain_ack(conn, tenant="acme")
+    assert [r.id for r in rows] == ["early", "late"]
+    assert all(r.drain_reason == "unhealthy" and r.delete_at == deadline for r in rows)
 
 
 def test_get_instance_returns_none_for_unknown_ids(db: Database) -> None:

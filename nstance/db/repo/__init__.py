@@ -59,6 +59,7 @@ from nstance.db.repo.instance_lifecycle import (
 )
 from nstance.db.repo.instance_restore import restore_instance, restore_instances
 from nstance.db.repo.instances import (
+    awaiting_drain_ack,
     count_instances,
     get_instance,
     get_instance_by_nonce,
@@ -68,6 +69,7 @@ from nstance.db.repo.instances import (
     list_instances,
     live_instance_ids,
     live_provider_ids,
+    serving_provider_ids,
 )
 from nstance.db.repo.load_balancers import delete_lb_memberships, lb_members, lb_memberships, set_lb_status
 from nstance.db.repo.operators import (
@@ -88,6 +90,7 @@ __all__ = [
     "PurgedInstance",
     "acknowledge_drain",
     "add_revoked_serial",
+    "awaiting_drain_ack",
     "claim_agent_registration",
     "claim_operator_nonce",
     "count_instances",
@@ -124,6 +127,7 @@ __all__ = [
     "restore_instance",
     "restore_instances",
     "revoked_serials",
+    "serving_provider_ids",
     "set_lb_status",
     "set_provider_details",
     "set_provider_details_many",

@@ -68,14 +68,23 @@ def list_active_instances(
     if managed_only:
         where += " AND on_demand = 0"
     if after is not None:
-        created = sqlite_time(after[0])
-        where += " AND (created_at > ? OR (created_at = ? AND id > ?))"
-        params += (created, created, after[1])
+        # A row value: SQLite seeks to it in the (tenant[, group_key], created_at, id) index, so a page
+        # costs its own rows, not a scan and sort of everything before it.
+        where += " AND (created_at, id) > (?, ?)"
+        params += (sqlite_time(after[0]), after[1])
     where += _OLDEST_FIRST
     if limit is not None:
         where += " LIMIT ?"
         params += (limit,)
     return _instances(bind, where, params)
+
+
+def awaiting_drain_ack(bind: Bind, *, tenant: str) -> list[InstanceRow]:
+    """A tenant's active instances that are draining and whose drain is not acknowledged yet, oldest
+    first (what WatchInstances announces to a new watcher): the filter runs in SQLite, so a shard of
+    100,000 instances builds rows only for the few that drain."""
+    where = f"{_ACTIVE} AND tenant = ? AND drain_started_at IS NOT NULL AND drain_acked_at IS NULL"
+    return _instances(bind, where + _OLDEST_FIRST, (tenant,))
 
 
 def list_instances(bind: Bind, *, include_deleted: bool = False) -> list[InstanceRow]:
@@ -105,6 +114,28 @@ def live_provider_ids(bind: Bind) -> dict[str, str | None]:
     """
     sql = "SELECT id, provider_id FROM instances WHERE deleted_at IS NULL"
     return dict(plain(bind).execute(sql).fetchall())
+
+
+def serving_provider_ids(
+    bind: Bind, *, tenant: str, group_key: str | None = None
+) -> dict[str, list[str | None]]:
+    """Group -> the provider ids (None before the create returned) of its serving managed instances.
+
+    Serving: active, not on demand, not draining, its record not failed (what GroupStatus counts).
+    Two columns, no row objects: ListGroups asks this of every instance of a tenant.
+    """
+    sql = (
+        f"SELECT group_key, provider_id FROM instances WHERE {_ACTIVE} AND tenant = ? AND on_demand = 0 "
+        f"AND drain_started_at IS NULL AND record_state != '{RECORD_FAILED}'"
+    )
+    params: tuple[str, ...] = (tenant,)
+    if group_key is not None:
+        sql += " AND group_key = ?"
+        params += (group_key,)
+    found: dict[str, list[str | None]] = {}
+    for group, provider_id in plain(bind).execute(sql, params).fetchall():
+        found.setdefault(group, []).append(provider_id)
+    return found
 
 
 def count_instances(bind: Bind) -> dict[tuple[str, str, str], int]:

@@ -164,14 +164,13 @@ class Shard:
             raise Unavailable("the shard config is not loaded yet; see the server's health endpoint")
         return snapshot
 
-    def _view(self, merged: MergedGroupConfig, rows: list[InstanceRow] | None = None) -> GroupView:
-        """The group's view; ``rows`` are its active managed instances (read here when not given)."""
-        if rows is None:
-            with self.ctx.db.read_connection() as session:
-                rows = repo.list_active_instances(
-                    session, tenant=merged.tenant, group_key=merged.group, managed_only=True
-                )
-        serving = [r for r in rows if r.drain_started_at is None and r.record_state != "failed"]
+    def _view(self, merged: MergedGroupConfig, serving: list[str | None] | None = None) -> GroupView:
+        """The group's view; ``serving`` are the provider ids of its serving managed instances (read
+        here when not given; see ``repo.serving_provider_ids``)."""
+        if serving is None:
+            with self.ctx.db.read_connection() as conn:
+                found = repo.serving_provider_ids(conn, tenant=merged.tenant, group_key=merged.group)
+            serving = found.get(merged.group, [])
         etag = group_etag(
             merged.group,
             merged.tenant,
@@ -193,20 +192,17 @@ class Shard:
             is_static=merged.is_static,
             etag=etag,
             actual_size=len(serving),
-            provider_ids=sorted(r.provider_id for r in serving if r.provider_id),
+            provider_ids=sorted(pid for pid in serving if pid),
         )
 
     def list_groups(self, tenant: str) -> list[GroupView]:
-        """Every group of ``tenant`` with its instances: one query for the tenant, not one per group.
+        """Every group of ``tenant`` with its serving instances: one query for the tenant, not one per group.
 
         Blocking (a query over every instance of the tenant): the servicer runs it in a thread.
         """
         snapshot = self._snapshot()
-        with self.ctx.db.read_connection() as session:
-            rows = repo.list_active_instances(session, tenant=tenant, managed_only=True)
-        by_group: dict[str, list[InstanceRow]] = {}
-        for row in rows:
-            by_group.setdefault(row.group_key, []).append(row)
+        with self.ctx.db.read_connection() as conn:
+            by_group = repo.serving_provider_ids(conn, tenant=tenant)
         views = []
         for t, group in snapshot.group_keys():
             if t != tenant:
@@ -255,11 +251,9 @@ class Shard:
 
     def draining_instances(self, tenant: str) -> list[tuple[InstanceView, str, datetime | None]]:
         out: list[tuple[InstanceView, str, datetime | None]] = []
-        with self.ctx.db.read_connection() as session:
-            rows = repo.list_active_instances(session, tenant=tenant)
+        with self.ctx.db.read_connection() as conn:
+            rows = repo.awaiting_drain_ack(conn, tenant=tenant)
         for row in rows:
-            if row.drain_started_at is None or row.drain_acked_at is not None:
-                continue
             view = InstanceView(
                 instance_id=row.id,
                 tenant=row.tenant,
