@@ -275,21 +275,25 @@ class ShardClient:
         result: operator_pb2.DeleteInstanceResponse = self._stub.DeleteInstance(request, timeout=self.timeout)
         return result
 
-    def list_instances(self, group: str = "") -> list[operator_pb2.InstanceSummary]:
+    def list_instances(
+        self, group: str = "", *, limit: int | None = None
+    ) -> list[operator_pb2.InstanceSummary]:
         """ListInstances (this implementation's addition; an upstream server answers UNIMPLEMENTED),
         page by page (``LIST_PAGE_SIZE``): a large shard's instances do not fit in one message. A server
-        from before pages answers everything at once, without a token."""
+        from before pages answers everything at once, without a token. With ``limit``, only the oldest
+        ``limit`` instances are asked for."""
         found: list[operator_pb2.InstanceSummary] = []
         token = ""
         while True:
-            request = operator_pb2.ListInstancesRequest(
-                group=group, page_size=LIST_PAGE_SIZE, page_token=token
-            )
+            page_size = LIST_PAGE_SIZE if limit is None else max(1, min(LIST_PAGE_SIZE, limit - len(found)))
+            request = operator_pb2.ListInstancesRequest(group=group, page_size=page_size, page_token=token)
             response: operator_pb2.ListInstancesResponse = self._stub.ListInstances(
                 request, timeout=self.timeout
             )
             found.extend(response.instances)
             token = response.next_page_token
+            if limit is not None and len(found) >= limit:
+                return found[:limit]
             if not token:
                 return found
 

@@ -1,8 +1,10 @@
 """``nstance-admin watch``: the live view of groups and instances (what ``make run`` shows).
 
-Each redraw makes two calls per shard over a channel opened once: ListGroups and ListInstances (every
-instance by ID, on-demand ones included, with its status and last report; one call per 2,000
-instances, ``client.LIST_PAGE_SIZE``). A server without
+Each redraw makes two calls per shard over a channel opened once: ListGroups and ListInstances (the
+oldest ``--max-instances`` instances by ID, 100 by default, on-demand ones included, with their status
+and last report; one call per 2,000 instances, ``client.LIST_PAGE_SIZE``). A shard with more says so
+under the table: a view of 100,000 instances redrawn every second would list them all every second,
+keep the server busy doing it and scroll past any terminal. A server without
 ListInstances (upstream's) falls back to what the Operator API offers there: the instances of
 ``--instances-dir`` (the local provider's directory), each asked for its status in one concurrent burst
 of GetInstanceStatus calls, or else the provider IDs ListGroups reports.
@@ -40,6 +42,8 @@ CLEAR_LINE = "\033[K"
 CLEAR_BELOW = "\033[J"
 HIDE_CURSOR = "\033[?25l"
 SHOW_CURSOR = "\033[?25h"
+DEFAULT_MAX_INSTANCES = 100
+"""Instances listed per shard and redraw unless ``--max-instances`` says otherwise."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +65,7 @@ class ShardView:
     groups: list[operator_pb2.GroupStatus] = field(default_factory=list)
     instances: list[InstanceRow] = field(default_factory=list)
     error: str = ""
+    more: bool = False  # instances beyond the ones shown exist
 
 
 def local_instances(directory: Path | None) -> dict[str, str]:
@@ -85,17 +90,20 @@ def _ago(status: operator_pb2.InstanceStatusResponse | operator_pb2.InstanceSumm
     return f"{seconds}s ago" if seconds < 120 else f"{seconds // 60}m ago"
 
 
-def collect(client: ShardClient, local: dict[str, str], now: datetime) -> ShardView:
-    """One redraw's data for one shard: ListGroups, then ListInstances (or the fallback)."""
+def collect(client: ShardClient, local: dict[str, str], now: datetime, max_instances: int) -> ShardView:
+    """One redraw's data for one shard: ListGroups, then the oldest ``max_instances`` instances
+    through ListInstances (or the fallback)."""
     view = ShardView(client.shard)
     try:
         view.groups = sorted(client.list_groups(), key=lambda g: g.key)
-        listed = client.list_instances()
+        listed = client.list_instances(limit=max_instances + 1)  # one more: are there more?
     except grpc.RpcError as exc:
         if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
-            return _collect_without_listing(client, view, local, now)
+            return _cap(_collect_without_listing(client, view, local, now), max_instances)
         view.error = describe_rpc_error(exc, timeout=client.timeout)
         return view
+    view.more = len(listed) > max_instances
+    del listed[max_instances:]
     view.instances = sorted(
         (
             InstanceRow(
@@ -136,6 +144,13 @@ def _collect_without_listing(
     return view
 
 
+def _cap(view: ShardView, max_instances: int) -> ShardView:
+    """Keep the first ``max_instances`` instance lines of ``view`` and note whether there were more."""
+    view.more = len(view.instances) > max_instances
+    del view.instances[max_instances:]
+    return view
+
+
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     widths = [max(len(str(line[i])) for line in [header, *rows]) for i in range(len(header))]
     return [
@@ -144,7 +159,7 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     ]
 
 
-def render(title: str, views: Sequence[ShardView], clock_text: str) -> list[str]:
+def render(title: str, views: Sequence[ShardView], clock_text: str, max_instances: int) -> list[str]:
     """The lines of one frame."""
     lines = [f"{title}   {clock_text}", ""]
     group_rows = [
@@ -156,7 +171,16 @@ def render(title: str, views: Sequence[ShardView], clock_text: str) -> list[str]
     lines += _table(group_header, group_rows) if group_rows else ["no groups"]
     lines.append("")
     rows = [[r.shard, r.group, r.instance, r.status, r.last_seen] for v in views for r in v.instances]
-    lines += _table(["SHARD", "GROUP", "INSTANCE", "STATUS", "LAST_SEEN"], rows) if rows else ["no instances"]
+    if rows:
+        lines += _table(["SHARD", "GROUP", "INSTANCE", "STATUS", "LAST_SEEN"], rows)
+    elif not any(v.more for v in views):
+        lines.append("no instances")
+    if any(v.more for v in views):
+        shards = ", ".join(v.shard for v in views if v.more)
+        lines.append(
+            f"(more instances on {shards}: at most {max_instances} per shard are shown, the oldest; "
+            "--max-instances shows more, nstance-admin instance list shows all)"
+        )
     for v in views:
         if v.error:
             lines += ["", f"shard {v.shard}: {v.error}"]
@@ -191,6 +215,13 @@ def watch(
     ] = None,
     title: Annotated[str, typer.Option("--title", help="First line of the view.")] = "Nstance",
     once: Annotated[bool, typer.Option("--once", help="Draw one frame and exit.")] = False,
+    max_instances: Annotated[
+        int,
+        typer.Option(
+            "--max-instances",
+            help="Instances listed per shard, the oldest (0: groups only); a line says when there are more.",
+        ),
+    ] = DEFAULT_MAX_INSTANCES,
     servers: ServersOpt = "",
     identity_dir: IdentityDirOpt = None,
     shard: ShardOpt = None,
@@ -205,6 +236,9 @@ def watch(
     if seconds <= 0:
         typer.echo(f"error: --interval {interval!r} must be a positive duration, e.g. 1s", err=True)
         raise typer.Exit(1)
+    if max_instances < 0:
+        typer.echo(f"error: --max-instances {max_instances} must be 0 or more", err=True)
+        raise typer.Exit(1)
     # Without --shard the view shows every shard in --servers.
     target = resolve_target(ctx, servers, identity_dir, shard, all_shards or shard is None, timeout, "table")
     channels = {name: open_channel(target.servers[name], target.identity) for name in target.shards}
@@ -218,8 +252,8 @@ def watch(
                 started = time.monotonic()
                 now = datetime.now(UTC)
                 local = local_instances(instances_dir)
-                views = [collect(client, local, now) for client in clients]
-                lines = render(title, views, now.astimezone().strftime("%H:%M:%S"))
+                views = [collect(client, local, now, max_instances) for client in clients]
+                lines = render(title, views, now.astimezone().strftime("%H:%M:%S"), max_instances)
                 sys.stdout.write(paint(lines, terminal=terminal))
                 sys.stdout.flush()
                 if once:

@@ -341,6 +341,22 @@ def test_list_instances_names_managed_and_on_demand_instances_by_id(
         lines = frame.stdout.splitlines()
         assert any(iid in line and "idle (on-demand)" in line for line in lines), frame.stdout
         assert sum(any(i.instance_id in line for line in lines) for i in managed) == 2, frame.stdout
+        # A large shard is not listed whole on every redraw: the oldest N, and a line saying there are more.
+        frame = CliRunner().invoke(
+            admin_app,
+            [
+                "watch", "--once", "--shard", SHARD, "--servers", f"{SHARD}={server.addrs['operator_addr']}",
+                "--identity-dir", str(server.identity), "--max-instances", "1",
+            ],
+        )  # fmt: skip
+        assert frame.exit_code == 0, frame.stderr
+        shown = [
+            i.instance_id
+            for i in everything
+            if any(i.instance_id in line for line in frame.stdout.splitlines())
+        ]
+        assert shown == [everything[0].instance_id], frame.stdout
+        assert f"(more instances on {SHARD}: at most 1 per shard are shown" in frame.stdout
     finally:
         stub.DeleteInstance(operator_pb2.DeleteInstanceRequest(instance_id=iid), timeout=10)
         scale(stub, "idle", 0)
