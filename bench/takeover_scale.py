@@ -30,6 +30,21 @@ Measured, per size:
   before the takeover to the end of the window, per 10,000 records (SQLite's page cache, the cache
   rows loaded, the records read during the rebuild). No target; reported.
 
+Then, with the leader settled, the Operator API's listings of the shard (``_listing.py``; a blocking
+client on its own mTLS channel in a worker thread, as ``nstance-admin instance list`` pages):
+
+* ``takeover_scale_N_list_instances_s``: every instance through ListInstances in pages of 2,000.
+  Baseline: ``repo.list_active_instances`` of the same rows in one query on the server's SQLite file.
+  Target: at most 3x (pages, protobuf and TLS may cost twice what the rows cost to read), and every
+  instance listed once.
+* ``takeover_scale_N_list_groups_s``: one ListGroups (every group with its provider ids), against the
+  same baseline. No target; reported.
+* ``takeover_scale_N_listing_max_loop_lag_s``: the server's largest event-loop lag while it answered
+  them. Target: at most 100 ms.
+* ``takeover_scale_list_page_growth_A_to_B`` (two sizes or more): the median page at the largest size
+  over the median page at the smallest. Target: at most 1.5 - a page costs its own rows, not a scan of
+  every row before it.
+
 The CPU is shared: every figure is one run per size; the baseline's spread shows the noise.
 
 Run: ``.venv/bin/python bench/takeover_scale.py`` (``--sizes 10000``, ``--baseline-runs 3``). Takes
@@ -53,6 +68,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from _listing import list_through_api, listing_figures, page_growth_figure, read_in_one_query
 from _shard import SHARD, new_cluster, quiet_logging, scratch_dir, sim_of, where_tmp
 from _stalls import StallSampler
 
@@ -75,6 +91,7 @@ VMS_FILE = "vms.jsonl"
 #: How often the imitated old leader renews its lock while the benchmark prepares the server.
 OLD_LEADER_RENEW_S = 1.0
 DECISION_LIMIT_S = 600.0
+LISTING_SETTLE_S = 0.2
 
 
 def _election() -> dict[str, str]:
@@ -321,7 +338,20 @@ async def takeover(tmp: Path, n: int, stalls: StallSampler | None = None) -> dic
         rss_after = rss_bytes()
         losses = sum(1 for _, leading in app.transitions[1:])
         still = app.shard.is_leader()
+        # The leader answers the Operator API's listings of all N instances without stalling.
+        identity_dir = cluster.operator_identity(tmp / "operator")
+        app.lag_probe.reset()
+        listing = await asyncio.to_thread(list_through_api, addrs["operator_addr"], identity_dir)
+        # A stall still running when the client finished ends with this coroutine's wake-up, which can
+        # come before the probe's own: give the probe a few turns to record it.
+        await asyncio.sleep(LISTING_SETTLE_S)
+        listing["listing_max_loop_lag_s"] = app.lag_probe.max_lag
+        listing["one_query_s"], listing["one_query_rows"] = await asyncio.to_thread(
+            read_in_one_query, app.shard.ctx.db, TENANT
+        )
+        listing["idle_max_loop_lag_s"] = idle_lag
         return {
+            "listing": listing,
             "records": n,
             "to_lead_s": led - died,
             "first_decision_s": first - led,
@@ -415,6 +445,7 @@ def figures(n: int, run: dict[str, Any], baselines: Sequence[float]) -> list[dic
             "rss_after_mib": round(run["rss_after_bytes"] / 2**20, 1),
             **common,
         },
+        *listing_figures(n, run["listing"], common),
     ]
 
 
@@ -451,9 +482,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(n < 1 for n in args.sizes) or args.baseline_runs < 1:
         parser.error("sizes and --baseline-runs must be positive")
     quiet_logging()
+    page_p50: dict[int, float] = {}
     for n in args.sizes:
         for figure in asyncio.run(bench_size(n, args.baseline_runs, args.stalls)):
+            if figure["name"] == f"takeover_scale_{n}_list_instances_s":
+                page_p50[n] = figure["page_p50_s"]
             print(json.dumps(figure, ensure_ascii=False), flush=True)
+    if len(page_p50) >= 2:
+        print(json.dumps(page_growth_figure(page_p50), ensure_ascii=False), flush=True)
     return 0
 
 
