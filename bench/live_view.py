@@ -5,7 +5,8 @@ are created through the Operator API, so the view has 50 instance IDs to show. M
 
 * ``live_view_redraw_50`` — seconds for one redraw's data as ``watch`` gathers it (``collect``: one
   ListGroups, then one ListInstances for at most ``DEFAULT_MAX_INSTANCES`` instances, on one mTLS
-  channel) plus ``render``; the median of 30 redraws. Target: at most 1 s, so the view can redraw every second.
+  channel) plus ``render``; the median of 30 redraws. Target: at most 1 s, so the view can redraw
+  every second.
 * Baseline (same run): the previous live view's cost for the same 50 instances, one
   ``nstance-admin instance show ID -o json`` process per instance. Measured for 5 instances and
   multiplied by 10 (the processes run one after the other, so the cost is linear).
