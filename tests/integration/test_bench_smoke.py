@@ -37,16 +37,26 @@ def _run(script: str, *args: str, timeout: float) -> list[dict[str, Any]]:
 @pytest.mark.timeout(240)
 def test_the_takeover_benchmark_runs_a_takeover_end_to_end() -> None:
     figures = {
-        f["name"]: f for f in _run("takeover_scale.py", "--sizes", "300", "--baseline-runs", "1", timeout=200)
+        f["name"]: f
+        for f in _run("takeover_scale.py", "--sizes", "300", "400", "--baseline-runs", "1", timeout=200)
     }
-    assert set(figures) == {
-        "takeover_scale_300_first_decision_s",
-        "takeover_scale_300_max_loop_lag_s",
-        "takeover_scale_300_lease_losses",
-        "takeover_scale_300_rss_mib_per_10k",
+    per_size = (
+        "first_decision_s",
+        "max_loop_lag_s",
+        "lease_losses",
+        "rss_mib_per_10k",
+        "list_instances_s",
+        "list_groups_s",
+        "listing_max_loop_lag_s",
+    )
+    assert set(figures) == {f"takeover_scale_{n}_{name}" for n in (300, 400) for name in per_size} | {
+        "takeover_scale_list_page_growth_300_to_400"
     }
     assert figures["takeover_scale_300_first_decision_s"]["value"] > 0
     assert figures["takeover_scale_300_lease_losses"]["value"] == 0
+    listing = figures["takeover_scale_300_list_instances_s"]
+    assert listing["listed"] == 301  # the 300 records and the probe group's new instance
+    assert figures["takeover_scale_300_list_groups_s"]["provider_ids"] == 301
 
 
 @pytest.mark.timeout(180)
