@@ -31,7 +31,6 @@ CALL_TIMEOUT_S = 120.0
 TARGET_LIST_RATIO = 3.0
 #: The median page at the largest shard over the median page at the smallest.
 TARGET_PAGE_GROWTH = 1.5
-TARGET_LAG_S = 0.1
 WATCH_HOLD_S = 1.0
 
 
@@ -88,19 +87,31 @@ def read_in_one_query(db: Database, tenant: str) -> tuple[float, int]:
     return time.perf_counter() - start, len(rows)
 
 
-def listing_figures(n: int, run: dict[str, Any], common: dict[str, Any]) -> list[dict[str, Any]]:
+def _against_one_query(name: str, seconds: float, one_query: float, n: int) -> dict[str, Any]:
+    """A figure of ``seconds`` with the one-query read of the same ``n`` rows as its baseline."""
+    return {
+        "name": name,
+        "value": round(seconds, 3),
+        "unit": "s",
+        "baseline": round(one_query, 3),
+        "baseline_name": f"repo.list_active_instances of the same {n} rows in one query",
+        "ratio": round(seconds / one_query, 3),
+    }
+
+
+def listing_figures(
+    n: int, run: dict[str, Any], common: dict[str, Any], *, lag_target: float
+) -> list[dict[str, Any]]:
     """The listing's benchmark lines for a shard of ``n`` records (``run`` from ``list_through_api``
-    plus ``one_query_s`` and ``listing_max_loop_lag_s``/``idle_max_loop_lag_s``)."""
+    plus ``one_query_s`` and ``listing_max_loop_lag_s``/``idle_max_loop_lag_s``); the loop lag is
+    held to ``lag_target`` seconds, the takeover's own bound."""
     one_query = run["one_query_s"]
     lag = run["listing_max_loop_lag_s"]
     return [
         {
-            "name": f"takeover_scale_{n}_list_instances_s",
-            "value": round(run["list_instances_s"], 3),
-            "unit": "s",
-            "baseline": round(one_query, 3),
-            "baseline_name": f"repo.list_active_instances of the same {n} rows in one query",
-            "ratio": round(run["list_instances_s"] / one_query, 3),
+            **_against_one_query(
+                f"takeover_scale_{n}_list_instances_s", run["list_instances_s"], one_query, n
+            ),
             "target": TARGET_LIST_RATIO,
             "target_text": f"≤ {TARGET_LIST_RATIO:g}× one query (pages of {PAGE_SIZE} over mTLS)",
             "met": run["list_instances_s"] <= TARGET_LIST_RATIO * one_query
@@ -112,12 +123,7 @@ def listing_figures(n: int, run: dict[str, Any], common: dict[str, Any]) -> list
             **common,
         },
         {
-            "name": f"takeover_scale_{n}_list_groups_s",
-            "value": round(run["list_groups_s"], 3),
-            "unit": "s",
-            "baseline": round(one_query, 3),
-            "baseline_name": f"repo.list_active_instances of the same {n} rows in one query",
-            "ratio": round(run["list_groups_s"] / one_query, 3),
+            **_against_one_query(f"takeover_scale_{n}_list_groups_s", run["list_groups_s"], one_query, n),
             "groups": run["groups"],
             "provider_ids": run["provider_ids"],
             **common,
@@ -129,9 +135,9 @@ def listing_figures(n: int, run: dict[str, Any], common: dict[str, Any]) -> list
             "baseline": round(run["idle_max_loop_lag_s"], 4),
             "baseline_name": "largest lag of the same server idle as a standby for 10 s before",
             "ratio": round(lag / max(run["idle_max_loop_lag_s"], 1e-4), 3),
-            "target": TARGET_LAG_S,
-            "target_text": "≤ 100 ms during ListGroups, every ListInstances page, a new WatchInstances",
-            "met": lag <= TARGET_LAG_S,
+            "target": lag_target,
+            "target_text": f"≤ {lag_target * 1000:g} ms during ListGroups, ListInstances, WatchInstances",
+            "met": lag <= lag_target,
             **common,
         },
     ]

@@ -445,7 +445,7 @@ def figures(n: int, run: dict[str, Any], baselines: Sequence[float]) -> list[dic
             "rss_after_mib": round(run["rss_after_bytes"] / 2**20, 1),
             **common,
         },
-        *listing_figures(n, run["listing"], common),
+        *listing_figures(n, run["listing"], common, lag_target=TARGET_LAG_S),
     ]
 
 
