@@ -301,6 +301,39 @@ async def test_vm_gone_at_the_provider_is_replaced_after_the_grace(h: Harness) -
     assert len(h.live()) == 2
 
 
+async def test_a_vm_gone_because_of_a_running_delete_is_left_to_that_delete(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # CI under load: an operator's DeleteInstance was still waiting for its provider call when the GC
+    # cycle's provider sync found the VM gone, took it for one that vanished on its own, and deleted
+    # the instance a second time as "gone-at-provider". The watcher saw that reason, not the
+    # operator's request.
+    await h.reconcile()
+    victim = h.rows()[0]
+    original = h.sim.delete_instance
+    calls: list[str] = []
+    inside, release = asyncio.Event(), asyncio.Event()
+
+    async def slow_delete(instance_id: str, provider_id: str) -> None:
+        calls.append(instance_id)
+        await original(instance_id, provider_id)  # the VM is gone from here on
+        if len(calls) == 1:
+            inside.set()
+            await release.wait()
+
+    monkeypatch.setattr(h.sim, "delete_instance", slow_delete)
+    deleting = asyncio.create_task(h.shard.ops.delete(victim, "operator-request"))
+    await asyncio.wait_for(inside.wait(), 10)
+    h.clock.advance(timedelta(minutes=2))  # past the listing's grace: a missing VM would count as gone
+    report = await recovery.sync_provider(h.ctx, h.shard.ops)  # what each GC cycle runs first
+    release.set()
+    await asyncio.wait_for(deleting, 10)
+    assert calls == [victim.id]
+    assert victim.id not in report.gone
+    assert (h.record(victim.id) or {})["status"] == "deleted"
+    assert victim.id not in h.shard.ops.retirer.deleting
+
+
 async def test_a_deleted_status_the_record_could_not_take_is_written_by_the_next_gc_cycle(
     h: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:

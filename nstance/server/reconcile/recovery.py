@@ -325,6 +325,8 @@ async def _sync_provider(ctx: ShardContext, ops: InstanceOps, consistency_grace:
             continue
         if iid in in_flight_before or iid in ops.in_flight:
             continue
+        if iid in ops.retirer.deleting:
+            continue  # our own delete is running: its VM is gone because of it, and it finishes the row
         with ctx.db.read_connection() as session:
             row = repo.get_instance(session, iid)  # fresh: awaits above may have changed it
         if row is None or row.deleted_at is not None:

@@ -18,6 +18,7 @@ Deciding *which* instance to retire is not done here (``nstance.core.plan``).
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from datetime import timedelta
 
 from nstance.db import repo
@@ -38,6 +39,9 @@ class Retirer:
         self._ctx = ctx
         self._owed = owed
         self.lbs = LoadBalancerSync(ctx)
+        #: Instances whose ``delete`` is running: the provider sync must not take their VM, gone
+        #: because of that very delete, for one that vanished on its own and delete it again.
+        self.deleting: Counter[str] = Counter()
 
     async def delete(self, row: InstanceRow, reason: str) -> None:
         """Delete the VM (if any) and retire the instance; safe to repeat.
@@ -53,6 +57,16 @@ class Retirer:
                 f"instance {row.id}: a load balancer is still draining it ({reason}); it is deleted once "
                 "deregistration is confirmed"
             )
+        self.deleting[row.id] += 1
+        try:
+            await self._delete(row, reason)
+        finally:
+            self.deleting[row.id] -= 1
+            if not self.deleting[row.id]:
+                del self.deleting[row.id]
+
+    async def _delete(self, row: InstanceRow, reason: str) -> None:
+        ctx = self._ctx
         self._publish(row, "deleting", reason)
         now = ctx.clock.now()
         await self._set_record_status(row, "deleting")
