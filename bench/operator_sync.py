@@ -59,7 +59,15 @@ from _agents import progress
 from google.protobuf.empty_pb2 import Empty
 
 from nstance.operator.crds import names
-from nstance.operator.kube import CONFIGMAPS, EVENTS, SECRETS, Kube, Resource, load_configuration
+from nstance.operator.kube import (
+    CONFIGMAPS,
+    EVENTS,
+    SECRETS,
+    SERVICE_ACCOUNTS,
+    Kube,
+    Resource,
+    load_configuration,
+)
 from nstance.rpc import operator_pb2, operator_pb2_grpc
 from nstance.testing.kubeapi.metrics import RequestKey, parse
 from nstance.testing.operatorproc import OperatorProcess, bootstrap_objects, capi_machine_pool
@@ -87,6 +95,8 @@ UpsertGroup (a groups-document conflict that exhausted its retries would be one 
 ShardUnreachable - a server that lost its lease under the machine's load, or a call past its
 deadline - is reported apart (``unreachable`` on the same line)."""
 POOL_RES = Resource(names.GROUP, names.VERSION, names.NSTANCE_MACHINE_POOLS, names.KIND_MACHINE_POOL)
+BOOTSTRAP_RESOURCES = {"ConfigMap": CONFIGMAPS, "Secret": SECRETS, "ServiceAccount": SERVICE_ACCOUNTS}
+"""Where each kind of ``bootstrap_objects`` is created (the API server refuses a kind sent elsewhere)."""
 CAPI_POOL_RES = Resource(
     names.CAPI_GROUP, names.CAPI_VERSION, names.MACHINE_POOLS, names.CAPI_KIND_MACHINE_POOL
 )
@@ -425,7 +435,7 @@ def main() -> None:
                     )
                     try:
                         for obj in bootstrap_objects(cluster, addrs, namespace=NAMESPACE):
-                            res = CONFIGMAPS if obj["kind"] == "ConfigMap" else SECRETS
+                            res = BOOTSTRAP_RESOURCES[obj["kind"]]
                             await kube.create(res, obj, NAMESPACE)
                     finally:
                         await kube.close()

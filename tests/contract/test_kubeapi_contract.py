@@ -1379,6 +1379,87 @@ async def test_bad_requests_get_status_answers(kube: Kube) -> None:
     assert status == 400
 
 
+async def test_a_body_must_be_of_the_kind_its_path_serves(kube: Kube) -> None:
+    """A write whose ``kind`` or ``apiVersion`` names another type is refused, nothing is stored;
+    a built-in object may leave both out (the path says them), a custom resource may not."""
+    configmaps = f"/api/v1/namespaces/{kube.ns}/configmaps"
+
+    async def refused(method: str, path: str, body: Any, code: int, *words: str, **kw: Any) -> None:
+        status, answer = await kube.raw(method, path, body, **kw)
+        assert status == code, (method, path, body, answer)
+        assert answer["kind"] == "Status"
+        assert answer["reason"] == ("BadRequest" if code == 400 else "Invalid")
+        for word in words:
+            assert word in answer["message"], answer["message"]
+
+    # Built-in: another kind or an unknown version is a 400 naming the type the path serves.
+    await refused(
+        "POST", configmaps, {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "a"}}, 400,
+        "cannot be handled as a ConfigMap",
+    )  # fmt: skip
+    await refused(
+        "POST", configmaps, {"apiVersion": "apps/v1", "kind": "ConfigMap", "metadata": {"name": "b"}}, 400,
+        "cannot be handled as a ConfigMap",
+    )  # fmt: skip
+    for name, typed in (("c", {}), ("d", {"kind": "ConfigMap"}), ("e", {"apiVersion": "v1"})):
+        status, created = await kube.raw("POST", configmaps, {**typed, "metadata": {"name": name}})
+        assert status == 201, created
+        assert (created["apiVersion"], created["kind"]) == ("v1", "ConfigMap")
+    await refused(
+        "PUT", f"{configmaps}/c", {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "c"}}, 400,
+        "cannot be handled as a ConfigMap",
+    )  # fmt: skip
+    status, _ = await kube.raw("PUT", f"{configmaps}/c", {"metadata": {"name": "c"}, "data": {"k": "v"}})
+    assert status == 200
+    await refused("PATCH", f"{configmaps}/c", {"kind": "Secret"}, 422, content_type=MERGE)
+    await refused(
+        "PATCH", f"{configmaps}/c", [{"op": "replace", "path": "/kind", "value": "Secret"}], 422,
+        content_type=JSON_PATCH,
+    )  # fmt: skip
+    # A strategic merge patch does not change the type: its kind is ignored.
+    status, patched = await kube.raw("PATCH", f"{configmaps}/c", {"kind": "Secret"}, content_type=STRATEGIC)
+    assert (status, patched["kind"]) == (200, "ConfigMap")
+
+    # Custom resources: another kind is 422 Invalid on "kind"; another version or none is a 400.
+    await refused(
+        "POST", kube.widgets(), {**widget("f"), "kind": "Gadget"}, 422, 'kind: Invalid value: "Gadget"',
+        "must be Widget",
+    )  # fmt: skip
+    await refused(
+        "POST", kube.widgets(), {**widget("g"), "apiVersion": "v1"}, 400,
+        "does not match the expected API version",
+    )  # fmt: skip
+    for missing in ("kind", "apiVersion"):
+        body = {k: v for k, v in widget("h").items() if k != missing}
+        status, answer = await kube.raw("POST", kube.widgets(), body)
+        assert status == 400, answer
+        assert answer["reason"] == "BadRequest"
+    status, _ = await kube.raw("POST", kube.widgets(), widget("w"))
+    assert status == 201
+    await refused("PATCH", kube.widgets("w"), {"kind": "Gadget"}, 422, "must be Widget", content_type=MERGE)
+    await refused(
+        "PATCH", kube.widgets("w"), {"apiVersion": "v1"}, 422, f"must be {GROUP}/v1", content_type=MERGE
+    )
+    unstamped = {k: v for k, v in widget("w").items() if k not in ("kind", "apiVersion")}
+    await refused("PUT", kube.widgets("w"), unstamped, 400)
+    # Nor does a write to the status subresource.
+    status, patched = await kube.raw(
+        "PATCH",
+        kube.widgets("w") + "/status",
+        {"kind": "Gadget", "status": {"ready": True}},
+        content_type=MERGE,
+    )
+    assert (status, patched["kind"], patched["status"]) == (200, "Widget", {"ready": True})
+
+    # Nothing refused was stored.
+    _, listed = await kube.raw("GET", configmaps)
+    assert {"a", "b"}.isdisjoint(item["metadata"]["name"] for item in listed["items"])
+    _, listed = await kube.raw("GET", kube.widgets())
+    assert [item["metadata"]["name"] for item in listed["items"]] == ["w"]
+    _, stored = await kube.raw("GET", f"{configmaps}/c")
+    assert (stored["kind"], stored["data"]) == ("ConfigMap", {"k": "v"})
+
+
 # ---------------------------------------------------------------------------------------------- webhooks
 
 

@@ -35,6 +35,7 @@ from kubernetes_asyncio.client import Configuration
 
 from nstance.operator.crds import names
 from nstance.operator.kube import (
+    CONFIGMAPS,
     NODES,
     PODS,
     SECRETS,
@@ -171,15 +172,10 @@ class System:
         try:
             shards = {shard: s.addrs for shard, s in self.shards.items()}
             for obj in bootstrap_objects(self.cluster, shards, namespace=self.namespace):
-                res = PODS
-                if obj["kind"] == "ConfigMap":
-                    res = Resource("", "v1", "configmaps", "ConfigMap")
-                elif obj["kind"] == "Secret":
-                    res = Resource("", "v1", "secrets", "Secret")
-                elif obj["kind"] == "ServiceAccount":
-                    # The chart's workload account: its tokens go into Cluster API's kubeconfig Secret.
-                    res = SERVICE_ACCOUNTS
-                await kube.create(res, obj, self.namespace)
+                # The ServiceAccount is the chart's workload account: its tokens go into Cluster
+                # API's kubeconfig Secret.
+                res = {"ConfigMap": CONFIGMAPS, "Secret": SECRETS, "ServiceAccount": SERVICE_ACCOUNTS}
+                await kube.create(res[obj["kind"]], obj, self.namespace)
         finally:
             await kube.close()
 

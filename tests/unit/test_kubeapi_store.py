@@ -77,6 +77,11 @@ def obj(name: str, **extra: Any) -> dict[str, Any]:
     return {"metadata": meta, **extra}
 
 
+def thing(name: str, **extra: Any) -> dict[str, Any]:
+    """A ``things`` custom resource: unlike a built-in, it must say its apiVersion and kind."""
+    return {"apiVersion": "unit.nstance.dev/v1", "kind": "Thing", **obj(name, **extra)}
+
+
 def owner_ref(owner: dict[str, Any]) -> dict[str, Any]:
     return {
         "apiVersion": owner["apiVersion"],
@@ -157,7 +162,7 @@ def test_commit_update_refuses_a_write_based_on_an_old_version(store: Store) -> 
 def test_objects_are_served_in_every_version_of_a_crd(store: Store) -> None:
     v1 = things(store)
     beta = rtype(store, "unit.nstance.dev", "v1beta1", "things")
-    store.create(v1, "default", obj("t", spec={"a": 1}))
+    store.create(v1, "default", thing("t", spec={"a": 1}))
     assert store.get(beta, "default", "t")["apiVersion"] == "unit.nstance.dev/v1beta1"
     assert store.registry.group_versions()["unit.nstance.dev"] == ["v1", "v1beta1"]
 
@@ -184,7 +189,7 @@ def test_events_keep_each_version_as_it_was_after_later_writes(store: Store) -> 
     """Events hold the stored versions themselves (no copies), so no later write may change them."""
     things_type = things(store)
     start = store.resource_version
-    store.create(things_type, "default", obj("t", spec={"n": 1, "deep": {"k": ["a"]}}))
+    store.create(things_type, "default", thing("t", spec={"n": 1, "deep": {"k": ["a"]}}))
     store.patch(things_type, "default", "t", MERGE_PATCH, {"spec": {"n": 2, "deep": {"k": ["b"]}}})
     store.patch(things_type, "default", "t", MERGE_PATCH, {"status": {"ok": True}}, subresource="status")
     store.update(things_type, "default", "t", {**store.get(things_type, "default", "t"), "spec": {"n": 3}})
@@ -296,11 +301,11 @@ def test_deleting_a_crd_deletes_its_objects_then_stops_serving(store: Store) -> 
     crd = store.get(crds, None, "things.unit.nstance.dev")
     assert {c["type"] for c in crd["status"]["conditions"]} == {"NamesAccepted", "Established"}
     assert crd["status"]["acceptedNames"]["singular"] == "thing"
-    store.create(kind, "default", obj("t", meta={"finalizers": ["hold/it"]}))
+    store.create(kind, "default", thing("t", meta={"finalizers": ["hold/it"]}))
     store.delete(crds, None, "things.unit.nstance.dev")
     assert store.registry.lookup("unit.nstance.dev", "v1", "things") is not None  # still finalizing
     with pytest.raises(errors.APIError) as refused:
-        store.create(kind, "default", obj("new"))
+        store.create(kind, "default", thing("new"))
     assert refused.value.code == 405
     store.patch(kind, "default", "t", MERGE_PATCH, {"metadata": {"finalizers": None}})
     assert store.registry.lookup("unit.nstance.dev", "v1", "things") is None

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from nstance.testing.kubeapi import errors, fieldmanager, patches, scale, schema
+from nstance.testing.kubeapi import bodytype, errors, fieldmanager, patches, scale, schema
 from nstance.testing.kubeapi.resources import Registry, ResourceType, validate_crd
 from nstance.testing.kubeapi.selectors import (
     FieldSelector,
@@ -288,6 +288,7 @@ class Store:
         """
         if not isinstance(body, dict):
             raise errors.bad_request(f"the body of a {rtype.kind} create must be a JSON object")
+        bodytype.check_written(rtype, body)
         obj = copy.deepcopy(body)
         meta = _meta(obj)
         if rtype.namespaced:
@@ -499,6 +500,7 @@ class Store:
         """(old, new) for a PUT; raises 409 on a stale resourceVersion."""
         if not isinstance(body, dict):
             raise errors.bad_request(f"the body of a {rtype.kind} update must be a JSON object")
+        bodytype.check_written(rtype, body)
         old = self._view(rtype, self._stored(rtype, namespace, name))
         body_meta: JSON = body["metadata"] if isinstance(body.get("metadata"), dict) else {}
         body_name = body_meta.get("name")
@@ -539,6 +541,8 @@ class Store:
         ``old`` is the stored version itself under a read-only view: nothing may change it."""
         old = self._read_view(rtype, self._stored(rtype, namespace, name))
         patched = patched_document(old, content_type, patch, strategic=not rtype.custom)
+        if subresource is None and content_type != STRATEGIC_PATCH:
+            bodytype.check_patched(rtype, name, patched)
         patched_meta: JSON = patched["metadata"] if isinstance(patched.get("metadata"), dict) else {}
         if patched_meta.get("name") != name:
             raise errors.bad_request(
