@@ -22,6 +22,12 @@ shard-group steps → ``UpsertGroup`` on each shard.
   before the first change until the operator has made no call for ``QUIET_S``, divided by the number
   of changes, with the split by verb and resource in ``calls``. Baseline: the design minimum
   ``MIN_CALLS_PER_CHANGE`` (docs/benchmarks.md derives it); target ≤ 1.5 × that.
+* ``operator_sync_burst_cpu_s`` - the CPU seconds every process of the benchmark (API emulator, operator,
+  the three servers, this process) used from the burst's first ``PATCH`` until its last change was
+  announced, split by process in ``by_process``; baseline: the CPU the machine had meanwhile (wall time
+  x cores), so the ratio is how busy the machine was. ``floor_s`` (CPU / cores) is the shortest the
+  burst could have taken here with that much work: when it exceeds the p99 target, the target cannot be
+  met on this machine by waiting less, only by doing less.
 * ``operator_sync_upsert_failures`` - Warning Events recording an UpsertGroup a server refused or
   failed; target 0 (``unreachable`` counts ShardUnreachable events apart: lost leases, deadlines).
 
@@ -55,7 +61,7 @@ from typing import Any, Final
 
 import aiohttp
 import grpc
-from _agents import progress
+from _agents import cpu_seconds, progress
 from google.protobuf.empty_pb2 import Empty
 
 from nstance.operator.crds import names
@@ -109,8 +115,8 @@ def percentile(values: list[float], q: float) -> float:
 
 
 @contextmanager
-def emulator(root: Path) -> Iterator[tuple[Path, str]]:
-    """The Kubernetes API emulator in its own process; yields its kubeconfig and URL."""
+def emulator(root: Path) -> Iterator[tuple[Path, str, int]]:
+    """The Kubernetes API emulator in its own process; yields its kubeconfig, URL and process id."""
     kubeconfig = root / "kubeconfig"
     proc = subprocess.Popen(
         [
@@ -133,7 +139,7 @@ def emulator(root: Path) -> Iterator[tuple[Path, str]]:
         line = proc.stdout.readline()
         if not line:
             raise RuntimeError(f"the emulator did not start: {(root / 'kubeapi.log').read_text()}")
-        yield kubeconfig, str(json.loads(line)["url"])
+        yield kubeconfig, str(json.loads(line)["url"]), proc.pid
     finally:
         proc.terminate()
         with suppress(subprocess.TimeoutExpired):
@@ -261,6 +267,7 @@ async def measure(
     cluster: LocalCluster,
     stubs: dict[str, Any],
     baseline_stubs: dict[str, Any],
+    pids: dict[str, int],
 ) -> list[dict[str, Any]]:
     kube = Kube.from_configuration(await load_configuration(str(kubeconfig)), user_agent=BENCH_AGENT)
     calls = ApiCalls(api_url)
@@ -302,7 +309,9 @@ async def measure(
         await asyncio.gather(*(change(groups[i], 3) for i in range(SINGLE_CHANGES)))
         before_burst = await calls.settle()
         progress(f"measuring a burst of {POOLS} changes")
+        cpu_before, burst_started = cpu_of(pids), time.monotonic()
         burst = list(await asyncio.gather(*(change(g, 6) for g in groups)))
+        burst_cpu = burst_cpu_figure(cpu_before, cpu_of(pids), time.monotonic() - burst_started)
         burst_calls = per_change(before_burst, await calls.settle(), POOLS)
         failures, unreachable = await upsert_failures(kube)
         progress("measuring the direct-UpsertGroup baseline")
@@ -370,6 +379,7 @@ async def measure(
                 "shards": len(SHARDS),
             }
         )
+    results.append(burst_cpu)
     results.append(
         {
             "name": "operator_sync_upsert_failures",
@@ -385,6 +395,41 @@ async def measure(
         }
     )
     return results
+
+
+def pid_of(proc: subprocess.Popen[bytes] | None) -> int:
+    if proc is None:
+        raise RuntimeError("a process of the benchmark did not start")
+    return proc.pid
+
+
+def cpu_of(pids: dict[str, int]) -> dict[str, float]:
+    """CPU seconds each process has used so far."""
+    return {name: cpu_seconds(pid) for name, pid in pids.items()}
+
+
+def burst_cpu_figure(before: dict[str, float], after: dict[str, float], wall: float) -> dict[str, Any]:
+    """The CPU every process of the benchmark used from the burst's first PATCH until its last change
+    was announced, against the CPU the machine had meanwhile (``wall`` x cores): what the burst cost,
+    and whether the machine, not waiting, set its length. ``floor_s`` = CPU / cores is the shortest the
+    burst could have been on this machine with that much work."""
+    used = {name: round(after[name] - before[name], 2) for name in before}
+    total = sum(used.values())
+    cores = os.cpu_count() or 1
+    return {
+        "name": "operator_sync_burst_cpu_s",
+        "value": round(total, 2),
+        "unit": "CPU s",
+        "target": None,
+        "target_text": None,
+        "baseline": round(wall * cores, 2),
+        "baseline_name": f"the burst's wall time x {cores} cores",
+        "ratio": round(total / (wall * cores), 2),
+        "met": None,
+        "floor_s": round(total / cores, 2),
+        "wall_s": round(wall, 2),
+        "by_process": used,
+    }
 
 
 async def upsert_failures(kube: Kube) -> tuple[int, int]:
@@ -427,7 +472,7 @@ def main() -> None:
                 servers.append(start_leader(cluster, root / shard, shard=shard))
             identity = cluster.operator_identity(root / "bench-identity")
             baseline_identity = cluster.operator_identity(root / "baseline-identity", tenant="bench")
-            with emulator(root) as (kubeconfig, api_url):
+            with emulator(root) as (kubeconfig, api_url, api_pid):
 
                 async def bootstrap() -> None:
                     kube = Kube.from_configuration(
@@ -477,9 +522,14 @@ def main() -> None:
                         stubs[shard] = operator_pb2_grpc.OperatorServiceStub(channel)
                     return stubs
 
+                pids = {"api emulator": api_pid, "nstance-operator": pid_of(operator.proc)}
+                for shard, server in zip(SHARDS, servers, strict=True):
+                    pids[f"nstance-server {shard}"] = pid_of(server.proc)
+                pids["benchmark (clients, watchers)"] = os.getpid()
+
                 async def run() -> list[dict[str, Any]]:
                     return await measure(
-                        kubeconfig, api_url, cluster, stubs_for(identity), stubs_for(baseline_identity)
+                        kubeconfig, api_url, cluster, stubs_for(identity), stubs_for(baseline_identity), pids
                     )
 
                 try:
