@@ -34,7 +34,9 @@ INSTANCE_DETAILS: list[Column] = [
     ("shard", "shard"),
     ("instance id", "instance_id"),
     ("tenant", "tenant"),
-    ("status", "status"),
+    # GetInstanceStatus answers with the provider's word (running), where ``instance list`` and the
+    # live view show the agent's (registered, healthy): the label says which one this is.
+    ("provider status", "status"),
     ("provider id", "provider_instance_id"),
     ("created at", "created_at"),
     ("last seen", "last_seen"),
@@ -107,7 +109,8 @@ def instance_show(
     instance_id: Annotated[str, typer.Argument(help="Instance ID.")],
     output: OutputOpt = "table",
 ) -> None:
-    """Show one instance's status as the server sees it (GetInstanceStatus)."""
+    """Show one instance as the server sees it (GetInstanceStatus): its provider status (pending,
+    running, failed, deleted), where ``instance list`` shows how its agent is doing."""
     target = group_target(ctx, output)
 
     def action(client: ShardClient) -> list[Row]:
