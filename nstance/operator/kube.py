@@ -398,7 +398,10 @@ class Kube:
                 "name": f"{meta.get('name', 'object')}.{uuid.uuid4().hex[:12]}",
                 "namespace": namespace,
             },
-            "involvedObject": {**ref_of(obj), "namespace": namespace} if meta.get("uid") else {},
+            # A cluster-scoped object has no namespace: its events live in "default" and name none.
+            "involvedObject": {**ref_of(obj), **({"namespace": namespace} if meta.get("namespace") else {})}
+            if meta.get("uid")
+            else {},
             "reason": reason,
             "message": message[:1024],
             "type": "Warning" if warning else "Normal",

@@ -1460,6 +1460,101 @@ async def test_a_body_must_be_of_the_kind_its_path_serves(kube: Kube) -> None:
     assert (stored["kind"], stored["data"]) == ("ConfigMap", {"k": "v"})
 
 
+async def test_metadata_and_builtin_validation_match_the_real_server(kube: Kube) -> None:
+    """Label keys and values, annotation keys and finalizers must be valid names; an Event lives in the
+    namespace of the object it is about (``default`` for a cluster-scoped one); a Lease has a positive
+    duration and is updated only at a known resourceVersion."""
+
+    async def invalid(method: str, path: str, body: Any, *words: str, **kw: Any) -> None:
+        status, answer = await kube.raw(method, path, body, **kw)
+        assert (status, answer.get("reason")) == (422, "Invalid"), (method, path, body, answer)
+        for word in words:
+            assert word in answer["message"], answer["message"]
+
+    def labelled(name: str, **meta: Any) -> dict[str, Any]:
+        body = widget(name)
+        body["metadata"].update(meta)
+        return body
+
+    status, _ = await kube.raw(
+        "POST", kube.widgets(), labelled("ok", labels={"nstance.dev/group": "a-b", "empty": ""})
+    )
+    assert status == 201
+    await invalid(
+        "POST", kube.widgets(), labelled("v", labels={"x": "a b"}), "metadata.labels", "a valid label"
+    )
+    await invalid("POST", kube.widgets(), labelled("l", labels={"x": "a" * 64}), "no more than 63")
+    await invalid("POST", kube.widgets(), labelled("k", labels={"-x": "a"}), "name part must consist")
+    await invalid("POST", kube.widgets(), labelled("p", labels={"Example.com/x": "a"}), "prefix part")
+    await invalid("POST", kube.widgets(), labelled("a", annotations={"a b": "c"}), "metadata.annotations")
+    await invalid(
+        "PATCH", kube.widgets("ok"), {"metadata": {"finalizers": ["bad finalizer"]}}, "metadata.finalizers",
+        content_type=MERGE,
+    )  # fmt: skip
+    _, listed = await kube.raw("GET", kube.widgets())
+    assert [item["metadata"]["name"] for item in listed["items"]] == ["ok"]
+
+    events = f"/api/v1/namespaces/{kube.ns}/events"
+
+    def event(name: str, about: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "metadata": {"name": name},
+            "involvedObject": about,
+            "reason": "R",
+            "message": "m",
+            "type": "Normal",
+        }
+
+    status, _ = await kube.raw(
+        "POST", events, event("same", {"kind": "Widget", "name": "ok", "namespace": kube.ns})
+    )
+    assert status == 201
+    await invalid(
+        "POST", events, event("other", {"kind": "Widget", "name": "ok", "namespace": "elsewhere"}),
+        "involvedObject.namespace", "does not match event.namespace",
+    )  # fmt: skip
+    node = f"node-{kube.ns}"
+    await invalid(
+        "POST", events, event("node", {"kind": "Node", "name": node}), "does not match event.namespace"
+    )
+    # About a cluster-scoped object: in "default", naming no namespace; kubectl describe finds it so.
+    default_events = "/api/v1/namespaces/default/events"
+    status, _ = await kube.raw("POST", default_events, event(node, {"kind": "Node", "name": node}))
+    assert status == 201
+    try:
+        selector = f"involvedObject.kind=Node,involvedObject.name={node},involvedObject.namespace="
+        _, found = await kube.raw("GET", default_events, query={"fieldSelector": selector})
+        assert [e["metadata"]["name"] for e in found["items"]] == [node]
+    finally:
+        await kube.raw("DELETE", f"{default_events}/{node}")
+    await invalid(
+        "POST", f"/apis/events.k8s.io/v1/namespaces/{kube.ns}/events",
+        {
+            "metadata": {"name": "new"}, "regarding": {"kind": "Widget", "name": "ok", "namespace": kube.ns},
+            "reason": "R", "note": "m", "type": "Normal", "action": "A",
+            "reportingController": "nstance.dev/test", "reportingInstance": "i",
+        },
+        "eventTime: Required value",
+    )  # fmt: skip
+
+    leases = f"/apis/coordination.k8s.io/v1/namespaces/{kube.ns}/leases"
+    await invalid(
+        "POST", leases, {"metadata": {"name": "zero"}, "spec": {"leaseDurationSeconds": 0}},
+        "spec.leaseDurationSeconds", "must be greater than 0",
+    )  # fmt: skip
+    status, lease = await kube.raw(
+        "POST", leases, {"metadata": {"name": "l"}, "spec": {"holderIdentity": "a"}}
+    )
+    assert status == 201
+    await invalid(
+        "PUT", f"{leases}/l", {"metadata": {"name": "l"}, "spec": {"holderIdentity": "b"}},
+        "metadata.resourceVersion", "must be specified for an update",
+    )  # fmt: skip
+    lease["spec"]["holderIdentity"] = "b"
+    status, lease = await kube.raw("PUT", f"{leases}/l", lease)
+    assert (status, lease["spec"]["holderIdentity"]) == (200, "b")
+
+
 # ---------------------------------------------------------------------------------------------- webhooks
 
 

@@ -135,11 +135,9 @@ async def pod_names(kube: Kube, node: str) -> set[str]:
 
 
 async def node_events(kube: Kube, node: str, reason: str) -> list[Object]:
-    return [
-        e
-        for e in await kube.list(EVENTS, "default")
-        if e.get("reason") == reason and (e.get("involvedObject") or {}).get("name") == node
-    ]
+    """The node's events as ``kubectl describe node`` finds them: in ``default``, naming no namespace."""
+    selector = f"involvedObject.kind=Node,involvedObject.name={node},involvedObject.namespace="
+    return [e for e in await kube.list(EVENTS, "default", fields=selector) if e.get("reason") == reason]
 
 
 def condition(obj: Object | None, kind: str) -> dict[str, Any]:

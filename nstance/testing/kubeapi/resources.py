@@ -79,6 +79,7 @@ def _core(
     categories: tuple[str, ...] = (),
     group: str = "",
     version: str = "v1",
+    unconditional_update: bool = True,
 ) -> ResourceType:
     return ResourceType(
         group=group,
@@ -92,6 +93,7 @@ def _core(
         subresources=frozenset(subs),
         fields=COMMON_FIELDS + fields,
         storage_version=version,
+        unconditional_update=unconditional_update,
     )
 
 
@@ -136,7 +138,8 @@ BUILTINS: tuple[ResourceType, ...] = (
     _core("secrets", "Secret", True, fields=("type",)),
     _core("serviceaccounts", "ServiceAccount", True, short=("sa",), subs=("token",)),
     _core("services", "Service", True, short=("svc",), subs=("status",), categories=("all",)),
-    _core("leases", "Lease", True, group="coordination.k8s.io"),
+    # A Lease is an election's lock: kube-apiserver takes its updates only at a known resourceVersion.
+    _core("leases", "Lease", True, group="coordination.k8s.io", unconditional_update=False),
     _core("events", "Event", True, short=("ev",), group="events.k8s.io", fields=("regarding.name",)),
     _core(
         "customresourcedefinitions",

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from nstance.testing.kubeapi import bodytype, errors, fieldmanager, patches, scale, schema
+from nstance.testing.kubeapi import bodytype, builtinrules, errors, fieldmanager, patches, scale, schema
 from nstance.testing.kubeapi.resources import Registry, ResourceType, validate_crd
 from nstance.testing.kubeapi.selectors import (
     FieldSelector,
@@ -473,6 +473,9 @@ class Store:
                             "Only one reference can have Controller set to true",
                         )
                     )
+        problems.extend(builtinrules.metadata_problems(meta))
+        if not rtype.custom:
+            problems.extend(builtinrules.kind_problems(rtype.key, obj, creating=old is None))
         if rtype.custom and rtype.schema:
             obj, schema_problems = schema.apply_schema(obj, rtype.schema)
             problems.extend(schema_problems)
