@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import math
 import shutil
 from collections.abc import Iterator
@@ -269,7 +270,16 @@ def task_factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> a
     if inc is not None:
         inc.tasks.add(task)
         task.add_done_callback(inc.tasks.discard)
+        task.add_done_callback(functools.partial(_seen_if_dead, inc))
     return task
+
+
+def _seen_if_dead(inc: Incarnation, task: asyncio.Task[Any]) -> None:
+    """A task of a crashed server ends with the crash (``SimCrash``, raised where it stood): mark its
+    exception seen. The world already knows the process died, and nothing of it is left to await the
+    task, so asyncio would report it as never retrieved. A live server's tasks are left alone."""
+    if not inc.gate.alive and not task.cancelled():
+        task.exception()
 
 
 _TEMPLATE: dict[str, Path] = {}
