@@ -39,6 +39,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from kubernetes_asyncio import client, config, watch
 
+from nstance.operator.controllers.ondemand.names import SCHEDULING_GATE
+from nstance.operator.controllers.ondemand.pin_pod import pin_patch
 from nstance.testing.kubeapi import KubeAPIServer
 from nstance.testing.waiting import eventually
 
@@ -1553,6 +1555,51 @@ async def test_metadata_and_builtin_validation_match_the_real_server(kube: Kube)
     lease["spec"]["holderIdentity"] = "b"
     status, lease = await kube.raw("PUT", f"{leases}/l", lease)
     assert (status, lease["spec"]["holderIdentity"]) == (200, "b")
+
+
+async def test_a_pod_spec_changes_only_where_kubernetes_allows_and_the_operator_pins_a_gated_pod(
+    kube: Kube,
+) -> None:
+    """A pod's spec is fixed but for images and a few fields; a pod still held by a scheduling gate may
+    gain nodeSelector entries and lose gates. The operator's own pin patch must pass on both servers."""
+    pods = f"/api/v1/namespaces/{kube.ns}/pods"
+
+    def pod(name: str, **spec: Any) -> dict[str, Any]:
+        return {"metadata": {"name": name}, "spec": {"containers": [{"name": "c", "image": "a"}], **spec}}
+
+    async def patched(name: str, body: Any, content_type: str = STRATEGIC) -> tuple[int, Any]:
+        return await kube.raw("PATCH", f"{pods}/{name}", body, content_type=content_type)
+
+    gates = [{"name": SCHEDULING_GATE}, {"name": "example.com/other"}]
+    status, gated = await kube.raw(
+        "POST", pods, pod("gated", nodeSelector={"disk": "ssd"}, schedulingGates=gates)
+    )
+    assert status == 201, gated
+    status, answer = await patched("gated", {"spec": {"nodeSelector": {"disk": "hdd"}}})
+    assert status == 422, answer  # an existing entry may not change, even while gated
+    status, answer = await patched(
+        "gated", {"spec": {"schedulingGates": [*gates, {"name": "example.com/new"}]}}
+    )
+    assert status == 422, answer  # gates are only ever removed
+    status, pinned = await patched("gated", pin_patch(gated, "node-7"), JSON_PATCH)
+    assert status == 200, pinned
+    assert pinned["spec"]["nodeSelector"] == {"disk": "ssd", "kubernetes.io/hostname": "node-7"}
+    assert pinned["spec"]["schedulingGates"] == [{"name": "example.com/other"}]
+    status, ungated = await patched("gated", [{"op": "remove", "path": "/spec/schedulingGates"}], JSON_PATCH)
+    assert status == 200, ungated
+    assert "schedulingGates" not in ungated["spec"]
+    status, answer = await patched("gated", {"spec": {"nodeSelector": {"zone": "b"}}})
+    assert (status, answer["reason"]) == (422, "Invalid"), answer  # no gate left: scheduled as it is
+
+    status, _ = await kube.raw("POST", pods, pod("plain"))
+    assert status == 201
+    status, answer = await patched("plain", {"spec": {"restartPolicy": "Never"}})
+    assert (status, answer["reason"]) == (422, "Invalid"), answer
+    assert "pod updates may not change fields" in answer["message"]
+    status, answer = await patched("plain", {"spec": {"containers": [{"name": "c", "image": "b"}]}})
+    assert (status, answer["spec"]["containers"][0]["image"]) == (200, "b")
+    status, answer = await patched("plain", {"spec": {"tolerations": [{"key": "k", "operator": "Exists"}]}})
+    assert status == 200, answer  # tolerations may be added
 
 
 # ---------------------------------------------------------------------------------------------- webhooks

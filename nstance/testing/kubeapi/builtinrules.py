@@ -10,6 +10,10 @@ in ``tests/contract/test_kubeapi_contract.py``) and mirrored here:
   ``events.k8s.io``, the same stored object): an object's namespace must be the event's, and an event
   about a cluster-scoped object (no namespace) lives in ``default``; an ``events.k8s.io/v1`` Event
   also needs ``eventTime``;
+- a **Pod**'s spec changes only in its images, ``activeDeadlineSeconds``, ``terminationGracePeriodSeconds``
+  and added tolerations; its scheduling gates can only be removed, and while it has any (it is not
+  scheduled yet) ``nodeSelector`` entries and ``affinity`` may be added: how an on-demand pod is pinned
+  to its VM (``controllers/ondemand/pin_pod.py``);
 - a **Lease**'s ``leaseDurationSeconds`` is positive, and a Lease is updated only at a known
   ``resourceVersion`` (as custom resources are: ``ResourceType.unconditional_update``).
 
@@ -47,6 +51,13 @@ LABEL_VALUE_RULE = (
 EVENTS = ("", "events")
 EVENTS_K8S_IO = ("events.k8s.io", "events")
 LEASES = ("coordination.k8s.io", "leases")
+PODS = ("", "pods")
+POD_UPDATE_RULE = (
+    "pod updates may not change fields other than `spec.containers[*].image`,"
+    "`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only additions to "
+    "existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was "
+    "previously negative)"
+)
 
 
 def qualified_name_problems(value: str) -> list[str]:
@@ -102,10 +113,15 @@ def metadata_problems(meta: Mapping[str, Any]) -> list[errors.FieldError]:
     return found
 
 
-def kind_problems(key: tuple[str, str], obj: Mapping[str, Any], *, creating: bool) -> list[errors.FieldError]:
-    """What the built-in kind ``key`` (group, plural) requires of ``obj`` beyond its metadata."""
+def kind_problems(
+    key: tuple[str, str], obj: Mapping[str, Any], old: Mapping[str, Any] | None
+) -> list[errors.FieldError]:
+    """What the built-in kind ``key`` (group, plural) requires of ``obj`` beyond its metadata; ``old``
+    is the stored version an update replaces (None for a create)."""
     if key in (EVENTS, EVENTS_K8S_IO):
-        return _event_problems(key, obj, creating=creating)
+        return _event_problems(key, obj, creating=old is None)
+    if key == PODS and old is not None:
+        return pod_update_problems(old.get("spec") or {}, obj.get("spec") or {})
     if key == LEASES:
         duration = (obj.get("spec") or {}).get("leaseDurationSeconds")
         if isinstance(duration, int) and duration <= 0:
@@ -130,6 +146,58 @@ def _event_problems(
     if key == EVENTS_K8S_IO and creating and not obj.get("eventTime"):
         found.append(errors.required("eventTime"))
     return found
+
+
+def pod_update_problems(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[errors.FieldError]:
+    """What an update of a pod's spec from ``old`` to ``new`` changes that a pod may not change."""
+    old_gates = [g.get("name") for g in old.get("schedulingGates") or [] if isinstance(g, Mapping)]
+    new_gates = [g.get("name") for g in new.get("schedulingGates") or [] if isinstance(g, Mapping)]
+    added = [gate for gate in new_gates if gate not in old_gates]
+    if added:
+        return [
+            errors.forbidden(
+                "spec.schedulingGates",
+                f"only deletion is allowed, but found new scheduling gate '{added[0]}'",
+            )
+        ]
+    gated = bool(old_gates)
+    old_selector = old.get("nodeSelector") or {}
+    new_selector = new.get("nodeSelector") or {}
+    if (
+        gated
+        and isinstance(old_selector, Mapping)
+        and isinstance(new_selector, Mapping)
+        and any(new_selector.get(k) != v for k, v in old_selector.items())
+    ):
+        return [
+            errors.invalid(
+                "spec.nodeSelector",
+                "",
+                "only additions to spec.nodeSelector are allowed (no mutations or deletions)",
+            )
+        ]
+    old_tolerations = list(old.get("tolerations") or [])
+    new_tolerations = list(new.get("tolerations") or [])
+    # What may change is taken from the new spec; whatever else differs is refused.
+    mutable = {"activeDeadlineSeconds", "terminationGracePeriodSeconds", "schedulingGates"}
+    if gated:
+        mutable |= {"nodeSelector", "affinity"}
+    if new_tolerations[: len(old_tolerations)] == old_tolerations:
+        mutable.add("tolerations")
+    before = {k: v for k, v in old.items() if k not in mutable}
+    after = {k: v for k, v in new.items() if k not in mutable}
+    for field in ("containers", "initContainers"):
+        before[field] = _without_images(before.get(field))
+        after[field] = _without_images(after.get(field))
+    if before != after:
+        return [errors.forbidden("spec", POD_UPDATE_RULE)]
+    return []
+
+
+def _without_images(containers: Any) -> Any:
+    if not isinstance(containers, list):
+        return containers
+    return [{k: v for k, v in c.items() if k != "image"} if isinstance(c, Mapping) else c for c in containers]
 
 
 def _invalid(path: str, value: str, problems: list[str]) -> list[errors.FieldError]:

@@ -475,7 +475,7 @@ class Store:
                     )
         problems.extend(builtinrules.metadata_problems(meta))
         if not rtype.custom:
-            problems.extend(builtinrules.kind_problems(rtype.key, obj, creating=old is None))
+            problems.extend(builtinrules.kind_problems(rtype.key, obj, old))
         if rtype.custom and rtype.schema:
             obj, schema_problems = schema.apply_schema(obj, rtype.schema)
             problems.extend(schema_problems)
