@@ -366,6 +366,19 @@ def test_serving_provider_ids_leave_out_what_a_group_status_does_not_count(db: D
     assert one == {"ingress": ["vm-ingress-1"]}
 
 
+def test_live_rows_by_group_counts_live_rows_and_the_managed_among_them(db: Database) -> None:
+    for iid in ("a", "b", "gone"):
+        _add(db, iid)
+    _add(db, "od", on_demand=True)
+    _add(db, "only-od", group_key="batch", on_demand=True)
+    _add(db, "x", tenant="globex")
+    with db.session() as session:
+        repo.soft_delete(session, "gone", now=T0)
+    with db.read_connection() as conn:
+        counted = repo.live_rows_by_group(conn)
+    assert counted == {("acme", "workers"): (3, 2), ("acme", "batch"): (1, 0), ("globex", "workers"): (1, 1)}
+
+
 def test_awaiting_drain_ack_is_the_unacknowledged_drains_of_one_tenant(db: Database) -> None:
     for iid, at in (
         ("late", T0 + timedelta(minutes=2)),

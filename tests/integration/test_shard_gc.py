@@ -41,7 +41,7 @@ from nstance.server.agents.hub import HealthReport
 from nstance.server.app import tune_gc
 from nstance.server.reconcile import recovery
 from nstance.server.reconcile.gc import gc_cycle
-from nstance.server.reconcile.reconciler import Reconciler
+from nstance.server.reconcile.reconciler import READ_CONCURRENCY, Reconciler
 from nstance.server.reconcile.recovery import rebuild_cache
 from nstance.server.shard.build import build_shard
 from nstance.server.state import records
@@ -134,6 +134,19 @@ def h(tmp_path: Path) -> Iterator[Harness]:
     harness = Harness(tmp_path, size=2)
     yield harness
     harness.db.close()
+
+
+async def test_a_new_terms_first_pass_reads_a_small_group_at_once_while_big_reads_queue(h: Harness) -> None:
+    """After a takeover nothing is known of a group's size but the count: a group of a few rows is read
+    on the loop, not queued behind the reads of big groups (here: every read slot taken)."""
+    await h.reconcile()
+    assert len(h.rows()) == 2
+    fresh = Reconciler(h.ctx, h.shard.ops)  # the next term's reconciler
+    for _ in range(READ_CONCURRENCY):
+        await fresh._reads.acquire()  # big groups' reads hold every slot
+    await fresh.enqueue_all()
+    await asyncio.wait_for(fresh.reconcile(KEY), timeout=5)
+    assert fresh.reconciles == 1
 
 
 async def test_reconcile_creates_with_records_and_provider_ids(h: Harness) -> None:

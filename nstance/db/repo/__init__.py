@@ -64,11 +64,11 @@ from nstance.db.repo.instances import (
     get_instance,
     get_instance_by_nonce,
     get_instances,
-    groups_with_managed_instances,
     list_active_instances,
     list_instances,
     live_instance_ids,
     live_provider_ids,
+    live_rows_by_group,
     serving_provider_ids,
 )
 from nstance.db.repo.load_balancers import delete_lb_memberships, lb_members, lb_memberships, set_lb_status
@@ -104,7 +104,6 @@ __all__ = [
     "get_instance_by_nonce",
     "get_instances",
     "get_operator",
-    "groups_with_managed_instances",
     "insert_instance",
     "insert_instances",
     "is_serial_revoked",
@@ -117,6 +116,7 @@ __all__ = [
     "list_public_keys",
     "live_instance_ids",
     "live_provider_ids",
+    "live_rows_by_group",
     "mark_create_failed",
     "mark_registered_atomically",
     "normalize_serial",

@@ -148,7 +148,10 @@ def count_instances(bind: Bind) -> dict[tuple[str, str, str], int]:
     return {(t, g, str(st)): int(n) for t, g, st, n in plain(bind).execute(sql).fetchall()}
 
 
-def groups_with_managed_instances(bind: Bind) -> set[tuple[str, str]]:
-    """(tenant, group) of every group that still has a live managed instance."""
-    sql = "SELECT DISTINCT tenant, group_key FROM instances WHERE deleted_at IS NULL AND on_demand = 0"
-    return {(t, g) for t, g in plain(bind).execute(sql).fetchall()}
+def live_rows_by_group(bind: Bind) -> dict[tuple[str, str], tuple[int, int]]:
+    """(tenant, group) of every group with a live instance: (its live rows, the managed ones among them)."""
+    sql = (
+        "SELECT tenant, group_key, count(*), sum(on_demand = 0) FROM instances WHERE deleted_at IS NULL "
+        "GROUP BY tenant, group_key"
+    )
+    return {(t, g): (int(n), int(managed)) for t, g, n, managed in plain(bind).execute(sql).fetchall()}

@@ -84,7 +84,7 @@ class Reconciler:
         self._failures: dict[GroupKey, int] = {}
         self.queue: WorkQueue[GroupKey] = WorkQueue(background_limit=max(1, workers // BACKGROUND_SHARE))
         self._reads = asyncio.Semaphore(READ_CONCURRENCY)
-        self._rows_read: dict[GroupKey, int] = {}  # rows each group's last read found
+        self._rows_read: dict[GroupKey, int] = {}  # rows each group's last read (or count) found
         self.reconciles = 0
         #: When this leadership began (a reconciler lives for one term): silence is counted from here.
         self.leading_since = ctx.clock.now()
@@ -99,13 +99,18 @@ class Reconciler:
 
     def groups(self) -> set[GroupKey]:
         """Configured groups plus groups that still have managed instances (a removed group drains)."""
+        return self._groups_and_rows()[0]
+
+    def _groups_and_rows(self) -> tuple[set[GroupKey], dict[GroupKey, int]]:
+        """``groups()``, and the live rows of each group that has any (one aggregate query)."""
         keys: set[GroupKey] = set()
         snapshot = self._ctx.config.snapshot()
         if snapshot is not None:
             keys.update(snapshot.group_keys())
         with self._ctx.db.read_connection() as session:
-            keys |= repo.groups_with_managed_instances(session)
-        return keys
+            counted = repo.live_rows_by_group(session)
+        keys |= {key for key, (_, managed) in counted.items() if managed}
+        return keys, {key: rows for key, (rows, _) in counted.items()}
 
     async def enqueue_all(self, *, background: bool = False) -> None:
         """Mark every group for reconcile (the instance query runs in a worker thread).
@@ -114,7 +119,12 @@ class Reconciler:
         agent gone) is then reconciled before the rest of a 10,000-group resync, not after it. The
         first pass of a leadership is not background: every group needs it as soon as possible.
         """
-        keys = sorted(await asyncio.to_thread(self.groups))
+        found, rows = await asyncio.to_thread(self._groups_and_rows)
+        keys = sorted(found)
+        for key in keys:
+            # A group not read yet in this term is sized by the count: after a takeover a small group
+            # is then read on the loop at once instead of queueing behind the big groups' reads.
+            self._rows_read.setdefault(key, rows.get(key, 0))
         for start in range(0, len(keys), ENQUEUE_BATCH):
             if start:
                 await asyncio.sleep(0)  # 10,000 marks in one callback held the loop for a second
