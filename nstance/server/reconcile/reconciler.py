@@ -97,12 +97,9 @@ class Reconciler:
         self.queue.add(key, background=background)
         self._ctx.metrics.set_reconcile_queue_depth(len(self.queue))
 
-    def groups(self) -> set[GroupKey]:
-        """Configured groups plus groups that still have managed instances (a removed group drains)."""
-        return self._groups_and_rows()[0]
-
     def _groups_and_rows(self) -> tuple[set[GroupKey], dict[GroupKey, int]]:
-        """``groups()``, and the live rows of each group that has any (one aggregate query)."""
+        """Configured groups plus groups that still have managed instances (a removed group drains),
+        and the live rows of each group that has any (one aggregate query)."""
         keys: set[GroupKey] = set()
         snapshot = self._ctx.config.snapshot()
         if snapshot is not None:

@@ -36,8 +36,7 @@ def check_written(rtype: ResourceType, body: JSON) -> None:
         return
     problem = _builtin_problem(rtype, body)
     if problem is not None:
-        kind, detail = problem
-        version = str(body.get("apiVersion") or rtype.api_version).rpartition("/")[2]
+        kind, version, detail = problem
         raise errors.bad_request(
             f'{kind} in version "{version}" cannot be handled as a {rtype.kind}: {detail}'
         )
@@ -63,7 +62,7 @@ def check_patched(rtype: ResourceType, name: str, patched: JSON) -> None:
         return
     problem = _builtin_problem(rtype, patched)
     if problem is not None:
-        raise _patch_invalid(patched, problem[1])
+        raise _patch_invalid(patched, problem[2])
 
 
 def _check_custom(rtype: ResourceType, body: JSON) -> None:
@@ -85,19 +84,22 @@ def _check_custom(rtype: ResourceType, body: JSON) -> None:
         )
 
 
-def _builtin_problem(rtype: ResourceType, body: JSON) -> tuple[str, str] | None:
-    """``(kind, why)`` when ``body`` names a type other than built-in ``rtype`` (left out: the path's)."""
+def _builtin_problem(rtype: ResourceType, body: JSON) -> tuple[str, str, str] | None:
+    """``(kind, version, why)`` when ``body`` names a type other than built-in ``rtype`` (what it leaves
+    out is the path's)."""
     kind = str(body.get("kind") or rtype.kind)
     api_version = str(body.get("apiVersion") or rtype.api_version)
+    version = api_version.rpartition("/")[2]
     if api_version != rtype.api_version:
         return (
             kind,
+            version,
             f'no kind "{kind}" is registered for version "{api_version}" in scheme {SCHEME}',
         )
     if kind != rtype.kind:
-        version = api_version.rpartition("/")[2]
         internal = rtype.group.partition(".")[0] or "core"
-        return kind, f"converting ({version}.{kind}) to ({internal}.{rtype.kind}): unknown conversion"
+        why = f"converting ({version}.{kind}) to ({internal}.{rtype.kind}): unknown conversion"
+        return kind, version, why
     return None
 
 

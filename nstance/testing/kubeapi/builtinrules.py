@@ -29,7 +29,8 @@ from typing import Any
 from nstance.testing.kubeapi import errors
 
 _NAME_PART = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
-_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+"""A lowercase RFC 1123 subdomain (use ``fullmatch``): object names, and the prefix of a qualified name."""
 NAME_PART_MAX = 63
 PREFIX_MAX = 253
 
@@ -76,7 +77,7 @@ def qualified_name_problems(value: str) -> list[str]:
     if prefix:
         if len(prefix) > PREFIX_MAX:
             problems.append(f"prefix part must be no more than {PREFIX_MAX} bytes")
-        if not _SUBDOMAIN.fullmatch(prefix):
+        if not SUBDOMAIN.fullmatch(prefix):
             problems.append(PREFIX_RULE)
     return problems
 

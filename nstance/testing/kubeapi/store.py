@@ -67,7 +67,6 @@ CRD_CLEANUP = "customresourcecleanup.apiextensions.k8s.io"
 NAMESPACE_FINALIZER = "kubernetes"
 _SERVER_META = ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation")
 _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"
-_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 # Kinds whose create keeps the status the client sent (everything else with a status subresource drops it).
 _KEEP_STATUS_ON_CREATE = {("", "nodes")}
@@ -372,8 +371,8 @@ class Store:
         return self.commit_create(rtype, self.prepare_create(rtype, namespace, body))
 
     def _check_name(self, rtype: ResourceType, name: Any) -> None:
-        pattern = _LABEL if rtype.key == NAMESPACES else _SUBDOMAIN
-        if not isinstance(name, str) or len(name) > 253 or not pattern.match(name):
+        pattern = _LABEL if rtype.key == NAMESPACES else builtinrules.SUBDOMAIN
+        if not isinstance(name, str) or len(name) > 253 or not pattern.fullmatch(name):
             what = "RFC 1123 label" if rtype.key == NAMESPACES else "RFC 1123 subdomain"
             raise errors.invalid_object(
                 rtype.group,
