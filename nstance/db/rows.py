@@ -115,6 +115,21 @@ class PublicKeyRow(NamedTuple):
     updated_at: datetime
 
 
+class SyncRow(NamedTuple):
+    """The columns of an ``instances`` row that the provider sync compares with a listed VM.
+
+    Read by ``repo.sync_rows`` without the other columns' conversions (times, health JSON): the sync
+    reads every row of the shard, 100,000 of them, once per term and per GC pass.
+    """
+
+    tenant: str
+    group_key: str
+    provider_id: str | None
+    provider_status: str | None
+    deleted: bool
+    record_state: str
+
+
 class LbRow(NamedTuple):
     """One ``lb_instances`` row, read with plain SQL (the attributes of ``models.LbInstance``)."""
 

@@ -21,6 +21,7 @@ from nstance.db import repo
 from nstance.db.engine import Database, open_database
 from nstance.db.models import RECORD_PENDING, RECORD_PROVISIONED, Instance, LbInstance, PublicKey
 from nstance.db.repo import NonceClaim, PurgedInstance
+from nstance.db.rows import SyncRow
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 CERT_EXPIRY = T0 + timedelta(days=365)
@@ -989,3 +990,19 @@ def test_plain_connections_are_reopened_after_the_file_is_replaced(db: Database)
     db.replace_corrupt_file()  # the file is moved aside; pooled plain connections must not follow it
     with db.read_connection() as conn:
         assert repo.get_instance(conn, "i1") is None
+
+
+def test_sync_rows_are_every_row_with_the_columns_the_provider_sync_compares(db: Database) -> None:
+    _add(db, "a")
+    _add(db, "b", tenant="globex", group_key="batch")
+    _add(db, "gone")
+    with db.session() as session:
+        repo.set_provider_details(session, "a", provider_id="i-a", provider_status="running", now=T0)
+        repo.soft_delete(session, "gone", now=T0)
+    with db.read_connection() as conn:
+        rows = repo.sync_rows(conn)
+    assert rows == {
+        "a": SyncRow("acme", "workers", "i-a", "running", False, RECORD_PROVISIONED),
+        "b": SyncRow("globex", "batch", None, None, False, RECORD_PENDING),
+        "gone": SyncRow("acme", "workers", None, None, True, RECORD_PENDING),
+    }

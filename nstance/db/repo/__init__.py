@@ -70,6 +70,7 @@ from nstance.db.repo.instances import (
     live_provider_ids,
     live_rows_by_group,
     serving_provider_ids,
+    sync_rows,
 )
 from nstance.db.repo.load_balancers import delete_lb_memberships, lb_members, lb_memberships, set_lb_status
 from nstance.db.repo.operators import (
@@ -136,6 +137,7 @@ __all__ = [
     "soft_delete_many",
     "start_drain",
     "store_reported_addresses",
+    "sync_rows",
     "unmark_registered",
     "upsert_group_hashes",
     "upsert_operator",

@@ -16,7 +16,7 @@ from typing import Any
 
 from nstance.db.models import INACTIVE_PROVIDER_STATUSES, RECORD_FAILED
 from nstance.db.repo._sql import Bind, plain
-from nstance.db.rows import INSTANCES, InstanceRow, sqlite_time
+from nstance.db.rows import INSTANCES, InstanceRow, SyncRow, sqlite_time
 
 
 def _instances(bind: Bind, where: str, params: tuple[Any, ...] = ()) -> list[InstanceRow]:
@@ -114,6 +114,18 @@ def live_provider_ids(bind: Bind) -> dict[str, str | None]:
     """
     sql = "SELECT id, provider_id FROM instances WHERE deleted_at IS NULL"
     return dict(plain(bind).execute(sql).fetchall())
+
+
+def sync_rows(bind: Bind) -> dict[str, SyncRow]:
+    """Instance id -> the columns the provider sync compares, of every row, soft-deleted ones included."""
+    sql = (
+        "SELECT id, tenant, group_key, provider_id, provider_status, deleted_at IS NOT NULL, record_state "
+        "FROM instances"
+    )
+    return {
+        iid: SyncRow(tenant, group, provider_id, status, bool(deleted), state)
+        for iid, tenant, group, provider_id, status, deleted, state in plain(bind).execute(sql).fetchall()
+    }
 
 
 def serving_provider_ids(

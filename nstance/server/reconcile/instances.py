@@ -17,7 +17,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from nstance.core.backoff import Backoff
-from nstance.db.rows import InstanceRow
+from nstance.db.rows import InstanceRow, SyncRow
 from nstance.server.reconcile import members
 from nstance.server.reconcile.create import Creator
 from nstance.server.reconcile.owedstatus import OwedStatuses
@@ -68,9 +68,9 @@ class InstanceOps:
         """Every instance row, read in a worker thread (``members.read_rows``)."""
         return await members.read_rows(self._ctx.db, include_deleted=include_deleted)
 
-    async def read_rows_by_id(self, *, include_deleted: bool = False) -> dict[str, InstanceRow]:
-        """Every instance row by id, read in a worker thread (``members.read_rows_by_id``)."""
-        return await members.read_rows_by_id(self._ctx.db, include_deleted=include_deleted)
+    async def read_sync_rows(self) -> dict[str, SyncRow]:
+        """Every instance row by id, the provider sync's columns, read in a worker thread."""
+        return await members.read_sync_rows(self._ctx.db)
 
     async def read_provider_ids(self) -> dict[str, str | None]:
         """Instance id -> provider id of every live row, read in a worker thread."""

@@ -20,7 +20,7 @@ from nstance.core.plan import Member
 from nstance.db import repo
 from nstance.db.engine import Database
 from nstance.db.models import RECORD_FAILED
-from nstance.db.rows import InstanceRow
+from nstance.db.rows import InstanceRow, SyncRow
 from nstance.providers.base import UNHEALTHY_STATUSES, InstanceStatus
 from nstance.server.state.leadertime import in_term
 
@@ -164,11 +164,9 @@ async def read_rows(db: Database, *, include_deleted: bool = False) -> list[Inst
     return await _read_in_thread(db, lambda conn: repo.list_instances(conn, include_deleted=include_deleted))
 
 
-async def read_rows_by_id(db: Database, *, include_deleted: bool = False) -> dict[str, InstanceRow]:
-    """``read_rows`` keyed by instance id; the dictionary is built in the worker thread too."""
-    return await _read_in_thread(
-        db, lambda conn: {row.id: row for row in repo.list_instances(conn, include_deleted=include_deleted)}
-    )
+async def read_sync_rows(db: Database) -> dict[str, SyncRow]:
+    """``repo.sync_rows`` (every row, the provider sync's columns), read in a worker thread."""
+    return await _read_in_thread(db, repo.sync_rows)
 
 
 async def read_provider_ids(db: Database) -> dict[str, str | None]:

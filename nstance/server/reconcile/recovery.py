@@ -237,7 +237,7 @@ async def _sync_provider(ctx: ShardContext, ops: InstanceOps, consistency_grace:
     del vms
     report = SyncReport()
     now = ctx.clock.now()
-    rows = await ops.read_rows_by_id(include_deleted=True)
+    rows = await ops.read_sync_rows()
     snapshot = ctx.config.snapshot()
     limits = ops.brake_limits()
     held: dict[GroupKey, int] = {}
@@ -245,8 +245,8 @@ async def _sync_provider(ctx: ShardContext, ops: InstanceOps, consistency_grace:
     async for iid, vm in pacing.paced(by_instance.items()):  # 100,000 VMs: not in one piece
         if vm.status in GONE_STATUSES:
             continue
-        row = rows.get(iid)
-        if row is None or row.deleted_at is not None or row.record_state == RECORD_FAILED:
+        cached = rows.get(iid)
+        if cached is None or cached.deleted or cached.record_state == RECORD_FAILED:
             if iid in ops.in_flight:
                 continue
             vm = adoption.with_tenant(vm, snapshot)
@@ -254,10 +254,10 @@ async def _sync_provider(ctx: ShardContext, ops: InstanceOps, consistency_grace:
                 vm,
                 cluster_id=ident.cluster_id,
                 shard=ident.shard,
-                disclaimed=row is not None,
+                disclaimed=cached is not None,
                 unreadable=ops.unreadable,
             )
-            key = (row.tenant, row.group_key) if row is not None else (vm.tenant, vm.group)
+            key = (cached.tenant, cached.group_key) if cached is not None else (vm.tenant, vm.group)
             if decision.verdict is claims.Verdict.ORPHAN:
                 if not ops.budget.take(brake.ORPHANS, key, iid, ctx.clock.monotonic(), limits):
                     held[key] = held.get(key, 0) + 1
@@ -266,7 +266,7 @@ async def _sync_provider(ctx: ShardContext, ops: InstanceOps, consistency_grace:
                 ctx.fence()
                 await ctx.provider.delete_instance(iid, vm.provider_id)
                 report.orphans_deleted.append(iid)
-                if row is not None:
+                if cached is not None:
                     with ctx.db.write_connection() as session:
                         repo.soft_delete(session, iid, now=now)
                     report.groups.add(key)
@@ -287,12 +287,12 @@ async def _sync_provider(ctx: ShardContext, ops: InstanceOps, consistency_grace:
                     group=vm.group,
                 )
             continue
-        if row.provider_id != vm.provider_id:
+        if cached.provider_id != vm.provider_id:
             log.info("adopting VM %s as instance %s", vm.provider_id, iid)
             await asyncio.to_thread(
                 records.update_record,
                 ctx.store,
-                row.tenant,
+                cached.tenant,
                 iid,
                 provider_instance_id=vm.provider_id,
                 status=vm.status.value,
@@ -300,12 +300,12 @@ async def _sync_provider(ctx: ShardContext, ops: InstanceOps, consistency_grace:
             )
             ops.adopt(iid, vm)
             report.adopted.append(iid)
-            report.groups.add((row.tenant, row.group_key))
-        elif row.provider_status != vm.status.value:
+            report.groups.add((cached.tenant, cached.group_key))
+        elif cached.provider_status != vm.status.value:
             with ctx.db.write_connection() as session:
                 repo.set_provider_status(session, iid, vm.status.value, now=now)
             report.status_changed.append(iid)
-            report.groups.add((row.tenant, row.group_key))
+            report.groups.add((cached.tenant, cached.group_key))
     await pacing.release(rows)  # 100,000 rows freed at once held the loop for 150 ms
     kept = set(report.kept)
     for topic in [t for t in ops.holds.topics("unexplained-vms ") if t.split(" ", 1)[1] not in kept]:
