@@ -30,7 +30,7 @@ On-demand instances are never passed to ``plan_group``: they are not counted and
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -272,3 +272,23 @@ def next_on_demand_wakeup(
         elif not member.draining and ondemand_age is not None and member.created_at + ondemand_age > now:
             candidates.append(member.created_at + ondemand_age)
     return min(candidates) if candidates else None
+
+
+def pass_order(
+    keys: Iterable[tuple[str, str]],
+    sizes: Mapping[tuple[str, str], int],
+    managed: Mapping[tuple[str, str], int],
+) -> list[tuple[str, str]]:
+    """The order in which a pass over every group (a new term's first, a resync) marks them.
+
+    Groups whose managed live rows differ from their size come first: they need creates or deletes
+    (a group resized just before a failover, a removed group still holding instances), while a
+    group at its size usually needs nothing. Sorted by key within each part. Only the order
+    changes: every group is still reconciled, and one at its size with a broken member is repaired
+    in the same pass. ``sizes``: each configured group's size (a missing key: the group is gone);
+    ``managed``: each group's live managed rows as counted by the cache (missing: none).
+    """
+    ordered = sorted(keys)
+    out = [key for key in ordered if sizes.get(key, 0) != managed.get(key, 0)]
+    out += [key for key in ordered if sizes.get(key, 0) == managed.get(key, 0)]
+    return out

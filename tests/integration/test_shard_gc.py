@@ -149,6 +149,40 @@ async def test_a_new_terms_first_pass_reads_a_small_group_at_once_while_big_read
     assert fresh.reconciles == 1
 
 
+async def test_a_pass_over_every_group_marks_the_groups_short_of_or_over_their_size_first(
+    tmp_path: Path,
+) -> None:
+    """A new leader first acts where the count and the size differ (here a group resized just before
+    the failover, and a removed group still holding an instance), then checks the groups at their
+    size; every group is marked either way."""
+    groups = {"a-idle": {"template": "app", "size": 0}, "z-resized": {"template": "app", "size": 1}}
+    h = Harness(tmp_path, size=2, dynamic_groups={"default": groups})
+    try:
+        await h.reconcile()  # web: 2 of 2
+        with h.db.session() as session:
+            repo.insert_instance(
+                session,
+                instance_id="left",
+                tenant="default",
+                group_key="b-removed",
+                kind="knc",
+                nonce="jwt-left",
+                now=h.clock.now(),
+            )
+        fresh = Reconciler(h.ctx, h.shard.ops)  # the next term's reconciler, its queue not running
+        await fresh.enqueue_all()
+        order = [await fresh.queue.get() for _ in range(4)]
+        assert order == [
+            ("default", "b-removed"),
+            ("default", "z-resized"),
+            ("default", "a-idle"),
+            ("default", "web"),
+        ]
+        await fresh.close()
+    finally:
+        h.db.close()
+
+
 async def test_reconcile_creates_with_records_and_provider_ids(h: Harness) -> None:
     await h.reconcile()
     rows = h.rows()

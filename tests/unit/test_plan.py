@@ -11,6 +11,7 @@ from nstance.core.plan import (
     Reason,
     next_on_demand_wakeup,
     next_wakeup,
+    pass_order,
     plan_group,
     plan_on_demand,
 )
@@ -231,3 +232,17 @@ def test_an_acknowledged_on_demand_drain_becomes_a_delete() -> None:
     m = member("od", 120, registered=True, draining=True, drain_acked=True)
     plan = plan_on_demand([m], ondemand_age=timedelta(hours=1), drain_timeout=timedelta(minutes=5), now=NOW)
     assert [a.reason for a in plan.delete] == [Reason.DRAIN_COMPLETE]
+
+
+def test_pass_order_puts_groups_whose_count_differs_from_their_size_first() -> None:
+    keys = [("t", "c"), ("t", "a"), ("t", "gone"), ("t", "b"), ("s", "z")]
+    sizes = {("t", "a"): 3, ("t", "b"): 2, ("t", "c"): 0, ("s", "z"): 5}
+    managed = {("t", "a"): 3, ("t", "b"): 1, ("t", "gone"): 4, ("s", "z"): 6}
+    assert pass_order(keys, sizes, managed) == [
+        ("s", "z"),  # over its size
+        ("t", "b"),  # short of it
+        ("t", "gone"),  # removed, still holding instances
+        ("t", "a"),  # at its size
+        ("t", "c"),  # at its size of 0
+    ]
+    assert pass_order([], {}, {}) == []

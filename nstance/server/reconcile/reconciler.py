@@ -29,6 +29,7 @@ from nstance.core.plan import (
     Reason,
     next_on_demand_wakeup,
     next_wakeup,
+    pass_order,
     plan_group,
     plan_on_demand,
 )
@@ -97,27 +98,28 @@ class Reconciler:
         self.queue.add(key, background=background)
         self._ctx.metrics.set_reconcile_queue_depth(len(self.queue))
 
-    def _groups_and_rows(self) -> tuple[set[GroupKey], dict[GroupKey, int]]:
+    def _groups_and_rows(self) -> tuple[list[GroupKey], dict[GroupKey, int]]:
         """Configured groups plus groups that still have managed instances (a removed group drains),
-        and the live rows of each group that has any (one aggregate query)."""
-        keys: set[GroupKey] = set()
+        in ``pass_order``, and the live rows of each group that has any (one aggregate query)."""
+        sizes: dict[GroupKey, int] = {}
         snapshot = self._ctx.config.snapshot()
         if snapshot is not None:
-            keys.update(snapshot.group_keys())
+            sizes = {key: merged.size for key, merged in snapshot.merged_groups.items()}
         with self._ctx.db.read_connection() as session:
             counted = repo.live_rows_by_group(session)
-        keys |= {key for key, (_, managed) in counted.items() if managed}
+        managed = {key: count for key, (_, count) in counted.items() if count}
+        keys = pass_order(sizes.keys() | managed.keys(), sizes, managed)
         return keys, {key: rows for key, (rows, _) in counted.items()}
 
     async def enqueue_all(self, *, background: bool = False) -> None:
-        """Mark every group for reconcile (the instance query runs in a worker thread).
+        """Mark every group for reconcile, the groups short of or over their size first
+        (``pass_order``; the instance query runs in a worker thread).
 
         The periodic resync marks them ``background``: a change to one group (an UpsertGroup, an
         agent gone) is then reconciled before the rest of a 10,000-group resync, not after it. The
         first pass of a leadership is not background: every group needs it as soon as possible.
         """
-        found, rows = await asyncio.to_thread(self._groups_and_rows)
-        keys = sorted(found)
+        keys, rows = await asyncio.to_thread(self._groups_and_rows)
         for key in keys:
             # A group not read yet in this term is sized by the count: after a takeover a small group
             # is then read on the loop at once instead of queueing behind the big groups' reads.
