@@ -1006,3 +1006,19 @@ def test_sync_rows_are_every_row_with_the_columns_the_provider_sync_compares(db:
         "b": SyncRow("globex", "batch", None, None, False, RECORD_PENDING),
         "gone": SyncRow("acme", "workers", None, None, True, RECORD_PENDING),
     }
+
+
+def test_gc_and_restore_reads_are_the_unregistered_rows_and_the_ids_that_need_records(db: Database) -> None:
+    _add(db, "old", at=T0 - timedelta(minutes=1))
+    _add(db, "up")
+    _add(db, "failed")
+    _add(db, "gone")
+    with db.session() as session:
+        repo.mark_registered_atomically(
+            session, nonce="jwt-up", public_key_pem="pem", cert_serial=1, cert_expires_at=T0, now=T0
+        )
+        repo.mark_create_failed(session, "failed", now=T0)
+        repo.soft_delete(session, "gone", now=T0)
+    with db.read_connection() as conn:
+        assert [row.id for row in repo.list_unregistered_instances(conn)] == ["old", "failed"]
+        assert sorted(repo.recorded_instance_ids(conn)) == [("acme", "old"), ("acme", "up")]

@@ -93,6 +93,17 @@ def list_instances(bind: Bind, *, include_deleted: bool = False) -> list[Instanc
     return _instances(bind, where + _OLDEST_FIRST)
 
 
+def list_unregistered_instances(bind: Bind) -> list[InstanceRow]:
+    """Live rows whose agent has not registered, oldest first: the only ones a GC timeout can end."""
+    return _instances(bind, "deleted_at IS NULL AND registered_at IS NULL" + _OLDEST_FIRST)
+
+
+def recorded_instance_ids(bind: Bind) -> list[tuple[str, str]]:
+    """(tenant, id) of every live row whose create was not marked failed: the rows that need a record."""
+    sql = "SELECT tenant, id FROM instances WHERE deleted_at IS NULL AND record_state != ?"
+    return plain(bind).execute(sql, (RECORD_FAILED,)).fetchall()
+
+
 def get_instances(bind: Bind, instance_ids: list[str]) -> list[InstanceRow]:
     """The rows with these ids (unknown ids are left out), oldest first."""
     if not instance_ids:

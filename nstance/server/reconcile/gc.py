@@ -64,7 +64,7 @@ async def _gc_cycle(ctx: ShardContext, ops: InstanceOps) -> GcReport:
     stale_after = 2 * snapshot.config.shard.request_timeout
     now = ctx.clock.now()
     report = GcReport()
-    rows = await ops.read_rows()
+    rows = await ops.read_unregistered_rows()  # both timeouts below are for agents not registered
     async for row in pacing.paced(rows):
         if row.id in ops.in_flight:
             continue

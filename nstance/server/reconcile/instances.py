@@ -64,9 +64,9 @@ class InstanceOps:
         #: report here: its silence is counted from this moment plus one window, not from the term.
         self.rejoined: dict[str, datetime] = {}
 
-    async def read_rows(self, *, include_deleted: bool = False) -> list[InstanceRow]:
-        """Every instance row, read in a worker thread (``members.read_rows``)."""
-        return await members.read_rows(self._ctx.db, include_deleted=include_deleted)
+    async def read_unregistered_rows(self) -> list[InstanceRow]:
+        """Live rows whose agent has not registered, oldest first, read in a worker thread."""
+        return await members.read_unregistered_rows(self._ctx.db)
 
     async def read_sync_rows(self) -> dict[str, SyncRow]:
         """Every instance row by id, the provider sync's columns, read in a worker thread."""

@@ -159,9 +159,9 @@ async def _read_in_thread(db: Database, query: Callable[[sqlite3.Connection], T]
     return await asyncio.to_thread(read)
 
 
-async def read_rows(db: Database, *, include_deleted: bool = False) -> list[InstanceRow]:
-    """Every instance row (``repo.list_instances``), read in a worker thread: it may be 100,000."""
-    return await _read_in_thread(db, lambda conn: repo.list_instances(conn, include_deleted=include_deleted))
+async def read_unregistered_rows(db: Database) -> list[InstanceRow]:
+    """``repo.list_unregistered_instances``, read in a worker thread."""
+    return await _read_in_thread(db, repo.list_unregistered_instances)
 
 
 async def read_sync_rows(db: Database) -> dict[str, SyncRow]:

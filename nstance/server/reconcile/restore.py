@@ -17,6 +17,7 @@ from datetime import timedelta
 
 from nstance.core import pacing
 from nstance.core.errors import AlreadyExists
+from nstance.db import repo
 from nstance.db.models import RECORD_FAILED
 from nstance.db.rows import InstanceRow
 from nstance.server.reconcile.instances import InstanceOps
@@ -27,6 +28,8 @@ from nstance.server.state.leadertime import since_term
 log = logging.getLogger(__name__)
 
 _MISSING_NONCE = "missing-nonce:"
+#: Ids per query when the rows of missing records are read (SQLite caps a statement's parameters).
+ID_CHUNK = 500
 
 
 def record_from_row(row: InstanceRow, ctx: ShardContext) -> records.InstanceRecord:
@@ -59,18 +62,33 @@ def record_from_row(row: InstanceRow, ctx: ShardContext) -> records.InstanceReco
     )
 
 
+def _rows_without_record(ctx: ShardContext, keys: set[str]) -> list[InstanceRow]:
+    """The live rows (create not failed) whose record key is not in ``keys``, oldest first (a thread).
+
+    Only their ids are compared first: at 100,000 instances, reading every full row took about a
+    second of CPU per GC cycle, to find none missing.
+    """
+    with ctx.db.read_connection() as conn:
+        ids = repo.recorded_instance_ids(conn)
+        missing = [iid for tenant, iid in ids if records.record_key(tenant, iid) not in keys]
+        rows: list[InstanceRow] = []
+        for start in range(0, len(missing), ID_CHUNK):
+            rows += repo.get_instances(conn, missing[start : start + ID_CHUNK])
+    rows.sort(key=lambda row: (row.created_at, row.id))
+    return rows
+
+
 async def restore_missing_records(ctx: ShardContext, ops: InstanceOps, *, settle: timedelta) -> list[str]:
     """Write back the records of active rows that have none; the instance ids restored."""
     ctx.fence()
     keys = set(await asyncio.to_thread(ctx.store.list, records.RECORD_PREFIX))
-    rows = await ops.read_rows()
+    rows = await asyncio.to_thread(_rows_without_record, ctx, keys)
+    del keys
     restored: list[str] = []
     async for row in pacing.paced(rows):
         if row.id in ops.in_flight or row.record_state == RECORD_FAILED:
             continue
         if row.provider_id is None and since_term(ctx.clock, row.created_at) < settle:
-            continue
-        if records.record_key(row.tenant, row.id) in keys:
             continue
         record = record_from_row(row, ctx)
         ctx.fence()
