@@ -34,6 +34,7 @@ from nstance.pki.keys import load_private_key_pem
 from nstance.rpc import operator_pb2, operator_pb2_grpc
 from nstance.server.app import ServerApp, ServerOptions
 from nstance.testing.identities import make_identity
+from nstance.testing.procs import http_probe
 from nstance.testing.shardproc import (
     ENCRYPTION_KEY_B64,
     LocalCluster,
@@ -120,7 +121,12 @@ async def _serving(running: Running, *, ca_key_type: str, leaf: str, size: int) 
     )
     stop = asyncio.Event()
     task = asyncio.create_task(ServerApp(options).run(stop))
+
+    async def leads() -> bool:  # a standby answers ListGroups but refuses a write (CI saw it once)
+        return (await asyncio.to_thread(http_probe, running.addrs["health_addr"], "/leader/health"))[0] == 200
+
     try:
+        await eventually(leads, within=60, what="the server to lead its shard")
         yield running
     finally:
         stop.set()
