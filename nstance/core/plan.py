@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 
+from nstance.core.ids import GroupKey
+
 
 class Reason(StrEnum):
     """Why an instance is drained or deleted: recorded on the instance, counted in metrics and sent to
@@ -275,10 +277,8 @@ def next_on_demand_wakeup(
 
 
 def pass_order(
-    keys: Iterable[tuple[str, str]],
-    sizes: Mapping[tuple[str, str], int],
-    managed: Mapping[tuple[str, str], int],
-) -> list[tuple[str, str]]:
+    keys: Iterable[GroupKey], sizes: Mapping[GroupKey, int], managed: Mapping[GroupKey, int]
+) -> list[GroupKey]:
     """The order in which a pass over every group (a new term's first, a resync) marks them.
 
     Groups whose managed live rows differ from their size come first: they need creates or deletes
