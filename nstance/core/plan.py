@@ -288,7 +288,4 @@ def pass_order(
     in the same pass. ``sizes``: each configured group's size (a missing key: the group is gone);
     ``managed``: each group's live managed rows as counted by the cache (missing: none).
     """
-    ordered = sorted(keys)
-    out = [key for key in ordered if sizes.get(key, 0) != managed.get(key, 0)]
-    out += [key for key in ordered if sizes.get(key, 0) == managed.get(key, 0)]
-    return out
+    return sorted(keys, key=lambda key: (sizes.get(key, 0) == managed.get(key, 0), key))
