@@ -1,7 +1,8 @@
 """Shared helpers for the shard-server benchmarks (``scale_out.py``, ``decision_latency.py``).
 
 Responsible for: a scratch directory (under ``/dev/shm`` when it exists, so object-storage fsyncs and
-SQLite writes cost memory speed and the figures measure the server's own work, not the disk), a
+SQLite writes cost memory speed and the figures measure the server's own work, not the disk; set
+``NSTANCE_BENCH_SCRATCH`` to a directory on a real disk to measure with its fsyncs), a
 ``LocalCluster`` with its CA and nonce key, and an in-process ``ServerApp`` run on the current event
 loop until it leads its shard. Logging is set to WARNING so log formatting does not distort timing.
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -45,6 +47,8 @@ ELECTION = {"frequent_interval": "200ms", "infrequent_interval": "1s", "leader_t
 #: GC at its production default (2 min), so no GC cycle (a provider re-list) runs during a measurement.
 GC = {"interval": "2m", "registration_timeout": "1h"}
 SHM = Path("/dev/shm")
+#: Set to a directory to put the scratch files there instead (a real disk, to see what fsyncs cost).
+SCRATCH_ENV = "NSTANCE_BENCH_SCRATCH"
 #: How long a stopping server may take (its own shutdown_timeout is 5 s) before it is cancelled.
 STOP_TIMEOUT_S = 60.0
 
@@ -59,8 +63,9 @@ def quiet_logging() -> None:
 
 @contextlib.contextmanager
 def scratch_dir(prefix: str) -> Iterator[Path]:
-    """A temporary directory on ``/dev/shm`` if that exists, else the default temp dir; removed after."""
-    base = str(SHM) if SHM.is_dir() else None
+    """A temporary directory under ``$NSTANCE_BENCH_SCRATCH`` if set, else on ``/dev/shm`` if that exists,
+    else in the default temp dir; removed after."""
+    base = os.environ.get(SCRATCH_ENV) or (str(SHM) if SHM.is_dir() else None)
     path = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
     try:
         yield path
@@ -70,6 +75,9 @@ def scratch_dir(prefix: str) -> Iterator[Path]:
 
 def where_tmp() -> str:
     """Where ``scratch_dir`` puts its files (for the JSON notes)."""
+    chosen = os.environ.get(SCRATCH_ENV)
+    if chosen:
+        return f"{chosen} (${SCRATCH_ENV})"
     return "/dev/shm (tmpfs)" if SHM.is_dir() else tempfile.gettempdir()
 
 

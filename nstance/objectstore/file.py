@@ -136,6 +136,10 @@ class FileObjectStore:
     #: GIL from the event loop (bench/takeover_scale.py, docs/benchmarks.md).
     reader_threads = 2
 
+    #: Calls wait on local files, not on a network: a caller with many small writes makes them one
+    #: after another in one thread rather than each in its own (``records.is_local``).
+    local = True
+
     def __init__(self, root: Path | str) -> None:
         self._root = Path(root).expanduser().absolute()
         self._locks = self._root / _LOCK_DIR

@@ -21,6 +21,9 @@ def content_etag(data: bytes) -> str:
 class MemoryObjectStore:
     """A dict behind a lock."""
 
+    #: Calls wait on nothing but the lock (see ``FileObjectStore.local``).
+    local = True
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._objects: dict[str, tuple[bytes, str, datetime]] = {}

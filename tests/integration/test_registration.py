@@ -37,7 +37,7 @@ from nstance.db.rows import InstanceRow
 from nstance.objectstore.base import ObjectInfo
 from nstance.objectstore.memory import MemoryObjectStore
 from nstance.pki.ca import CertificateAuthority, create_ca
-from nstance.pki.certs import issue_client_certificate
+from nstance.pki.certs import IssuedCertificate, issue_client_certificate
 from nstance.pki.keys import generate_private_key, private_key_to_pem, public_key_to_pem
 from nstance.pki.nonce import agent_nonce_claims, operator_nonce_claims, sign_nonce
 from nstance.pki.peer import PeerIdentity, verify_client_certificate
@@ -72,9 +72,10 @@ class FlakyStore:
     def __init__(self, inner: MemoryObjectStore) -> None:
         self.inner = inner
         self.fail_records = False
+        self.fail_keys: set[str] = set()
 
     def _check(self, key: str) -> None:
-        if self.fail_records and key.startswith("instance/"):
+        if (self.fail_records and key.startswith("instance/")) or key in self.fail_keys:
             raise Unavailable("object storage unreachable (test)")
 
     def get(self, key: str) -> tuple[bytes, str]:
@@ -460,6 +461,37 @@ async def test_failed_record_write_undoes_the_claim_so_the_agent_can_retry(h: Ha
     h.store.fail_records = False
     response = await h.register_agent(nonce, p256_pem()[1])
     assert h.row(instance_id).cert_serial == h.peer(response.client_certificate_pem).serial
+
+
+async def test_records_of_registrations_in_one_loop_turn_are_one_job_and_a_failed_one_fails_alone(
+    h: Harness,
+) -> None:
+    made = [h.create_instance() for _ in range(6)]
+    failing = {made[1][0], made[4][0]}
+    h.store.fail_keys = {records.record_key(TENANT, iid) for iid in failing}
+    before = {iid: h.record(iid) for iid in failing}
+    results = await asyncio.gather(
+        *(
+            h.registrar.register_agent(
+                nonce_jwt=nonce, public_key_pem=p256_pem()[1], private_ipv4="", private_ipv6="", hostname=""
+            )
+            for _, nonce in made
+        ),
+        return_exceptions=True,
+    )
+    batcher = h.registrar.agents.record_writes  # the memory store under the test's wrapper is local
+    assert batcher is not None
+    assert (batcher.batches, batcher.items) == (1, 6)
+    for (iid, _), result in zip(made, results, strict=True):
+        row = h.row(iid)
+        if iid in failing:
+            assert isinstance(result, Unavailable), result
+            assert (row.registered_at, row.cert_serial) == (None, None)  # the claim was undone
+            assert h.record(iid) == before[iid]
+        else:
+            assert isinstance(result, IssuedCertificate), result
+            assert row.cert_serial == result.serial_hex
+            assert json.loads(h.record(iid)[0])["cert_serial"] == result.serial_hex
 
 
 async def test_standby_refuses_with_unavailable_naming_the_leader(h: Harness) -> None:

@@ -14,6 +14,7 @@ from nstance.core.errors import AlreadyExists, InvalidArgument, NotFound, Unavai
 from nstance.core.ids import new_puid
 from nstance.objectstore.file import FileObjectStore
 from nstance.objectstore.memory import MemoryObjectStore
+from nstance.objectstore.s3 import S3ObjectStore
 from nstance.objectstore.scoped import ScopedObjectStore
 from nstance.server.state import records as records_module
 from nstance.server.state.fencing import FencedStore
@@ -23,6 +24,7 @@ from nstance.server.state.records import (
     decode_record,
     delete_record,
     encode_record,
+    is_local,
     list_record_keys,
     list_records,
     parse_record_key,
@@ -279,6 +281,14 @@ def test_reader_threads_follow_what_the_store_under_the_wrappers_asks_for(
     assert reader_threads(MemoryObjectStore()) == records_module.LIST_WORKERS
     monkeypatch.setattr(records_module, "LIST_WORKERS", 1)  # as the deterministic simulation does
     assert reader_threads(local) == 1
+
+
+def test_local_stores_are_recognised_under_their_wrappers_and_remote_ones_are_not(tmp_path: Path) -> None:
+    wrapped = FencedStore(ScopedObjectStore(FileObjectStore(tmp_path), "shard/a"), fence=lambda: None)
+    assert is_local(wrapped)
+    assert is_local(MemoryObjectStore())
+    remote = S3ObjectStore.__new__(S3ObjectStore)  # not connected: only what the class declares is read
+    assert not is_local(FencedStore(remote, fence=lambda: None))
 
 
 class FlakyGets(MemoryObjectStore):

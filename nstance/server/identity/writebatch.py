@@ -31,9 +31,10 @@ R = TypeVar("R")
 
 
 class WriteBatcher(Generic[T, R]):
-    """Runs ``write_many`` on ``executor`` for the items submitted in one loop turn (see above)."""
+    """Runs ``write_many`` on ``executor`` (None: the loop's default one) for the items submitted in
+    one loop turn (see above)."""
 
-    def __init__(self, executor: Executor, write_many: Callable[[list[T]], Sequence[R]]) -> None:
+    def __init__(self, executor: Executor | None, write_many: Callable[[list[T]], Sequence[R]]) -> None:
         self._executor = executor
         self._write_many = write_many
         self._pending: list[tuple[T, asyncio.Future[R]]] = []

@@ -20,7 +20,7 @@ import contextlib
 import dataclasses
 import functools
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -365,6 +365,13 @@ def list_record_keys(store: ObjectStore) -> list[str]:
     return [key for key in store.list(RECORD_PREFIX) if key.endswith(_SUFFIX)]
 
 
+def is_local(store: ObjectStore) -> bool:
+    """Whether ``store`` under its wrappers says its calls wait on no network (a ``local`` attribute:
+    files on this host, memory), so that many small writes are cheaper made one after another in one
+    thread than each in a thread of its own."""
+    return bool(getattr(innermost(store), "local", False))
+
+
 def reader_threads(store: ObjectStore) -> int:
     """Reader threads worth running against ``store``: ``LIST_WORKERS``, or fewer if the store under
     its wrappers says so with a ``reader_threads`` attribute."""
@@ -473,3 +480,19 @@ def modify_record(
             continue
         return updated
     raise Unavailable(f"instance record {key} kept changing during {attempts} update attempts; retry")
+
+
+RecordChange = tuple[str, str, Callable[[InstanceRecord], InstanceRecord]]
+"""What ``modify_records`` applies: tenant, instance id and the change, as ``modify_record`` takes them."""
+
+
+def modify_records(store: ObjectStore, changes: Sequence[RecordChange]) -> list[InstanceRecord | Exception]:
+    """``modify_record`` for each change, one after another in this thread; in each change's place the
+    record as written or the exception that change raised, so one failed record fails no other."""
+    results: list[InstanceRecord | Exception] = []
+    for tenant, instance_id, change in changes:
+        try:
+            results.append(modify_record(store, tenant, instance_id, change))
+        except Exception as exc:  # noqa: BLE001 - handed to the caller that asked for this change
+            results.append(exc)
+    return results
