@@ -1,13 +1,15 @@
-"""Coalescing small writes into few jobs of the database writer thread (group commit).
+"""Coalescing small writes into few jobs of a worker thread (group commit).
 
 Each hand-over to a worker thread and back costs the event loop the GIL for a while (the woken
 thread takes it), which under load cost more than the one-row SQLite statement itself. A
 ``WriteBatcher`` keeps at most one job in flight: the items submitted while the loop runs its
 current callbacks, and all those submitted while the previous job ran, go to ``write_many`` as one
-list, in one job of the given executor (the shard's single database writer), and each caller gets
-the result at its position. ``write_many`` decides the transaction (normally one for the whole list);
-if it raises, every caller of that batch gets the exception. A lone write is sent at once, so waiting
-for a running job costs a caller no more than the job it would otherwise have queued behind.
+list, in one job of the given executor (the shard's single database writer for the registration
+claims; the loop's default executor for the registrations' record writes to a local store), and each
+caller gets the result at its position. ``write_many`` decides the transaction (normally one for the
+whole list); if it raises, every caller of that batch gets the exception. A lone write is sent at
+once, so waiting for a running job costs a caller no more than the job it would otherwise have queued
+behind.
 
 Measured with ``bench/registration.py`` before the in-flight rule: 1,001 claims went out in 994 jobs
 (one per loop turn), each about 2 ms of the writer's time, mostly spent waiting for the GIL; the
