@@ -36,7 +36,6 @@ from nstance.core.hostport import split_host_port
 from nstance.core.logformat import JsonFormatter
 from nstance.core.logthrottle import LogThrottle
 from nstance.core.ratelimit import TokenBucket
-from nstance.db import repo
 from nstance.db.engine import Database, open_database
 from nstance.objectstore.base import ObjectStore
 from nstance.objectstore.factory import StorageScopes, open_scopes, open_store
@@ -56,7 +55,7 @@ from nstance.secrets.cluster_identity import (
 from nstance.secrets.factory import open_secret_store
 from nstance.secrets.keys import load_encryption_keys
 from nstance.server.identity.interceptors import ServerInterceptor
-from nstance.server.identity.revocations import revocation_loop, sync_revocations
+from nstance.server.identity.revocations import DenyList, revocation_loop, sync_revocations
 from nstance.server.identity.tls import advertised_hosts, server_credentials
 from nstance.server.leadership.election import Elector, ElectorLeadership
 from nstance.server.net.addresses import advertised_addresses, bound_addresses
@@ -495,12 +494,9 @@ class ServerApp:
             if restored:
                 log.debug("restored %d operator registrations from cluster storage", restored)
 
-            def is_revoked(serial: str) -> bool:
-                with db.read_connection() as conn:
-                    return repo.is_serial_revoked(conn, serial)
-
-            # Fail closed: the deny-list is in SQLite before any port accepts a certificate.
-            if not await self._first_revocation_sync(cluster_store, db, stop):
+            # Fail closed: the deny-list is in SQLite and in memory before any port accepts a certificate.
+            deny = DenyList()
+            if not await self._first_revocation_sync(cluster_store, db, stop, deny):
                 return 0
             # The mTLS ports terminate TLS in OpenSSL in a child process (frontproc, tlsfront) so Ed25519
             # identities connect too; each connection's verified certificate reaches the interceptor
@@ -509,7 +505,7 @@ class ServerApp:
             interceptor = ServerInterceptor(
                 ca=identity.ca,
                 clock=self.clock,
-                is_revoked=is_revoked,
+                is_revoked=deny.revoked,
                 metrics=self.metrics,
                 peer_certificates=peers.certificate,
             )
@@ -637,7 +633,9 @@ class ServerApp:
             self.tls_front = front
             background.append(
                 asyncio.create_task(
-                    revocation_loop(cluster_store, db, clock=self.clock, interval=REVOCATION_SYNC_INTERVAL),
+                    revocation_loop(
+                        cluster_store, db, clock=self.clock, interval=REVOCATION_SYNC_INTERVAL, deny=deny
+                    ),
                     name="revocations",
                 )
             )
@@ -656,12 +654,13 @@ class ServerApp:
                 step()
 
     async def _first_revocation_sync(
-        self, cluster_store: ObjectStore, db: Database, stop: asyncio.Event
+        self, cluster_store: ObjectStore, db: Database, stop: asyncio.Event, deny: DenyList
     ) -> bool:
-        """Copy the deny-list into SQLite, retrying with backoff; False if ``stop`` was set first."""
+        """Copy the deny-list into SQLite and ``deny``, retrying with backoff; False if ``stop`` was set
+        first."""
 
         async def sync() -> bool:
-            await sync_revocations(cluster_store, db, clock=self.clock)
+            await sync_revocations(cluster_store, db, clock=self.clock, deny=deny)
             return True
 
         def failed(exc: Exception, delay: float) -> None:

@@ -26,7 +26,7 @@ from nstance.db.engine import Database, open_database
 from nstance.objectstore.base import ObjectStore
 from nstance.objectstore.file import FileObjectStore
 from nstance.objectstore.scoped import ScopedObjectStore
-from nstance.server.identity.revocations import revocation_loop, sync_revocations
+from nstance.server.identity.revocations import DenyList, revocation_loop, sync_revocations
 from nstance.server.state import records
 
 SHARD = "zone-a"
@@ -297,23 +297,25 @@ async def test_sync_puts_revoked_serials_into_sqlite(
     store.put("revoked/not-a-serial.json", b'{"serial": "0bad"}')
     store.put("revoked/junk.json", b"junk")
     clock = ManualClock(NOW)
+    deny = DenyList()
 
     with caplog.at_level(logging.WARNING, logger="nstance.server.identity.revocations"):
-        assert await sync_revocations(store, db, clock=clock) == 7
+        assert await sync_revocations(store, db, clock=clock, deny=deny) == 7
     warnings = " ".join(r.getMessage() for r in caplog.records)
     assert "revoking beef anyway (fail closed)" in warnings
     assert "revoking cafe, f00d anyway (fail closed)" in warnings
     assert "skipped deny-list object revoked/junk.json" in warnings
     with db.read_session() as session:
-        assert repo.is_serial_revoked(session, "ABCD")
-        assert repo.is_serial_revoked(session, 0x1234)
         assert repo.revoked_serials(session) == {"abcd", "1234", "beef", "cafe", "f00d", "dead", "bad"}
+    # What the auth interceptor asks: any spelling of a listed serial, nothing else.
+    assert all(deny.revoked(spelling) for spelling in ("ABCD", "0x1234", "00:f0:0d", "bad"))
+    assert not deny.revoked("99")
 
-    assert await sync_revocations(store, db, clock=clock) == 0
+    assert await sync_revocations(store, db, clock=clock, deny=deny) == 0
     assert run("cert", "revoke", "99", *flags(bucket)).code == 0
-    assert await sync_revocations(store, db, clock=clock) == 1
-    with db.read_session() as session:
-        assert repo.is_serial_revoked(session, "99")
+    assert not deny.revoked("99")  # until the next pass
+    assert await sync_revocations(store, db, clock=clock, deny=deny) == 1
+    assert all(deny.revoked(serial) for serial in ("99", "abcd"))
 
 
 class FlakyStore(ScopedObjectStore):
@@ -343,8 +345,10 @@ async def test_loop_survives_a_storage_error_and_picks_up_later_revocations(
         if len(sleeps) == 3:
             raise asyncio.CancelledError
 
+    deny = DenyList()
     with pytest.raises(asyncio.CancelledError):
-        await revocation_loop(store, db, clock=ManualClock(NOW), interval=30.0, sleep=fake_sleep)
+        await revocation_loop(store, db, clock=ManualClock(NOW), interval=30.0, sleep=fake_sleep, deny=deny)
     assert sleeps == [30.0, 30.0, 30.0]
     with db.read_session() as session:
         assert repo.revoked_serials(session) == {"aa", "bb"}
+    assert all(deny.revoked(serial) for serial in ("aa", "bb"))

@@ -84,7 +84,7 @@ from nstance.db.repo.operators import (
     upsert_operator,
 )
 from nstance.db.repo.public_keys import list_public_keys, upsert_public_key
-from nstance.db.repo.revocations import add_revoked_serial, is_serial_revoked, revoked_serials
+from nstance.db.repo.revocations import add_revoked_serial, revoked_serials
 
 __all__ = [
     "AgentClaim",
@@ -109,7 +109,6 @@ __all__ = [
     "get_operator",
     "insert_instance",
     "insert_instances",
-    "is_serial_revoked",
     "lb_members",
     "lb_memberships",
     "list_active_instances",

@@ -15,7 +15,7 @@ from sqlalchemy.dialects.sqlite import insert
 from sqlalchemy.orm import Session
 
 from nstance.db.models import RevokedCert
-from nstance.db.repo._sql import Bind, normalize_serial, plain, rowcount
+from nstance.db.repo._sql import normalize_serial, rowcount
 
 
 def add_revoked_serial(
@@ -35,16 +35,7 @@ def add_revoked_serial(
     return rowcount(session, statement) == 1
 
 
-def is_serial_revoked(bind: Bind, serial: int | str) -> bool:
-    """True if the serial (any accepted spelling) is on the deny list.
-
-    Plain SQL: every RPC's authentication asks this on the event loop, and an ORM ``Session.get``
-    cost about as much as the rest of an UpsertGroup's handling.
-    """
-    sql = "SELECT 1 FROM revoked_certs WHERE serial = ? LIMIT 1"
-    return plain(bind).execute(sql, (normalize_serial(serial),)).fetchone() is not None
-
-
 def revoked_serials(session: Session) -> set[str]:
-    """Every serial on the deny list, normalised (for an in-memory check in the auth path)."""
+    """Every serial on the deny list, normalised (the auth path checks a copy in memory,
+    ``revocations.DenyList``)."""
     return set(session.scalars(select(RevokedCert.serial)))

@@ -3,9 +3,11 @@
 ``nstance-admin cert revoke`` writes one object per revoked serial in the cluster scope,
 ``revoked/{serial}.json`` with ``{"serial", "revoked_at", "reason"}`` (serial in canonical lowercase
 hex). ``sync_revocations`` lists ``revoked/``, reads only the objects whose serial SQLite does not know
-yet, and adds them with ``repo.add_revoked_serial``; the auth interceptor then refuses those
-certificates (``repo.is_serial_revoked``). ``revocation_loop`` repeats this every interval for as long
-as the server runs, on leaders and standbys alike, and survives storage errors.
+yet, and adds them with ``repo.add_revoked_serial``. Each pass then hands every serial SQLite holds to
+a ``DenyList``, the in-memory copy the auth interceptor asks on every call: a set lookup, where a
+SQLite read on the event loop let a worker thread take the GIL for as long as its turn lasted (about
+0.6 ms per call in a burst of UpsertGroups). ``revocation_loop`` repeats this every interval for as
+long as the server runs, on leaders and standbys alike, and survives storage errors.
 
 The deny-list fails closed: an entry whose body is not JSON, or whose ``serial`` field differs from its
 name, still revokes every serial it names (the object name and, when readable, the body's field), with
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
 
 from nstance.core.clock import Clock
@@ -40,8 +42,30 @@ from nstance.pki.revocation_record import (
 log = logging.getLogger(__name__)
 
 
-def _sync_blocking(cluster_store: ObjectStore, db: Database, now: datetime) -> tuple[int, list[str]]:
-    """One pass (blocking I/O): how many serials were new, and one problem sentence per skipped object."""
+class DenyList:
+    """The revoked certificate serials as the auth path checks them (see the module docstring).
+
+    Empty until a sync pass fills it: the server opens no port before its first pass. A pass replaces
+    the whole set at once, so a reader on another thread sees the old set or the new one.
+    """
+
+    def __init__(self) -> None:
+        self._serials: frozenset[str] = frozenset()
+
+    def replace(self, serials: Iterable[str]) -> None:
+        """Hold ``serials`` (in ``repo.revoked_serials``' normalised form) from now on."""
+        self._serials = frozenset(serials)
+
+    def revoked(self, serial: str) -> bool:
+        """Whether ``serial`` (any spelling ``repo.normalize_serial`` accepts) is on the list."""
+        return repo.normalize_serial(serial) in self._serials
+
+
+def _sync_blocking(
+    cluster_store: ObjectStore, db: Database, now: datetime
+) -> tuple[int, list[str], set[str]]:
+    """One pass (blocking I/O): how many serials were new, one problem sentence per skipped object, and
+    every serial on the deny list afterwards."""
     keys = [key for key in cluster_store.list(REVOKED_PREFIX) if key.endswith(RECORD_SUFFIX)]
     with db.read_session() as session:
         known = repo.revoked_serials(session)
@@ -79,23 +103,32 @@ def _sync_blocking(cluster_store: ObjectStore, db: Database, now: datetime) -> t
                     session, entry.serial, now=entry.revoked_at or now, reason=entry.reason
                 ):
                     added += 1
-    return added, problems
+        with db.read_session() as session:
+            known = repo.revoked_serials(session)
+    return added, problems, known
 
 
-async def _sync(cluster_store: ObjectStore, db: Database, clock: Clock) -> tuple[int, list[str]]:
-    added, problems = await asyncio.to_thread(_sync_blocking, cluster_store, db, clock.now())
+async def _sync(
+    cluster_store: ObjectStore, db: Database, clock: Clock, deny: DenyList | None
+) -> tuple[int, list[str]]:
+    added, problems, serials = await asyncio.to_thread(_sync_blocking, cluster_store, db, clock.now())
+    if deny is not None:
+        deny.replace(serials)
     if added:
         log.info("certificate deny-list: %d new revoked serial(s) from object storage", added)
     return added, problems
 
 
-async def sync_revocations(cluster_store: ObjectStore, db: Database, *, clock: Clock) -> int:
-    """Add every serial in ``revoked/`` that SQLite lacks; return how many were new.
+async def sync_revocations(
+    cluster_store: ObjectStore, db: Database, *, clock: Clock, deny: DenyList | None = None
+) -> int:
+    """Add every serial in ``revoked/`` that SQLite lacks, and then hand them all to ``deny``; return
+    how many were new.
 
     Corrupt objects still revoke the serials they name, with a warning; storage errors (Unavailable)
-    propagate.
+    propagate (and ``deny`` keeps what it held).
     """
-    added, problems = await _sync(cluster_store, db, clock)
+    added, problems = await _sync(cluster_store, db, clock, deny)
     for problem in problems:
         log.warning("%s", problem)
     return added
@@ -108,6 +141,7 @@ async def revocation_loop(
     clock: Clock,
     interval: float,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    deny: DenyList | None = None,
 ) -> None:
     """Sync now and then every ``interval`` seconds until cancelled; errors are logged, never fatal.
 
@@ -118,7 +152,7 @@ async def revocation_loop(
     reported: set[str] = set()
     while True:
         try:
-            _, problems = await _sync(cluster_store, db, clock)
+            _, problems = await _sync(cluster_store, db, clock, deny)
             for problem in problems:
                 if problem not in reported:
                     log.warning("%s", problem)
