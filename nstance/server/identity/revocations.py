@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 
 from nstance.core.clock import Clock
@@ -52,9 +52,9 @@ class DenyList:
     def __init__(self) -> None:
         self._serials: frozenset[str] = frozenset()
 
-    def replace(self, serials: Iterable[str]) -> None:
+    def replace(self, serials: frozenset[str]) -> None:
         """Hold ``serials`` (in ``repo.revoked_serials``' normalised form) from now on."""
-        self._serials = frozenset(serials)
+        self._serials = serials
 
     def revoked(self, serial: str) -> bool:
         """Whether ``serial`` (any spelling ``repo.normalize_serial`` accepts) is on the list."""
@@ -63,7 +63,7 @@ class DenyList:
 
 def _sync_blocking(
     cluster_store: ObjectStore, db: Database, now: datetime
-) -> tuple[int, list[str], set[str]]:
+) -> tuple[int, list[str], frozenset[str]]:
     """One pass (blocking I/O): how many serials were new, one problem sentence per skipped object, and
     every serial on the deny list afterwards."""
     keys = [key for key in cluster_store.list(REVOKED_PREFIX) if key.endswith(RECORD_SUFFIX)]
@@ -105,7 +105,7 @@ def _sync_blocking(
                     added += 1
         with db.read_session() as session:
             known = repo.revoked_serials(session)
-    return added, problems, known
+    return added, problems, frozenset(known)
 
 
 async def _sync(
