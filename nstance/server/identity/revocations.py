@@ -103,9 +103,8 @@ def _sync_blocking(
                     session, entry.serial, now=entry.revoked_at or now, reason=entry.reason
                 ):
                     added += 1
-        with db.read_session() as session:
-            known = repo.revoked_serials(session)
-    return added, problems, frozenset(known)
+    # What SQLite now holds, without reading it again: what it held, and what this pass added to it.
+    return added, problems, frozenset(known | {repo.normalize_serial(serial) for serial in pending})
 
 
 async def _sync(
