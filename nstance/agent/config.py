@@ -16,7 +16,7 @@ from pathlib import Path
 from nstance.core.durations import parse_duration
 from nstance.core.errors import InvalidArgument
 from nstance.core.hostport import hostname_problem, split_host_port
-from nstance.core.ids import parse_puid
+from nstance.core.ids import validate_puid
 
 DEFAULT_IDENTITY_DIR = Path("/opt/nstance-agent/identity")
 DEFAULT_KEYS_DIR = Path("/opt/nstance-agent/keys")
@@ -130,7 +130,7 @@ def _address(env: Mapping[str, str], name: str, fallback: str = "") -> str:
 def _instance_id(env: Mapping[str, str], fallback: str) -> str:
     value = _required(env, "INSTANCE_ID", fallback)
     try:
-        parse_puid(value)
+        validate_puid(value)
     except InvalidArgument as exc:
         raise ConfigError("NSTANCE_INSTANCE_ID", f"{exc} (the server writes it into the userdata)") from None
     return value

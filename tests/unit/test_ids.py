@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import threading
 import uuid
 
@@ -114,3 +115,63 @@ def test_bad_instance_ids_are_refused_with_a_reason(text: str, message: str) -> 
 def test_bad_kind_refused() -> None:
     with pytest.raises(InvalidArgument, match="exactly 3 lowercase letters"):
         ids.new_puid("k1")
+
+
+def _reference_decode(text: str) -> int:
+    """The value of a Crockford base32 body read one 5-bit digit at a time, as the format describes it."""
+    value = 0
+    for char in text:
+        value = value << 5 | "0123456789abcdefghjkmnpqrstvwxyz".index(char)
+    return value >> 2
+
+
+def test_ids_decode_as_the_digit_by_digit_definition_does() -> None:
+    rng = random.Random(20261127)
+    values = [0, 1, (1 << 128) - 1, KNOWN_UUID.int] + [rng.getrandbits(128) for _ in range(2000)]
+    for value in values:
+        text = str(ids.Puid("abc", uuid.UUID(int=value)))[3:]
+        assert ids._decode(text) == _reference_decode(text) == value
+    # Look-alike letters are read as the digits they resemble, in either case.
+    assert ids.parse_puid(KNOWN_ID.replace("1", "l")) == ids.parse_puid(KNOWN_ID)
+    assert ids.parse_puid("knc" + KNOWN_ID[3:].upper()) == ids.parse_puid(KNOWN_ID)
+    assert ids.parse_puid(KNOWN_ID.replace("0", "O")) == ids.parse_puid(KNOWN_ID)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "u",  # a base32hex digit, but no Crockford one
+        " ",
+        "_",
+        "+",
+        "-",
+        "\u0663",  # ARABIC-INDIC DIGIT THREE: a digit to int(), not to this format
+        "\u0130",  # lowercases to two characters
+        "é",
+    ],
+)
+def test_characters_outside_crockford_base32_are_refused_wherever_they_stand(bad: str) -> None:
+    for at in (3, 15, 28):
+        text = KNOWN_ID[:at] + bad + KNOWN_ID[at + 1 :]
+        with pytest.raises(InvalidArgument, match="invalid base32 character"):
+            ids.parse_puid(text)
+
+
+def test_a_storage_key_worked_out_from_the_text_is_the_parsed_ids() -> None:
+    generator = ids.PuidGenerator()
+    for puid in [ids.parse_puid(KNOWN_ID)] + [generator.new("vmx") for _ in range(500)]:
+        assert ids.storage_key_of(str(puid)) == puid.storage_key
+    refusals = [("knc" + "0" * 26, "not a UUIDv7 \\(version None\\)"), ("knc06bgm", "29 characters")]
+    for text, message in refusals:
+        with pytest.raises(InvalidArgument, match=message):
+            ids.storage_key_of(text)
+
+
+def test_validating_an_id_refuses_what_parsing_refuses() -> None:
+    assert ids.validate_puid(KNOWN_ID) == KNOWN_ID
+    for text in ("knc" + "0" * 26, "knc06bgm7733st2576nx5jht4ecju", "KNC06bgm7733st2576nx5jht4ecjw", ""):
+        with pytest.raises(InvalidArgument) as parsing:
+            ids.parse_puid(text)
+        with pytest.raises(InvalidArgument) as validating:
+            ids.validate_puid(text)
+        assert str(validating.value) == str(parsing.value)

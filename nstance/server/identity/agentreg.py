@@ -36,7 +36,7 @@ from nstance.core.errors import (
     Unavailable,
 )
 from nstance.core.hostport import hostname_problem
-from nstance.core.ids import parse_puid
+from nstance.core.ids import validate_puid
 from nstance.db import repo
 from nstance.db.models import RECORD_FAILED
 from nstance.db.rows import InstanceRow
@@ -122,7 +122,7 @@ class AgentRegistration:
         )
         instance_id = claims.sub
         try:
-            parse_puid(instance_id)
+            validate_puid(instance_id)
         except InvalidArgument as exc:
             raise Unauthenticated(
                 f"registration nonce subject {instance_id!r} is not an instance id: {exc}"

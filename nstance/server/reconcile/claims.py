@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from nstance.core.errors import InvalidArgument
-from nstance.core.ids import parse_puid, validate_identifier
+from nstance.core.ids import validate_identifier, validate_puid
 from nstance.providers.base import ProviderInstance
 from nstance.server.state.records import RecordProblem
 
@@ -43,7 +43,7 @@ def is_ours(vm: ProviderInstance, cluster_id: str, shard: str) -> bool:
     if not vm.instance_id or vm.cluster_id != cluster_id or vm.shard != shard:
         return False
     try:
-        parse_puid(vm.instance_id)
+        validate_puid(vm.instance_id)
     except InvalidArgument:
         return False
     return True

@@ -28,7 +28,7 @@ from typing import Any, Self
 
 from nstance.config.merge import MergedGroupConfig
 from nstance.core.errors import AlreadyExists, InvalidArgument, NotFound, Unavailable
-from nstance.core.ids import parse_puid, parse_storage_key, validate_identifier
+from nstance.core.ids import parse_storage_key, storage_key_of, validate_identifier
 from nstance.core.wrapping import innermost
 from nstance.objectstore.base import ObjectNotFound, ObjectStore, PreconditionFailed
 
@@ -107,7 +107,7 @@ _IDENTITY = ("instance_id", "tenant")
 def record_key(tenant: str, instance_id: str) -> str:
     """``instance/{tenant}.{uuid}-{kind}.json``; InvalidArgument for a bad tenant or instance id."""
     validate_identifier(tenant, "tenant")
-    return f"{RECORD_PREFIX}{tenant}.{parse_puid(instance_id).storage_key}{_SUFFIX}"
+    return f"{RECORD_PREFIX}{tenant}.{storage_key_of(instance_id)}{_SUFFIX}"
 
 
 def parse_record_key(key: str) -> tuple[str, str]:
