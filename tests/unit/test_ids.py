@@ -128,13 +128,17 @@ def _reference_decode(text: str) -> int:
 def test_ids_decode_as_the_digit_by_digit_definition_does() -> None:
     rng = random.Random(20261127)
     values = [0, 1, (1 << 128) - 1, KNOWN_UUID.int] + [rng.getrandbits(128) for _ in range(2000)]
+    look_alikes = 0
     for value in values:
         text = str(ids.Puid("abc", uuid.UUID(int=value)))[3:]
         assert ids._decode(text) == _reference_decode(text) == value
-    # Look-alike letters are read as the digits they resemble, in either case.
-    assert ids.parse_puid(KNOWN_ID.replace("1", "l")) == ids.parse_puid(KNOWN_ID)
-    assert ids.parse_puid("knc" + KNOWN_ID[3:].upper()) == ids.parse_puid(KNOWN_ID)
-    assert ids.parse_puid(KNOWN_ID.replace("0", "O")) == ids.parse_puid(KNOWN_ID)
+        # Look-alike letters are read as the digits they resemble (parse_puid lowercases first).
+        if "0" in text and "1" in text:
+            look_alikes += 1
+            for zero, one in (("o", "i"), ("o", "l")):
+                assert ids._decode(text.replace("0", zero).replace("1", one)) == value
+    assert look_alikes > 100
+    assert ids.parse_puid("knc" + KNOWN_ID[3:].upper().replace("0", "O")) == ids.parse_puid(KNOWN_ID)
 
 
 @pytest.mark.parametrize(
