@@ -73,6 +73,8 @@ class FlakyStore:
         self.inner = inner
         self.fail_records = False
         self.fail_keys: set[str] = set()
+        #: Writes to these keys land, then report a failure (a timeout after the store took the write).
+        self.land_then_fail_keys: set[str] = set()
 
     def _check(self, key: str) -> None:
         if (self.fail_records and key.startswith("instance/")) or key in self.fail_keys:
@@ -90,7 +92,10 @@ class FlakyStore:
 
     def put_if_match(self, key: str, data: bytes, etag: str | None) -> str:
         self._check(key)
-        return self.inner.put_if_match(key, data, etag)
+        written = self.inner.put_if_match(key, data, etag)
+        if key in self.land_then_fail_keys:
+            raise Unavailable("object storage timed out (test; the write landed)")
+        return written
 
     def delete(self, key: str, if_match: str | None = None) -> None:
         self.inner.delete(key, if_match)
@@ -461,6 +466,48 @@ async def test_failed_record_write_undoes_the_claim_so_the_agent_can_retry(h: Ha
     h.store.fail_records = False
     response = await h.register_agent(nonce, p256_pem()[1])
     assert h.row(instance_id).cert_serial == h.peer(response.client_certificate_pem).serial
+
+
+async def test_a_claim_on_a_cache_row_behind_its_record_is_refused_when_the_record_holds_another_registration(
+    h: Harness,
+) -> None:
+    # Sim seed 952005298: another leader registered the agent while this server could not read the
+    # record, so this server's row still said "unregistered" and a replay of the nonce was accepted.
+    instance_id, nonce = h.create_instance()
+    first = h.peer((await h.register_agent(nonce, p256_pem()[1])).client_certificate_pem)
+    with h.db.write_connection() as conn:  # the row as that server held it
+        assert repo.unmark_registered(
+            conn, instance_id=instance_id, cert_serial=first.serial, now=h.clock.now()
+        )
+    record_before = h.record(instance_id)
+
+    h.clock.advance(30)
+    err = await rpc_error(h.register_agent(nonce, p256_pem()[1], hostname="evil"))
+    assert err.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert "nonce already used" in (err.details() or "")
+    assert h.record(instance_id) == record_before  # the registration in the record stands
+    row = h.row(instance_id)  # the row takes the record's word, not the caller's
+    assert (row.cert_serial, row.registered_at) == (first.serial, h.clock.now() - timedelta(seconds=30))
+    assert row.hostname is None
+
+
+async def test_a_record_write_that_landed_but_failed_is_overwritten_by_the_agents_retry(h: Harness) -> None:
+    # The failed call's certificate was never handed out, so its registration in the record does not
+    # use the nonce up: the retry with the same nonce registers.
+    instance_id, nonce = h.create_instance()
+    h.store.land_then_fail_keys = {records.record_key(TENANT, instance_id)}
+    err = await rpc_error(h.register_agent(nonce, p256_pem()[1]))
+    assert err.code() == grpc.StatusCode.UNAVAILABLE
+    landed = json.loads(h.record(instance_id)[0])["cert_serial"]
+    assert landed
+    assert h.row(instance_id).registered_at is None
+
+    h.store.land_then_fail_keys = set()
+    response = await h.register_agent(nonce, p256_pem()[1])
+    serial = h.peer(response.client_certificate_pem).serial
+    assert serial != landed
+    assert h.row(instance_id).cert_serial == serial
+    assert json.loads(h.record(instance_id)[0])["cert_serial"] == serial
 
 
 async def test_records_of_registrations_in_one_loop_turn_are_one_job_and_a_failed_one_fails_alone(

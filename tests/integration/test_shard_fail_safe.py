@@ -223,6 +223,32 @@ async def test_a_repaired_record_brings_its_instance_back_without_a_leadership_c
     assert h.shard.ops.holds.summary() is None
 
 
+async def test_a_repaired_record_brings_a_kept_row_up_to_date(h: Harness) -> None:
+    """The row of an unreadable record is kept as this server last had it; another leader may have
+    registered the agent meanwhile (sim seed 952005298). Once the record reads again the row takes its
+    word, so a replay of the nonce meets the registration in SQLite too."""
+    await h.reconcile()
+    await h.shard.ops.followups.settled()
+    victim = sorted(h.live())[0]
+    doc = json.loads(h.store.get(key_of(victim))[0])
+    h.store.put(key_of(victim), b"")
+    await new_leader(h)  # the cache is kept: the victim's row stays, unregistered
+    row = next(r for r in h.rows() if r.id == victim)
+    assert row.registered_at is None
+    doc.update(
+        registered_at=h.clock.now().isoformat(),
+        cert_serial="5eed",
+        hostname="node-7",
+        private_ipv4="10.9.8.7",
+    )
+    h.store.put(key_of(victim), json.dumps(doc).encode())  # repaired, with that other registration
+    await gc_cycle(h.ctx, h.shard.ops)
+    row = next(r for r in h.rows() if r.id == victim)
+    assert (row.cert_serial, row.hostname, row.ip4) == ("5eed", "node-7", "10.9.8.7")
+    assert row.registered_at is not None
+    assert h.shard.ops.unreadable == []
+
+
 async def test_a_repaired_record_is_not_blamed_for_the_silence_while_it_was_unreadable(
     h: Harness, tmp_path: Path
 ) -> None:

@@ -14,6 +14,7 @@ import pytest
 
 from nstance.config import editing
 from nstance.db import repo
+from nstance.server.identity import agentreg
 from nstance.server.identity.agentreg import AgentRegistration
 from nstance.simulation import cloud, floods
 from nstance.simulation.run import run_seed
@@ -56,9 +57,14 @@ def test_without_size_limits_a_flood_is_caught_growing_groups(monkeypatch: pytes
 
 
 def test_a_replayed_registration_that_succeeds_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The guard removed: the claim no longer requires an unregistered row, so a nonce read from a
-    registered VM's user data registers a second key for it."""
+    """Both guards removed: the claim no longer requires an unregistered row, and the registration in
+    the instance record is no longer checked, so a nonce read from a registered VM's user data
+    registers a second key for it."""
     original = AgentRegistration._claim_many
+    checked = agentreg._registered_record
+
+    def trusting(rec: Any, ours: frozenset[str], *args: Any) -> Any:
+        return checked(rec, ours | {rec.cert_serial}, *args)
 
     def forgetful(self: AgentRegistration, requests: list[Any]) -> list[repo.AgentClaim]:
         out = []
@@ -72,5 +78,6 @@ def test_a_replayed_registration_that_succeeds_is_caught(monkeypatch: pytest.Mon
         return out
 
     monkeypatch.setattr(AgentRegistration, "_claim_many", forgetful)
+    monkeypatch.setattr(agentreg, "_registered_record", trusting)
     problems = [p for seed in SEEDS for p in run_seed(seed, fault_kinds=FLOODS).problems]
     assert any("a replay of the nonce of registered instance" in p for p in problems), problems

@@ -6,8 +6,16 @@ shard's database writer, ``writebatch``), so of any number of concurrent or repl
 exactly one succeeds; the others get ALREADY_EXISTS and change nothing. The winner's certificate
 facts are then written to the instance record in object storage (compare-and-swap); if that write
 fails, the SQLite claim is undone (guarded by the certificate serial) and the agent gets
-UNAVAILABLE, so it can retry with the same nonce. A registration is reported to the shard through
-``RegistrationEvents``. Renewal is ``renewal``; operators are ``operatorreg``.
+UNAVAILABLE, so it can retry with the same nonce.
+
+The record has the last word. A claim can succeed on a cache row that is behind its record (another
+leader registered the agent while this server could not read the record); it then meets that other
+registration in the record, is refused ALREADY_EXISTS, and the row takes the record's word. A
+registration this process wrote and undid (a write that failed but may have landed) is not another
+one: its certificate was never handed out, so a retry may replace it.
+
+A registration is reported to the shard through ``RegistrationEvents``. Renewal is ``renewal``;
+operators are ``operatorreg``.
 
 On a store whose calls wait on no network (``records.is_local``: the ``file://`` default) the record
 writes of the registrations that reach that point in one loop turn are one job of a worker thread too,
@@ -44,11 +52,15 @@ from nstance.pki.certs import IssuedCertificate
 from nstance.pki.nonce import NonceClaims, verify_nonce
 from nstance.server.identity import issuing
 from nstance.server.identity.writebatch import WriteBatcher
+from nstance.server.reconcile import recovery
 from nstance.server.state import records
 from nstance.server.state.context import ShardContext
 from nstance.server.state.records import InstanceRecord
 
 log = logging.getLogger(__name__)
+
+UNDONE_KEPT = 10_000
+"""Instances whose undone claims' serials ``AgentRegistration`` remembers at most (oldest dropped)."""
 
 
 class RegistrationEvents(Protocol):
@@ -99,6 +111,11 @@ class AgentRegistration:
         self.record_writes: WriteBatcher[records.RecordChange, InstanceRecord | Exception] | None = None
         if records.is_local(ctx.store):
             self.record_writes = WriteBatcher(None, functools.partial(records.modify_records, ctx.store))
+        #: Per instance, the serials of this process's claims undone after their record write failed.
+        #: Such a write may still have landed (a timeout after the store took it), and its certificate
+        #: was never handed out, so a retry may overwrite it; any other registration in the record is
+        #: a nonce already used (``_registered_record``).
+        self._undone: dict[str, set[str]] = {}
 
     async def register_agent(
         self,
@@ -151,6 +168,7 @@ class AgentRegistration:
         await issuing.uncancellable(
             self._finish_agent(claims.tenant, instance_id, pem, issued, now, reported)
         )
+        self._undone.pop(instance_id, None)
         log.info(
             "agent registered",
             extra={"instance_id": instance_id, "tenant": claims.tenant, "cert_serial": issued.serial_hex},
@@ -191,17 +209,29 @@ class AgentRegistration:
         ip4, ip6, hostname = reported
         loop = asyncio.get_running_loop()
         self.ctx.fault_point("after-registration-claim")
+        ours = frozenset(self._undone.get(instance_id, ())) | {issued.serial_hex}
         try:
             ctx.fence()
             await self._write_record(
                 (
                     tenant,
                     instance_id,
-                    lambda rec: self._registered_record(rec, pem, issued, now, ip4, ip6, hostname),
+                    lambda rec: _registered_record(rec, ours, pem, issued, now, ip4, ip6, hostname),
                 )
             )
+        except _UsedInRecord as exc:
+            # The cache row was behind its record: it takes the record's word (which replaces this
+            # claim, and the addresses the caller reported with it).
+            await loop.run_in_executor(self._db_writer, self._refresh_row, exc.record)
+            log.warning(
+                "agent %s: registration refused: %s; its cache row is refreshed from the record",
+                instance_id,
+                exc,
+            )
+            raise
         except Exception as exc:
             undone = await loop.run_in_executor(self._db_writer, self._unclaim, instance_id, issued, now)
+            self._remember_undone(instance_id, issued.serial_hex)
             log.warning(
                 "agent %s: registration not recorded in object storage (%s); nonce claim %s",
                 instance_id,
@@ -275,24 +305,57 @@ class AgentRegistration:
                 session, instance_id=instance_id, cert_serial=issued.serial_hex, now=now
             )
 
-    @staticmethod
-    def _registered_record(
-        rec: InstanceRecord,
-        pem: str,
-        issued: IssuedCertificate,
-        now: datetime,
-        ip4: str,
-        ip6: str,
-        hostname: str,
-    ) -> InstanceRecord:
-        return dataclasses.replace(
-            rec,
-            registered_at=now,
-            public_key_pem=pem,
-            cert_serial=issued.serial_hex,
-            cert_expires_at=issued.not_after,
-            private_ipv4=ip4 or rec.private_ipv4,
-            private_ipv6=ip6 or rec.private_ipv6,
-            hostname=hostname or rec.hostname,
-            last_updated=now,
+    def _refresh_row(self, rec: InstanceRecord) -> None:
+        with self.ctx.db.write_connection() as conn:
+            recovery.refresh_rows(conn, [rec])
+
+    def _remember_undone(self, instance_id: str, serial: str) -> None:
+        """Note a claim undone after a failed record write (at most ``UNDONE_KEPT`` instances)."""
+        self._undone.setdefault(instance_id, set()).add(serial)
+        while len(self._undone) > UNDONE_KEPT:
+            del self._undone[next(iter(self._undone))]
+
+
+class _UsedInRecord(AlreadyExists):
+    """The instance record holds another registration: the nonce was used (``record`` is that record)."""
+
+    def __init__(self, record: InstanceRecord) -> None:
+        super().__init__(
+            f"registration nonce already used: the record of instance {record.instance_id} holds the "
+            f"registration of certificate {record.cert_serial}, and a nonce registers one agent once "
+            "(a registered agent renews with RenewAgentCertificate)"
         )
+        self.record = record
+
+
+def _registered_record(
+    rec: InstanceRecord,
+    ours: frozenset[str],
+    pem: str,
+    issued: IssuedCertificate,
+    now: datetime,
+    ip4: str,
+    ip6: str,
+    hostname: str,
+) -> InstanceRecord:
+    """``rec`` with this registration's facts; AlreadyExists if it holds another registration.
+
+    The record is the durable word on whether a nonce was used: a claim in this server's SQLite can
+    succeed on a row that is behind its record (the record was unreadable when this server took over,
+    and another leader registered the agent meanwhile). ``ours`` are the serials this process wrote
+    or may have written for the instance (this claim's, and those of claims undone after a failed
+    write): those certificates were never handed out, so they do not make the nonce used.
+    """
+    if rec.cert_serial and rec.cert_serial not in ours:
+        raise _UsedInRecord(rec)
+    return dataclasses.replace(
+        rec,
+        registered_at=now,
+        public_key_pem=pem,
+        cert_serial=issued.serial_hex,
+        cert_expires_at=issued.not_after,
+        private_ipv4=ip4 or rec.private_ipv4,
+        private_ipv6=ip6 or rec.private_ipv6,
+        hostname=hostname or rec.hostname,
+        last_updated=now,
+    )

@@ -109,6 +109,14 @@ REBUILD_BATCH = 2000
 _KEEP_IF_UNSET = ("provider_status",)
 
 
+def refresh_rows(bind: repo.Bind, recs: list[records.InstanceRecord]) -> None:
+    """Write the cache rows of ``recs`` as the rebuild writes them: the record's word on every column
+    it holds (registration and addresses among them); the provider status where the record has none
+    and the ephemeral health and drain columns keep their stored values."""
+    rows = [{"provider_status": None, **_row_values(rec)} for rec in recs]
+    repo.restore_instances(bind, rows, keep_stored_if_null=_KEEP_IF_UNSET)
+
+
 @dataclass
 class _Rebuilt:
     """What the rebuild learned from the records (accumulated batch by batch)."""
@@ -406,11 +414,13 @@ async def recheck_unreadable(ctx: ShardContext, ops: InstanceOps) -> set[GroupKe
             still.append(problem)
             continue
         if rec.status not in ("deleted", "failed"):
+            # A live row was left as it was when the record could not be read: it may be behind the
+            # record (another leader registered the agent meanwhile), so it takes the record's word too.
             with ctx.db.session() as session:
                 existing = repo.get_instance(session, rec.instance_id)
+                refresh_rows(session, [rec])
+                groups.add((rec.tenant, rec.group))
                 if existing is None or existing.deleted_at is not None:
-                    repo.restore_instance(session, **_row_values(rec))
-                    groups.add((rec.tenant, rec.group))
                     ops.rejoined[rec.instance_id] = ctx.clock.now()
         log.info("instance record %s is readable again", problem.key)
         cleared.append(problem.key)
