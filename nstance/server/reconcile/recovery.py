@@ -109,12 +109,17 @@ REBUILD_BATCH = 2000
 _KEEP_IF_UNSET = ("provider_status",)
 
 
+def _cache_row(rec: records.InstanceRecord) -> dict[str, Any]:
+    """``_row_values`` with every column ``restore_instances`` writes (``provider_status`` None when
+    the record has none, so that the stored one is kept)."""
+    return {"provider_status": None, **_row_values(rec)}
+
+
 def refresh_rows(bind: repo.Bind, recs: list[records.InstanceRecord]) -> None:
     """Write the cache rows of ``recs`` as the rebuild writes them: the record's word on every column
     it holds (registration and addresses among them); the provider status where the record has none
     and the ephemeral health and drain columns keep their stored values."""
-    rows = [{"provider_status": None, **_row_values(rec)} for rec in recs]
-    repo.restore_instances(bind, rows, keep_stored_if_null=_KEEP_IF_UNSET)
+    repo.restore_instances(bind, [_cache_row(rec) for rec in recs], keep_stored_if_null=_KEEP_IF_UNSET)
 
 
 @dataclass
@@ -145,18 +150,14 @@ def _rebuild_batch(
         if rec.status == "deleted":
             deleted[rec.instance_id] = rec
             continue
-        values = _row_values(rec)
-        values.setdefault("provider_status", None)
-        rows.append(values)
+        rows.append(_cache_row(rec))
         if rec.status == "deleting":
             into.deleting.append(rec.instance_id)
     with ctx.db.write_connection() as session:
         existing = {row.id for row in repo.get_instances(session, list(deleted))} if deleted else set()
         for iid, rec in deleted.items():
             if iid not in existing:  # a tombstone: a VM of this instance that shows up is an orphan
-                values = {**_row_values(rec), "deleted_at": rec.last_updated}
-                values.setdefault("provider_status", None)
-                rows.append(values)
+                rows.append({**_cache_row(rec), "deleted_at": rec.last_updated})
         repo.restore_instances(session, rows, keep_stored_if_null=_KEEP_IF_UNSET)
         repo.soft_delete_many(session, sorted(existing), now=now)
     into.read += len(found)
