@@ -323,6 +323,26 @@ async def test_a_changed_image_entry_is_looked_up_again(tmp_path: Path) -> None:
         h.db.close()
 
 
+async def test_a_group_edit_does_not_check_the_images_but_a_config_refresh_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Images are set in config.jsonc: this server's groups.jsonc writes cannot change them, and the
+    # check that each one kicked ran on the loop between the edited group's reconcile steps.
+    h = _image_harness(tmp_path, IMAGE)
+    try:
+        kicks: list[str] = []
+        monkeypatch.setattr(h.shard.images, "kick", lambda: kicks.append("kick"))
+
+        await h.shard.upsert_group("default", "batch", GroupUpdate(template="app", size=1))
+        await h.shard.delete_group("default", "batch")
+        assert kicks == []
+
+        await h.shard.refresh_config()
+        assert kicks == ["kick"]
+    finally:
+        h.db.close()
+
+
 async def test_an_image_that_cannot_be_resolved_fails_creates_with_the_reason(tmp_path: Path) -> None:
     h = _image_harness(tmp_path, IMAGE, size=1)
     try:

@@ -90,7 +90,9 @@ class Shard:
             metrics_interval=metrics_interval,
         )
         #: This server's edits of groups.jsonc: concurrent UpsertGroup/DeleteGroup calls share writes.
-        self._groups = GroupsWriter(ctx.store, ctx.config, self._apply_change, fault_point=ctx.fault_point)
+        self._groups = GroupsWriter(
+            ctx.store, ctx.config, self._apply_group_edit, fault_point=ctx.fault_point
+        )
         #: On-demand creates under way by instance id: ((tenant, group), task).
         self._on_demand_creates: dict[str, tuple[GroupKey, asyncio.Future[tuple[str, str]]]] = {}
 
@@ -277,7 +279,13 @@ class Shard:
     # --- changes ----------------------------------------------------------------------------
 
     def _apply_change(self, change: ConfigChange) -> None:
+        """A loaded or refreshed config: check the images again, then the groups' changes."""
         self.images.kick()
+        self._apply_group_edit(change)
+
+    def _apply_group_edit(self, change: ConfigChange) -> None:
+        """This server's write of groups.jsonc (no image check: images are set in config.jsonc only,
+        and that check ran on the loop between the edited group's reconcile steps)."""
         for tenant, group in sorted(change.changed):
             self.events.groups.publish(GroupEventData(kind="upsert", tenant=tenant, group=group))
         for tenant, group in sorted(change.removed):
