@@ -8,7 +8,8 @@ removed group or unchanged.
 
 This module only reads storage; it writes nothing and contacts no server. It must not import
 ``nstance.server`` (admin and server are independent), so instance records are read as plain JSON here:
-only ``tenant``, ``group``, ``status``, ``on_demand`` and ``infra_config_hash`` matter.
+only ``tenant``, ``group``, ``status``, ``on_demand``, ``infra_config_hash`` and, for a record without
+that hash, ``instance_type`` and ``config.template`` matter.
 """
 
 from __future__ import annotations
@@ -84,7 +85,12 @@ def group_hashes(
             problems.append(Problem(join_path(tenant, group), str(exc)))
             continue
         hashes[(tenant, group)] = GroupHashes(
-            runtime_hash(merged), infra_hash(merged), merged.size, legacy_infra_hash(merged)
+            runtime_hash(merged),
+            infra_hash(merged),
+            merged.size,
+            legacy_infra_hash(merged),
+            instance_type=merged.instance_type,
+            template=merged.template,
         )
     return hashes, problems
 
@@ -106,11 +112,13 @@ def _facts_of(key: str, data: bytes) -> tuple[GroupKey, InstanceFacts]:
         if not isinstance(raw, str) or not raw:
             raise ValueError(f'field "{name}" must be a non-empty string')
         values[name] = raw
-    for name in ("status", "infra_config_hash"):
+    for name in ("status", "infra_config_hash", "instance_type"):
         raw = doc.get(name)
         if raw is not None and not isinstance(raw, str):
             raise ValueError(f'field "{name}" must be a string, got {type(raw).__name__}')
         values[name] = raw or ""
+    config = doc.get("config")
+    template = config.get("template") if isinstance(config, dict) else None
     on_demand = doc.get("on_demand")
     if on_demand is not None and not isinstance(on_demand, bool):
         raise ValueError(f'field "on_demand" must be true or false, got {on_demand!r}')
@@ -119,6 +127,8 @@ def _facts_of(key: str, data: bytes) -> tuple[GroupKey, InstanceFacts]:
         status=values["status"] or "pending",
         infra_hash=values["infra_config_hash"],
         on_demand=bool(on_demand),
+        instance_type=values["instance_type"],
+        template=template if isinstance(template, str) else "",
     )
     return (values["tenant"], values["group"]), facts
 

@@ -8,8 +8,9 @@ Rotation"):
   and the new hash; no VM is replaced;
 * infra hash changed → **rotate N instances**: N is the number of active managed (not on-demand)
   instances whose recorded infra hash differs from the new one (and from the new config's legacy
-  hash, which earlier versions of this project recorded: the reconciler keeps those); they are
-  replaced one at a time;
+  hash, which earlier versions of this project recorded: the reconciler keeps those), or, for an
+  instance recorded without a hash, whose instance type or template differs from the new config's
+  (``plan.visibly_differs``, the reconciler's rule); they are replaced one at a time;
 * size changed → **resize a→b**;
 * a group only in the new config → **new group** (its size is created);
 * a group only in the current config → **removed group** (its active managed instances are deleted);
@@ -28,6 +29,7 @@ from enum import StrEnum
 from typing import Any
 
 from nstance.core.ids import GroupKey
+from nstance.core.plan import visibly_differs
 
 """``(tenant, group)``."""
 
@@ -45,6 +47,9 @@ class GroupHashes:
     size: int
     #: The infra hash as earlier versions of this project computed it ("": unknown).
     legacy_infra_hash: str = ""
+    #: The group's instance type and template, for instances recorded without a hash.
+    instance_type: str = ""
+    template: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +60,9 @@ class InstanceFacts:
     status: str = "pending"
     infra_hash: str = ""
     on_demand: bool = False
+    #: What it runs ("": unknown); judged only when ``infra_hash`` is "".
+    instance_type: str = ""
+    template: str = ""
 
     @property
     def active(self) -> bool:
@@ -151,12 +159,18 @@ def _one(
         found.append(ChangeKind.PUSH_FILES)
     if old.infra_hash != new.infra_hash:
         found.append(ChangeKind.ROTATE)
-        current = {new.infra_hash, new.legacy_infra_hash} - {""}
-        rotate = sum(1 for m in managed if m.infra_hash not in current)
+        rotate = sum(1 for m in managed if _drifted(m, new))
     if old.size != new.size:
         found.append(ChangeKind.RESIZE)
     kinds = tuple(found) or (ChangeKind.UNCHANGED,)
     return GroupChange(tenant, group, kinds, old_size, new_size, len(active), rotate=rotate)
+
+
+def _drifted(member: InstanceFacts, new: GroupHashes) -> bool:
+    """Whether the reconciler would rotate ``member`` under ``new`` (``plan.has_drifted``'s rule)."""
+    if not member.infra_hash:
+        return visibly_differs(member.instance_type, member.template, new.instance_type, new.template)
+    return member.infra_hash not in {new.infra_hash, new.legacy_infra_hash} - {""}
 
 
 def plan_config_change(

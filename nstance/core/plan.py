@@ -19,7 +19,9 @@ the next reconcile (level-triggered) sees the result. Rules:
 * **Drift**: when the group is otherwise at size and nothing is draining, the oldest member whose infra
   hash differs from the group's is drained and replaced - one rotation at a time per group. A member
   recorded with the group's ``legacy_infra_hash`` (the same config, hashed the way earlier versions of
-  this project did) has not drifted; one without a recorded hash neither.
+  this project did) has not drifted. A member without a recorded hash (a VM adopted from its tags after
+  its record was lost, a record that never had one) is judged by what is known of it: another instance
+  type or template than the group's is drift; a difference nobody can see is not assumed.
 * **Expiry**: a member older than ``forced_age`` is rotated even while another drain runs; one older than
   ``eligible_age`` only when nothing is draining. One per reconcile.
 * ``desired is None`` means the group no longer exists: every member goes (drained if possible).
@@ -75,6 +77,9 @@ class Member:
     last_seen: datetime | None = None
     #: The agent reported a spot/preemption termination notice.
     spot_notice: bool = False
+    #: The instance type and template it runs ("": unknown); judged only when ``infra_hash`` is None.
+    instance_type: str = ""
+    template: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +117,9 @@ class PlanInput:
     forced_age: timedelta | None = None
     #: A registered member silent this long (while its VM runs) is replaced; None: never.
     silence_limit: timedelta | None = None
+    #: The group's instance type and template, for members without a recorded hash ("": unknown).
+    instance_type: str = ""
+    template: str = ""
 
 
 def _victim_order(member: Member) -> tuple[bool, datetime, str]:
@@ -120,10 +128,25 @@ def _victim_order(member: Member) -> tuple[bool, datetime, str]:
 
 
 def has_drifted(member: Member, spec: PlanInput) -> bool:
-    """Whether ``member`` was created from another infra config than the group's current one."""
-    if spec.infra_hash is None or member.infra_hash is None:
+    """Whether ``member`` was created from another infra config than the group's current one (by its
+    recorded hash; without one, by ``visibly_differs``)."""
+    if spec.infra_hash is None:
         return False
+    if member.infra_hash is None:
+        return visibly_differs(member.instance_type, member.template, spec.instance_type, spec.template)
     return member.infra_hash not in (spec.infra_hash, spec.legacy_infra_hash)
+
+
+def visibly_differs(instance_type: str, template: str, group_type: str, group_template: str) -> bool:
+    """Whether an instance known only by its instance type and template (each "" when unknown) runs
+    another one than its group's config names.
+
+    For instances without a recorded infra hash: after a record was lost and the VM adopted from its
+    tags, a change of instance type made since would otherwise never reach it.
+    """
+    return bool(instance_type and group_type and instance_type != group_type) or bool(
+        template and group_template and template != group_template
+    )
 
 
 def is_silent(member: Member, silence_limit: timedelta | None, now: datetime) -> bool:

@@ -90,6 +90,31 @@ async def test_a_deleted_instance_prefix_is_rebuilt_by_adoption(h: Harness, tmp_
     assert rec["provider_instance_id"] == before[on_demand.instance_id]
 
 
+async def test_an_instance_type_changed_after_adoption_rotates_the_adopted_vms(
+    h: Harness, tmp_path: Path
+) -> None:
+    # Adopted VMs have no recorded infra hash. Their instance type is known (the provider lists it),
+    # so a change made after the adoption still reaches them; before, they kept the old type for ever.
+    await h.shard.upsert_group("default", "web", GroupUpdate(instance_type="m7i.large"))
+    await h.reconcile()
+    before = dict(h.live())
+    for key in list(h.store.list("instance/")):
+        h.store.delete(key)
+    lose_cache(h, tmp_path)
+    await new_leader(h)
+    await h.reconcile()
+    assert h.live() == before  # the adoption alone rotates nothing: the instance type is the group's
+    assert all(row.infra_config_hash is None for row in h.rows())
+
+    await h.shard.upsert_group("default", "web", GroupUpdate(instance_type="m7i.xlarge"))
+    for _ in range(len(before) * 2):  # one rotation per pass: a replacement, then the old VM goes
+        await h.reconcile()
+    types = {vm.instance_type for vm in h.sim.vms.values() if vm.instance_id in h.live()}
+    assert types == {"m7i.xlarge"}
+    assert len(h.live()) == len(before)
+    assert not set(before) & set(h.live())
+
+
 async def test_orphan_deletions_are_braked_per_group(h: Harness) -> None:
     await h.shard.upsert_group("default", "web", GroupUpdate(size=8))
     await h.reconcile()

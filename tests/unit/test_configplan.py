@@ -65,6 +65,19 @@ def test_instances_recorded_with_the_new_configs_legacy_hash_are_not_counted() -
     assert change.rotate == 2
 
 
+def test_instances_recorded_without_a_hash_are_counted_when_their_instance_type_differs() -> None:
+    # The reconciler's rule (plan.visibly_differs): a record without a hash (a VM adopted from its
+    # tags) rotates when what is known of it is not the new config's, and only then.
+    new = GroupHashes(OLD.runtime_hash, "sha256:i2", OLD.size, instance_type="m7i.xlarge", template="app")
+    members = [
+        InstanceFacts("adopted-old", status="running", instance_type="m7i.large", template="app"),
+        InstanceFacts("adopted-new", status="running", instance_type="m7i.xlarge", template="app"),
+        InstanceFacts("unknown", status="running"),
+    ]
+    change = _only(plan_config_change({WEB: OLD}, {WEB: new}, {WEB: members}))
+    assert change.rotate == 1
+
+
 def test_size_change_resizes() -> None:
     new = GroupHashes(OLD.runtime_hash, OLD.infra_hash, 5)
     change = _only(plan_config_change({WEB: OLD}, {WEB: new}, {WEB: _members(3)}))

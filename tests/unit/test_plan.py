@@ -14,6 +14,7 @@ from nstance.core.plan import (
     pass_order,
     plan_group,
     plan_on_demand,
+    visibly_differs,
 )
 
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
@@ -137,6 +138,28 @@ def test_a_member_recorded_with_the_legacy_hash_of_the_same_config_has_not_drift
     assert plan_group(spec, members, NOW).empty
     stale = [member("a", 30, registered=True, infra_hash="legacy-of-another-config"), members[1]]
     assert plan_group(spec, stale, NOW).drain == (Action("a", Reason.DRIFT),)
+
+
+def test_a_member_without_a_recorded_hash_is_judged_by_its_instance_type_and_template() -> None:
+    # A VM adopted from its tags after its record was lost has no recorded hash. A change of instance
+    # type since then must still reach it; a difference nobody can see is not assumed.
+    spec = PlanInput(
+        desired=2,
+        infra_hash="new",
+        drain_timeout=timedelta(minutes=5),
+        instance_type="m7i.xlarge",
+        template="app",
+    )
+    other_type = member("a", 30, registered=True, instance_type="m7i.large", template="app")
+    same = member("b", 20, registered=True, instance_type="m7i.xlarge", template="app")
+    assert plan_group(spec, [other_type, same], NOW).drain == (Action("a", Reason.DRIFT),)
+    assert plan_group(spec, [same, member("c", 10, registered=True, instance_type="m7i.xlarge")], NOW).empty
+    other_template = member("d", 40, registered=True, instance_type="m7i.xlarge", template="old")
+    assert plan_group(spec, [other_template, same], NOW).drain == (Action("d", Reason.DRIFT),)
+    unknown = member("e", 40, registered=True)  # nothing known: kept, as before
+    assert plan_group(spec, [unknown, same], NOW).empty
+    assert visibly_differs("", "", "m7i.xlarge", "app") is False
+    assert visibly_differs("m7i.large", "app", "", "") is False
 
 
 def test_forced_expiry_even_while_draining_eligible_only_when_calm() -> None:

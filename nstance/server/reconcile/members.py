@@ -67,6 +67,8 @@ def member_of(
         infra_hash=row.infra_config_hash,
         last_seen=last_seen,
         spot_notice=bool((row.health or {}).get("termination_notice")),
+        instance_type=row.instance_type or "",
+        template=row.template or "",
     )
 
 

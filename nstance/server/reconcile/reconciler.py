@@ -166,6 +166,8 @@ class Reconciler:
             eligible_age=expiry.eligible_age if expiry else None,
             forced_age=expiry.forced_age if expiry else None,
             silence_limit=self._silence_limit(),
+            instance_type=merged.instance_type,
+            template=merged.template,
         )
 
     def _silence_limit(self) -> timedelta | None:
