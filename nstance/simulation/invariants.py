@@ -7,7 +7,10 @@
 * **Groups converge**: each group has exactly its desired number of VMs, and every one of them has an
   agent that registered and still reports (a VM whose agent died was replaced).
 * **No dynamic group update lost**: each group's size is the last size an acknowledged UpsertGroup set,
-  or one of the sizes of later attempts whose outcome the client could not know.
+  or one of the sizes of later attempts whose outcome the client could not know; a group the last
+  acknowledged DeleteGroup removed is gone (``group_edits`` checks instance types the same way).
+* **A deleted group leaves nothing**: no VM runs for a group the shard's config no longer has.
+* **Drift converges**: every VM runs the instance type its group's config says now.
 * **Blips replace nothing**: an instance replaced for missed health reports had an agent that really
   died (or could never register), or a VM that was already gone; a blip shorter than the missed-report
   window never causes it.
@@ -22,10 +25,11 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+from nstance.config import MergedGroupConfig
 from nstance.core.errors import NstanceError
 from nstance.core.plan import Reason
 from nstance.objectstore.scoped import ScopedObjectStore
-from nstance.providers.base import InstanceStatus
+from nstance.providers.base import InstanceStatus, ProviderInstance
 from nstance.server.state import records
 from nstance.server.state.configstate import ConfigState
 from nstance.simulation.agents import AgentState
@@ -33,17 +37,17 @@ from nstance.simulation.scenario import SHARD, TENANT
 from nstance.simulation.world import World
 
 
-def desired_sizes(world: World, cache: Path) -> dict[str, int]:
-    """Each group's size as the shard's config and dynamic groups say now."""
+def desired_groups(world: World, cache: Path) -> dict[str, MergedGroupConfig]:
+    """Each group's config as the shard's config and dynamic groups say now."""
     state = ConfigState(ScopedObjectStore(world.base_store, f"shard/{SHARD}/"), cache, clock=world.clock)
     state.load(True)
     snapshot = state.snapshot()
     assert snapshot is not None
-    out: dict[str, int] = {}
+    out: dict[str, MergedGroupConfig] = {}
     for tenant, group in snapshot.group_keys():
         merged = snapshot.merged(tenant, group)
         if tenant == TENANT and merged is not None:
-            out[group] = merged.size
+            out[group] = merged
     return out
 
 
@@ -51,10 +55,11 @@ def check_end_state(world: World, cache: Path) -> list[str]:
     """Every broken promise, as a sentence naming the instance or group (empty when all hold)."""
     problems = list(world.violations) + world.storage.check() + world.floods.check()
     try:
-        desired = desired_sizes(world, cache)
+        groups = desired_groups(world, cache)
     except NstanceError as exc:  # e.g. an over-limit size got stored: nothing to compare sizes with
         problems.append(f"the shard's stored configuration cannot be loaded: {exc}")
-        desired = {}
+        groups = None
+    desired = {name: merged.size for name, merged in (groups or {}).items()}
     live = [
         vm
         for vm in world.cloud.vms.values()
@@ -78,6 +83,9 @@ def check_end_state(world: World, cache: Path) -> list[str]:
     for group, size in sorted(desired.items()):
         if per_group.get(group, 0) != size:
             problems.append(f"group {group}: {per_group.get(group, 0)} VMs run, {size} wanted")
+    if groups is not None:
+        problems.extend(_leftovers_and_drift(live, groups))
+        problems.extend(world.group_edits.check({name: m.instance_type for name, m in groups.items()}))
     for vm in sorted(live, key=lambda v: v.instance_id):
         agent = world.agents.get(vm.instance_id)
         if agent is None or not agent.registered or agent.crashed or agent.stuck:
@@ -106,19 +114,39 @@ def _agent_state(agent: AgentState | None) -> str:
     return "stuck" if agent.stuck else "not registered"
 
 
-def _lost_updates(world: World, desired: dict[str, int]) -> list[str]:
+def _leftovers_and_drift(live: list[ProviderInstance], groups: dict[str, MergedGroupConfig]) -> list[str]:
+    """VMs of groups the config no longer has, and VMs whose instance type is not their group's."""
     out: list[str] = []
-    for group in sorted(world.scenario.groups):
+    gone = Counter(vm.group for vm in live if vm.tenant == TENANT and vm.group not in groups)
+    for group, count in sorted(gone.items()):
+        out.append(f"group {group} was deleted, but {count} VMs still run for it")
+    for vm in sorted(live, key=lambda v: v.instance_id):
+        merged = groups.get(vm.group)
+        if vm.tenant == TENANT and merged is not None and vm.instance_type != merged.instance_type:
+            out.append(
+                f"drift: instance {vm.instance_id} of group {vm.group} runs {vm.instance_type}, but the "
+                f"group's config says {merged.instance_type}"
+            )
+    return out
+
+
+def _lost_updates(world: World, desired: dict[str, int]) -> list[str]:
+    """Groups whose size (or absence: size None) no UpsertGroup or DeleteGroup call explains."""
+    out: list[str] = []
+    static = world.scenario.groups
+    for group in sorted(static.keys() | {u.group for u in world.upserts}):
         attempts = [u for u in world.upserts if u.group == group]
         acked = [i for i, u in enumerate(attempts) if u.acknowledged]
+        allowed: set[int | None]
         if acked:
             last = acked[-1]
             allowed = {attempts[last].size} | {u.size for u in attempts[last + 1 :]}
         else:
-            allowed = {world.scenario.groups[group]} | {u.size for u in attempts}
+            allowed = {static.get(group)} | {u.size for u in attempts}
         if desired.get(group) not in allowed:
+            shown = sorted(allowed, key=lambda size: -1 if size is None else size)
             out.append(
                 f"lost update: group {group} has size {desired.get(group)}, expected one of "
-                f"{sorted(allowed)} after {len(attempts)} UpsertGroup calls"
+                f"{shown} after {len(attempts)} UpsertGroup or DeleteGroup calls"
             )
     return out

@@ -31,8 +31,10 @@ if TYPE_CHECKING:
 
 @dataclass
 class UpsertAttempt:
+    """One call that set a group's size (``None``: a ``DeleteGroup``), and whether it was acknowledged."""
+
     group: str
-    size: int
+    size: int | None
     at: float
     acknowledged: bool
 
@@ -50,7 +52,7 @@ async def run_operator(world: World, until: float) -> None:
             world.stats["upserts"] += 1
             try:
                 update = GroupUpdate(size=size)
-                await world.call_leader(functools.partial(_upsert, group=group, update=update))
+                await world.call_leader(functools.partial(call_upsert, group=group, update=update))
                 world.upserts.append(UpsertAttempt(group, size, world.now(), True))
                 world.trace(f"operator: {group} size {size}")
             except NstanceError as exc:
@@ -86,7 +88,8 @@ async def _ack_later(world: World, instance_id: str, delay: float) -> None:
         world.trace(f"operator: acknowledged the drain of {instance_id} after {delay:.1f}s")
 
 
-async def _upsert(inc: Incarnation, *, group: str, update: GroupUpdate) -> None:
+async def call_upsert(inc: Incarnation, *, group: str, update: GroupUpdate) -> None:
+    """``UpsertGroup`` on ``inc``, as the operator calls it."""
     await inc.api().upsert_group(TENANT, group, update)
 
 

@@ -24,6 +24,10 @@ CLUSTER = "sim"
 SHARD = "zone-a"
 TENANT = "default"
 HEALTH_INTERVAL = 10.0
+#: The template's instance type.
+INSTANCE_TYPE = "m7i.large"
+#: ``shard.default_drain_timeout`` in seconds: the drain timeout of a group that sets none (dynamic ones).
+DEFAULT_DRAIN_TIMEOUT_S = 30.0
 #: Fault kinds and their weights (a kind listed twice is drawn twice as often).
 FAULT_KINDS = (
     "crash",
@@ -93,8 +97,11 @@ class Scenario:
         takeover = (election.infrequent_interval + election.leader_timeout).total_seconds()
         window = MISSED_REPORTS * HEALTH_INTERVAL
         max_hold = DeletionBrakeConfig().max_hold.total_seconds()
-        drain = max((parse_duration(t).total_seconds() for t in self.drain_timeouts.values()), default=0.0)
-        return takeover + 2 * window + max_hold + drain + self.boot_time + 30.0
+        return takeover + 2 * window + max_hold + self.longest_drain() + self.boot_time + 30.0
+
+    def longest_drain(self) -> float:
+        """The longest drain timeout of the static groups, in seconds."""
+        return max((parse_duration(t).total_seconds() for t in self.drain_timeouts.values()), default=0.0)
 
     def config_document(self) -> dict[str, Any]:
         """The shard's ``config.jsonc`` for this scenario."""
@@ -117,7 +124,7 @@ class Scenario:
                 "advertise": {a: f"leader:{8990 + i}" for i, a in enumerate(_ADDRS)},
                 "subnet_pools": {"default": ["net-1"]},
                 "health_check_interval": f"{int(HEALTH_INTERVAL)}s",
-                "default_drain_timeout": "30s",
+                "default_drain_timeout": f"{int(DEFAULT_DRAIN_TIMEOUT_S)}s",
                 "garbage_collection": {
                     "interval": "30s",
                     "registration_timeout": "2m",
@@ -135,7 +142,7 @@ class Scenario:
                     "kind": "app",
                     "arch": "amd64",
                     "subnet_pool": "default",
-                    "instance_type": "m7i.large",
+                    "instance_type": INSTANCE_TYPE,
                     "userdata": {"content": "#!/bin/sh\n# {{ .Instance.ID }} {{ .Nonce }}\n"},
                 }
             },

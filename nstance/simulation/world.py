@@ -12,6 +12,7 @@ module each:
 * ``cloud`` - one ``SimProvider`` shared by all, seen by each server through a fenced ``SimCloud``;
 * ``agents`` - an agent per booted VM: registration with the create request's nonce, health streams;
 * ``operator_standin`` - group size changes through ``UpsertGroup`` and drain acknowledgements;
+* ``group_edits`` - the operator's other edits: dynamic groups made and deleted, instance types changed;
 * ``faults`` - one fault at a time until the calm phase, then every fault off;
 * ``leader_faults``, ``nemeses``, ``floods`` - process faults, storage damage, floods of hostile calls.
 
@@ -53,6 +54,7 @@ from nstance.server.state.provisioning import ShardIdentity
 from nstance.simulation import faults, leader_faults
 from nstance.simulation.agents import AgentState, manage_agents
 from nstance.simulation.floods import FloodNemesis
+from nstance.simulation.group_edits import GroupEdits
 from nstance.simulation.nemeses import StorageNemeses
 from nstance.simulation.operator_standin import UpsertAttempt, run_operator
 from nstance.simulation.scenario import CLUSTER, SHARD, Scenario
@@ -66,7 +68,13 @@ class World:
     """Everything one seed simulates (see the module docstring)."""
 
     def __init__(
-        self, seed: int, tmp: Path, template_db: Path, *, fault_kinds: tuple[str, ...] | None = None
+        self,
+        seed: int,
+        tmp: Path,
+        template_db: Path,
+        *,
+        fault_kinds: tuple[str, ...] | None = None,
+        group_edits: bool | None = None,
     ) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
@@ -130,6 +138,7 @@ class World:
                 "floods",
                 "flood_calls",
                 "flood_clone_streams",
+                "group_edits",
             ),
             0,
         )
@@ -138,6 +147,8 @@ class World:
         self.start_mono = self.clock.monotonic()
         self.storage = StorageNemeses(self, SHARD, drawn=fault_kinds is None)
         self.floods = FloodNemesis(self, drawn=fault_kinds is None)
+        #: The operator's edits beyond resizes (None: drawn from the seed when the fault mix is the default).
+        self.group_edits = GroupEdits(self, drawn=fault_kinds is None, forced=group_edits)
         #: Monotonic time of the last fault that may cost a server its leadership (floods must not).
         self.disrupted_at = -math.inf
         self.leader_changes = 0
@@ -224,9 +235,10 @@ class World:
         self.spawn(None, faults.inject_faults(self, fault_end), "faults")
         self.spawn(None, self.storage.run(fault_end), "storage-nemeses")
         self.spawn(None, self.floods.run(fault_end), "floods")
+        self.spawn(None, self.group_edits.run(fault_end), "group-edits")
         await asyncio.sleep(sc.fault_phase)
         faults.calm_down(self)
-        await asyncio.sleep(sc.calm_phase)
+        await asyncio.sleep(sc.calm_phase + self.group_edits.settle_extra())
 
     async def shutdown(self) -> None:
         leader_faults.resume_all(self)
