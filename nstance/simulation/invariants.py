@@ -5,7 +5,8 @@
 * **No leaked VM**: every VM the cloud runs has an instance record that is not deleted or failed.
 * **No duplicate VM**: one VM per instance id.
 * **Groups converge**: each group has exactly its desired number of VMs, and every one of them has an
-  agent that registered and still reports (a VM whose agent died was replaced).
+  agent that registered and still reports (a VM whose agent died was replaced). On-demand VMs count
+  toward no size and are never replaced (``on_demand`` has their promises).
 * **No dynamic group update lost**: each group's size is the last size an acknowledged UpsertGroup set,
   or one of the sizes of later attempts whose outcome the client could not know; a group the last
   acknowledged DeleteGroup removed is gone (``group_edits`` checks instance types the same way).
@@ -79,14 +80,20 @@ def check_end_state(world: World, cache: Path) -> list[str]:
     for iid, rec in sorted(active.items()):
         if iid not in live_ids:
             problems.append(f"record of {iid} ({rec.group}) says {rec.status} but no VM runs for it")
-    per_group = Counter(active[vm.instance_id].group for vm in live if vm.instance_id in active)
+    # On-demand VMs count toward no group's size (the operator's ``CreateInstance``, ``on_demand``).
+    per_group = Counter(
+        active[vm.instance_id].group for vm in live if vm.instance_id in active and not vm.on_demand
+    )
     for group, size in sorted(desired.items()):
         if per_group.get(group, 0) != size:
             problems.append(f"group {group}: {per_group.get(group, 0)} VMs run, {size} wanted")
     if groups is not None:
         problems.extend(_leftovers_and_drift(live, groups))
         problems.extend(world.group_edits.check({name: m.instance_type for name, m in groups.items()}))
+    problems.extend(world.on_demand.check(live))
     for vm in sorted(live, key=lambda v: v.instance_id):
+        if vm.on_demand:
+            continue  # never replaced: a dead agent's on-demand VM is the operator's to delete
         agent = world.agents.get(vm.instance_id)
         if agent is None or not agent.registered or agent.crashed or agent.stuck:
             problems.append(
@@ -122,7 +129,9 @@ def _leftovers_and_drift(live: list[ProviderInstance], groups: dict[str, MergedG
         out.append(f"group {group} was deleted, but {count} VMs still run for it")
     for vm in sorted(live, key=lambda v: v.instance_id):
         merged = groups.get(vm.group)
-        if vm.tenant == TENANT and merged is not None and vm.instance_type != merged.instance_type:
+        if vm.on_demand or vm.tenant != TENANT or merged is None:
+            continue  # an on-demand VM keeps the config it was made with until the operator deletes it
+        if vm.instance_type != merged.instance_type:
             out.append(
                 f"drift: instance {vm.instance_id} of group {vm.group} runs {vm.instance_type}, but the "
                 f"group's config says {merged.instance_type}"

@@ -89,19 +89,28 @@ def run_seed(
     before_check: Callable[[World], None] | None = None,
     fault_kinds: tuple[str, ...] | None = None,
     group_edits: bool | None = None,
+    on_demand: bool | None = None,
 ) -> SeedResult:
     """Simulate one seed and check its invariants.
 
     Tests may tamper with the end state (``before_check``), narrow the faults to some kinds
     (``fault_kinds``, from ``scenario.FAULT_KINDS``) or turn the operator's config edits on or off
-    (``group_edits``; by default drawn from the seed, see ``group_edits``).
+    (``group_edits``; by default drawn from the seed, see ``group_edits``) and its on-demand
+    instances (``on_demand``, likewise).
     """
     started = time.perf_counter()
     root = _root()
     tmp = root / f"seed-{seed}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    world = World(seed, tmp, template_database(root), fault_kinds=fault_kinds, group_edits=group_edits)
+    world = World(
+        seed,
+        tmp,
+        template_database(root),
+        fault_kinds=fault_kinds,
+        group_edits=group_edits,
+        on_demand=on_demand,
+    )
     handler = _Buffer(world)
     logger = logging.getLogger()
     saved_level, saved_handlers = logger.level, logger.handlers[:]

@@ -13,6 +13,7 @@ module each:
 * ``agents`` - an agent per booted VM: registration with the create request's nonce, health streams;
 * ``operator_standin`` - group size changes through ``UpsertGroup`` and drain acknowledgements;
 * ``group_edits`` - the operator's other edits: dynamic groups made and deleted, instance types changed;
+* ``on_demand`` - on-demand instances the operator asks for and deletes;
 * ``faults`` - one fault at a time until the calm phase, then every fault off;
 * ``leader_faults``, ``nemeses``, ``floods`` - process faults, storage damage, floods of hostile calls.
 
@@ -56,6 +57,7 @@ from nstance.simulation.agents import AgentState, manage_agents
 from nstance.simulation.floods import FloodNemesis
 from nstance.simulation.group_edits import GroupEdits
 from nstance.simulation.nemeses import StorageNemeses
+from nstance.simulation.on_demand import OnDemandRequests
 from nstance.simulation.operator_standin import UpsertAttempt, run_operator
 from nstance.simulation.scenario import CLUSTER, SHARD, Scenario
 from nstance.simulation.servers import CURRENT, Incarnation, SimCrash, SimServer
@@ -75,6 +77,7 @@ class World:
         *,
         fault_kinds: tuple[str, ...] | None = None,
         group_edits: bool | None = None,
+        on_demand: bool | None = None,
     ) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
@@ -139,6 +142,7 @@ class World:
                 "flood_calls",
                 "flood_clone_streams",
                 "group_edits",
+                "on_demand_calls",
             ),
             0,
         )
@@ -149,6 +153,8 @@ class World:
         self.floods = FloodNemesis(self, drawn=fault_kinds is None)
         #: The operator's edits beyond resizes (None: drawn from the seed when the fault mix is the default).
         self.group_edits = GroupEdits(self, drawn=fault_kinds is None, forced=group_edits)
+        #: The operator's on-demand instances (None: drawn from the seed, as the edits are).
+        self.on_demand = OnDemandRequests(self, drawn=fault_kinds is None, forced=on_demand)
         #: Monotonic time of the last fault that may cost a server its leadership (floods must not).
         self.disrupted_at = -math.inf
         self.leader_changes = 0
@@ -236,6 +242,7 @@ class World:
         self.spawn(None, self.storage.run(fault_end), "storage-nemeses")
         self.spawn(None, self.floods.run(fault_end), "floods")
         self.spawn(None, self.group_edits.run(fault_end), "group-edits")
+        self.spawn(None, self.on_demand.run(fault_end), "on-demand")
         await asyncio.sleep(sc.fault_phase)
         faults.calm_down(self)
         await asyncio.sleep(sc.calm_phase + self.group_edits.settle_extra())
