@@ -34,7 +34,7 @@ from nstance.providers.sim import SimProvider
 from nstance.server.agents.hub import HealthReport
 from nstance.server.reconcile.images import ImageService
 from nstance.server.reconcile.reconciler import Reconciler
-from nstance.server.reconcile.recovery import sync_provider
+from nstance.server.reconcile.recovery import rebuild_cache, sync_provider
 from nstance.server.shard.build import build_shard
 from nstance.server.state.configstate import ConfigState
 from nstance.server.state.dynamic_groups import edit_dynamic_groups
@@ -207,6 +207,35 @@ async def test_scale_down_deletes_a_vm_only_after_its_deregistration_is_confirme
     assert [r.id for r in h.rows()] == [r.id for r in rows if r.id != victim.id]
     assert h.errors == []  # waiting for a load balancer is not an error
     assert h.metrics.lb_deregistrations_waiting._value.get() == 0
+
+
+async def test_a_delete_held_for_its_load_balancer_is_finished_by_the_next_leader(
+    h: Harness, tmp_path: Path
+) -> None:
+    # DeleteInstance answers "deleting" while the load balancer drains the VM. The record says so at
+    # once: before, only this leader's cache did, and a leader taking over kept the VM for ever.
+    await h.reconcile()
+    rows = h.rows()
+    await h.report(*(r.id for r in rows))
+    target = rows[0]
+
+    assert await h.shard.delete_instance("default", target.id) == "deleting"
+    assert target.provider_id in h.live()
+    (record_key,) = [k for k in h.store.list("instance/") if target.id in h.store.get(k)[0].decode()]
+    assert json.loads(h.store.get(record_key)[0])["status"] == "deleting"
+
+    # The leader goes; the next one knows only the records (a fresh cache), not the request.
+    h.db.close()
+    (tmp_path / "db" / "nstance.db").unlink()
+    h.db = h.ctx.db = open_database(tmp_path / "db" / "nstance.db")
+    await rebuild_cache(h.ctx, h.shard.ops)
+    assert target.provider_id in h.live()  # the load balancer still drains it
+
+    h.clock.advance(31)
+    await sync_provider(h.ctx, h.shard.ops)  # the GC cycle's provider sync, then the group's reconcile
+    await h.reconcile()
+    assert target.provider_id not in h.live()
+    assert json.loads(h.store.get(record_key)[0])["status"] == "deleted"
 
 
 async def test_a_drain_takes_the_instance_out_of_its_load_balancer_at_once(tmp_path: Path) -> None:

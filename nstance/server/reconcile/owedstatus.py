@@ -55,6 +55,14 @@ class OwedStatuses:
             if owe:
                 self.owed.pop(instance_id, None)
 
+    async def commit(self, tenant: str, instance_id: str, status: str) -> None:
+        """Write ``status`` now, raising what prevents it, for a decision that must be in the record
+        before it is announced. A record that is gone is left to the cache's restore (logged)."""
+        try:
+            await self._write(tenant, instance_id, status)
+        except NotFound as exc:
+            log.warning("instance %s: cannot set its record to %s: %s", instance_id, status, exc)
+
     async def retry(self) -> list[str]:
         """Write every owed status once more (GC); the ids settled (written, or the record is gone).
         Raises NotLeader when leadership is lost."""

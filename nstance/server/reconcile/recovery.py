@@ -191,6 +191,7 @@ async def rebuild_cache(ctx: ShardContext, ops: InstanceOps) -> set[GroupKey]:
     """
     # Record writes an earlier term still owed: this rebuild reads every record as it now is.
     ops.owed.forget()
+    ops.retirer.held.clear()  # so are the held deletes it marked: each is marked again when held
     keys = await asyncio.to_thread(records.list_record_keys, ctx.store)
     now = ctx.clock.now()
     rebuilt = _Rebuilt()

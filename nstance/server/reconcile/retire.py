@@ -1,12 +1,13 @@
 """Retiring instances: delete, drain (with its timeout) and retiring rows that never got a VM.
 
-A delete first confirms that no load balancer still sends the VM traffic (``loadbalancers``; while
-one drains it, the instance is held as draining and the delete raises ``DeregistrationPending`` for a
-later retry), then marks the record ``deleting`` before the provider call and ``deleted`` after, so
-an interrupted delete is finished by the next leader. A provider call that fails leaves the row
-draining and due (``_hold_due``), so this leader retries that same delete. ``drain`` starts the
-drain timeout: the row's ``delete_at`` is now plus the group's timeout, watchers are told to drain
-the node, and the planner deletes the instance on the agent's ack or at ``delete_at``.
+A delete first confirms that no load balancer still sends the VM traffic (``loadbalancers``; while one
+drains it, the instance is held as draining, its record is marked ``deleting`` and the delete raises
+``DeregistrationPending`` for a later retry), then marks the record ``deleting`` before the provider
+call and ``deleted`` after, so an interrupted or held delete is finished by the next leader. A provider
+call that fails leaves the row draining and due (``_hold_due``), so this leader retries that same
+delete. ``drain`` starts the drain timeout: the row's ``delete_at`` is now plus the group's timeout,
+watchers are told to drain the node, and the planner deletes the instance on the agent's ack or at
+``delete_at``.
 ``retire_unlaunched`` retires a row whose create never reached the provider.
 
 A ``deleted`` that cannot be written into the record is written again by the next GC cycles
@@ -42,6 +43,8 @@ class Retirer:
         #: Instances whose ``delete`` is running: the provider sync must not take their VM, gone
         #: because of that very delete, for one that vanished on its own and delete it again.
         self.deleting: Counter[str] = Counter()
+        #: Instances held for load balancers whose record already says ``deleting`` (written once).
+        self.held: set[str] = set()
 
     async def delete(self, row: InstanceRow, reason: str) -> None:
         """Delete the VM (if any) and retire the instance; safe to repeat.
@@ -53,11 +56,18 @@ class Retirer:
         ctx.fence()
         if row.provider_id and not await self.lbs.release(row):
             self._hold_due(row, reason)
+            # The delete is decided: the record says so before anyone hears "deleting", so that a
+            # leader taking over finishes it (``recovery``) instead of keeping the VM. A DeleteInstance
+            # answered "deleting" was lost with the leader that held it.
+            if row.id not in self.held:
+                await self._owed.commit(row.tenant, row.id, "deleting")
+                self.held.add(row.id)
             raise DeregistrationPending(
                 f"instance {row.id}: a load balancer is still draining it ({reason}); it is deleted once "
                 "deregistration is confirmed"
             )
         self.deleting[row.id] += 1
+        self.held.discard(row.id)
         try:
             await self._delete(row, reason)
         finally:
