@@ -16,8 +16,9 @@ replace):
 * a retried CreateInstance never makes a second VM (the duplicate check) and an instance id is never
   used by two groups;
 * an on-demand instance whose create was acknowledged, that no DeleteInstance named, and whose agent
-  registered, still runs at the end: nothing but the operator removes it (an agent that never
-  registered is the registration timeout's, a VM that stopped the health checks');
+  registered and still lives, still runs at the end: nothing but the operator removes it (a VM whose
+  agent never registered is the registration timeout's; so is one whose agent died, once its record
+  was lost and the VM adopted: nothing then says it ever registered);
 * an instance an acknowledged DeleteInstance named runs no VM at the end.
 
 This module calls only the leader's Operator API, as the operator would; it reads no server state.
@@ -123,11 +124,11 @@ class OnDemandRequests:
             if ask.deleted and vm is not None:
                 problems.append(f"on-demand {iid} still runs after an acknowledged DeleteInstance")
             agent = self.world.agents.get(iid)
-            registered = agent is not None and agent.registered
-            if ask.created and not ask.delete_asked and registered and vm is None:
+            working = agent is not None and agent.registered and not agent.crashed and not agent.stuck
+            if ask.created and not ask.delete_asked and working and vm is None:
                 problems.append(
                     f"on-demand {iid} ({ask.group}) is gone, but the operator never deleted it and its "
-                    "agent had registered"
+                    "agent registered and still lives"
                 )
         return problems
 
