@@ -13,6 +13,7 @@ import pytest
 from test_shard_gc import KEY, Harness, register_all
 
 from nstance.config import GroupUpdate
+from nstance.core.errors import Unavailable
 from nstance.db import repo
 from nstance.db.engine import open_database
 from nstance.providers.base import CreateRequest, ProviderInstance
@@ -68,6 +69,30 @@ async def test_a_corrupt_record_is_reported_and_still_claims_its_vm(
     assert h.ctx.metrics.unreadable_records._value.get() == 1
     assert "cannot be read" in (h.shard.ops.holds.summary() or "")
     assert victim in (h.shard.ops.holds.summary() or "")
+
+
+async def test_deleting_an_instance_whose_record_is_unreadable_is_refused_not_unknown(
+    h: Harness, tmp_path: Path
+) -> None:
+    # "unknown" tells the operator there is nothing to delete, while the VM runs on (kept for the
+    # unreadable record): it must retry once the record is repaired instead.
+    await h.reconcile()
+    await h.shard.ops.followups.settled()
+    victim = sorted(h.live())[0]
+    good = h.store.get(key_of(victim))[0]
+    h.store.put(key_of(victim), b"\x00garbage\xff")
+    lose_cache(h, tmp_path)
+    await new_leader(h)
+
+    with pytest.raises(Unavailable, match="cannot be read; retry once it is repaired"):
+        await h.shard.delete_instance("default", victim)
+    assert victim in h.live()
+    assert await h.shard.delete_instance("default", "app" + "0" * 23) == "unknown"
+
+    h.store.put(key_of(victim), good)  # repaired: the next GC cycle reads it again
+    await gc_cycle(h.ctx, h.shard.ops)
+    assert await h.shard.delete_instance("default", victim) == "deleted"
+    assert victim not in h.live()
 
 
 async def test_a_deleted_instance_prefix_is_rebuilt_by_adoption(h: Harness, tmp_path: Path) -> None:

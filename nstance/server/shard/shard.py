@@ -400,6 +400,8 @@ class Shard:
     async def delete_instance(self, tenant: str, instance_id: str) -> str:
         with self.ctx.db.read_connection() as session:
             row = repo.get_instance(session, instance_id)
+        if row is None:
+            self._refuse_if_unreadable(instance_id)
         if row is None or row.tenant != tenant:
             return "unknown"
         if row.deleted_at is not None:
@@ -407,6 +409,18 @@ class Shard:
         deleted = await self.ops.delete_or_hold(row, "operator-request")
         self.on_instance_changed(row.tenant, row.group_key)
         return "deleted" if deleted else "deleting"
+
+    def _refuse_if_unreadable(self, instance_id: str) -> None:
+        """Raise Unavailable when an unreadable record may describe ``instance_id``: the instance is
+        not unknown, only unreadable now (its VM is kept), and "unknown" would tell the operator that
+        nothing is left to delete."""
+        needle = instance_id.encode()
+        for problem in self.ops.unreadable:
+            if problem.instance_id == instance_id or needle in problem.raw:
+                raise Unavailable(
+                    f"instance {instance_id!r}: its record {problem.key} cannot be read; retry once it is "
+                    "repaired"
+                )
 
     async def acknowledge_drained(self, tenant: str, instance_id: str) -> None:
         with self.ctx.db.write_connection() as session:
