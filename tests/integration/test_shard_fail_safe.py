@@ -71,7 +71,7 @@ async def test_a_corrupt_record_is_reported_and_still_claims_its_vm(
     assert victim in (h.shard.ops.holds.summary() or "")
 
 
-async def test_deleting_an_instance_whose_record_is_unreadable_is_refused_not_unknown(
+async def test_an_instance_whose_record_is_unreadable_is_refused_not_unknown(
     h: Harness, tmp_path: Path
 ) -> None:
     # "unknown" tells the operator there is nothing to delete, while the VM runs on (kept for the
@@ -86,6 +86,8 @@ async def test_deleting_an_instance_whose_record_is_unreadable_is_refused_not_un
 
     with pytest.raises(Unavailable, match="cannot be read; retry once it is repaired"):
         await h.shard.delete_instance("default", victim)
+    with pytest.raises(Unavailable, match="cannot be read"):  # nor "not found" to a status query
+        await h.shard.instance_status("default", victim)
     assert victim in h.live()
     assert await h.shard.delete_instance("default", "app" + "0" * 23) == "unknown"
 

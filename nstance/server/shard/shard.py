@@ -228,6 +228,8 @@ class Shard:
     async def instance_status(self, tenant: str, instance_id: str) -> InstanceView:
         with self.ctx.db.read_connection() as session:
             row = repo.get_instance(session, instance_id)
+        if row is None:
+            self._refuse_if_unreadable(instance_id)
         if row is None or row.tenant != tenant:
             raise NotFound(f"instance {instance_id!r} does not exist in this shard")
         return _instance_view(row)
