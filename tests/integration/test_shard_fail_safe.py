@@ -142,6 +142,25 @@ async def test_an_instance_type_changed_after_adoption_rotates_the_adopted_vms(
     assert not set(before) & set(h.live())
 
 
+async def test_an_adopted_vm_made_from_another_template_is_rotated(h: Harness, tmp_path: Path) -> None:
+    # The adopted record takes the template the VM's tags name, not the group's current one: a VM
+    # made from a template the group has left since is drift, found without a recorded hash.
+    await h.reconcile()
+    before = dict(h.live())
+    stale = sorted(before)[0]
+    h.sim._records[before[stale]].template = "retired"  # a VM made from an older template
+    for key in list(h.store.list("instance/")):
+        h.store.delete(key)
+    lose_cache(h, tmp_path)
+    await new_leader(h)
+    assert (h.record(stale) or {}).get("config", {})["template"] == "retired"  # type: ignore[index]
+
+    for _ in range(2 * len(before)):
+        await h.reconcile()
+    assert stale not in h.live()
+    assert set(before) - {stale} <= set(h.live())  # the others run the group's template: kept
+
+
 async def test_orphan_deletions_are_braked_per_group(h: Harness) -> None:
     await h.shard.upsert_group("default", "web", GroupUpdate(size=8))
     await h.reconcile()

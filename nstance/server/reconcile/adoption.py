@@ -1,7 +1,8 @@
 """Rebuilding a lost instance record from the VM's own tags (``claims.Verdict.ADOPT``).
 
 The record gets what the tags and the provider's listing say - tenant, group, on-demand, provider id,
-type, subnet, addresses, status - plus the group's current merged config when the group still exists.
+type, subnet, addresses, status - plus the group's current merged config when the group still exists,
+with the template and instance type the VM's tags and listing give, when they give them.
 Its ``created_at`` is the adoption time, so age-based rules (registration timeout, expiry) start
 counting afresh instead of condemning the VM at once; its infra hash is left empty (nobody knows the
 config it was made from), so drift is judged by its instance type alone (``plan.visibly_differs``): the
@@ -39,6 +40,16 @@ def adopted_record(
     """The record to rebuild for ``vm`` (see the module docstring)."""
     now = ctx.clock.now()
     merged = snapshot.merged(vm.tenant, vm.group) if snapshot is not None else None
+    config = records.config_document(merged) if merged is not None else {}
+    # What the VM's tags and listing say it runs wins over the group's config now: drift is judged by
+    # these two (``plan.visibly_differs``), and the group's config may have changed since the VM was made.
+    config.update(
+        {
+            name: value
+            for name, value in (("template", vm.template), ("instance_type", vm.instance_type))
+            if value
+        }
+    )
     return records.InstanceRecord(
         instance_id=vm.instance_id,
         tenant=vm.tenant,
@@ -53,7 +64,7 @@ def adopted_record(
         private_ipv4=vm.ip4,
         private_ipv6=vm.ip6,
         hostname=vm.hostname,
-        config=records.config_document(merged) if merged is not None else {},
+        config=config,
         extra={"adopted_at": records.format_time(now)},
     )
 
