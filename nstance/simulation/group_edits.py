@@ -5,8 +5,8 @@ type changes. On half of the seeds of the default fault mix (drawn from the seed
 other parts of a seed are unchanged), and on every seed a test asks for it, the operator's stand-in
 makes one such edit through the leader's Operator API every 30-120 s of the fault phase:
 
-* **make or resize a dynamic group** (``d1`` or ``d2``, template ``app``; size 1-3 when made, 0-3
-  after): ``UpsertGroup``;
+* **make or resize a dynamic group** (``d1`` or ``d2``; size 1-3 when made, 0-3 after) with
+  ``UpsertGroup``, naming one of the two templates each time: a switch rotates the group's VMs;
 * **delete a dynamic group** it made: ``DeleteGroup``;
 * **change a static group's instance type** (``m7i.large`` or ``m7i.xlarge``): ``UpsertGroup``. Every
   VM of the group then runs an outdated config and is rotated, one at a time.
@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 from nstance.config import GroupUpdate
 from nstance.core.errors import NstanceError
 from nstance.simulation.operator_standin import UpsertAttempt, call_upsert
-from nstance.simulation.scenario import DEFAULT_DRAIN_TIMEOUT_S, INSTANCE_TYPE, TENANT
+from nstance.simulation.scenario import DEFAULT_DRAIN_TIMEOUT_S, INSTANCE_TYPE, TEMPLATES, TENANT
 
 if TYPE_CHECKING:
     from nstance.simulation.servers import Incarnation
@@ -102,10 +102,13 @@ class GroupEdits:
                 await self._change_type(self.rng.choice(static), self.rng.choice(INSTANCE_TYPES))
 
     async def _upsert_dynamic(self, group: str, size: int) -> None:
-        # The template is sent every time, so that the call makes the group again after a delete.
-        update = GroupUpdate(template="app", size=size)
+        # The template is sent every time, so that the call makes the group again after a delete; when
+        # it names the other template, every VM of the group has drifted.
+        template = self.rng.choice(TEMPLATES)
+        update = GroupUpdate(template=template, size=size)
         acknowledged = await self._call(
-            functools.partial(call_upsert, group=group, update=update), f"{group} (dynamic) size {size}"
+            functools.partial(call_upsert, group=group, update=update),
+            f"{group} (dynamic) size {size} template {template}",
         )
         self.world.upserts.append(UpsertAttempt(group, size, self.world.now(), acknowledged))
         self.world.stats["group_edits"] += 1

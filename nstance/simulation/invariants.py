@@ -11,7 +11,7 @@
   or one of the sizes of later attempts whose outcome the client could not know; a group the last
   acknowledged DeleteGroup removed is gone (``group_edits`` checks instance types the same way).
 * **A deleted group leaves nothing**: no VM runs for a group the shard's config no longer has.
-* **Drift converges**: every VM runs the instance type its group's config says now.
+* **Drift converges**: every VM runs the instance type and template its group's config says now.
 * **Blips replace nothing**: an instance replaced for missed health reports had an agent that really
   died (or could never register), or a VM that was already gone; a blip shorter than the missed-report
   window never causes it.
@@ -131,10 +131,11 @@ def _leftovers_and_drift(live: list[ProviderInstance], groups: dict[str, MergedG
         merged = groups.get(vm.group)
         if vm.on_demand or vm.tenant != TENANT or merged is None:
             continue  # an on-demand VM keeps the config it was made with until the operator deletes it
-        if vm.instance_type != merged.instance_type:
+        if (vm.instance_type, vm.template) != (merged.instance_type, merged.template):
             out.append(
-                f"drift: instance {vm.instance_id} of group {vm.group} runs {vm.instance_type}, but the "
-                f"group's config says {merged.instance_type}"
+                f"drift: instance {vm.instance_id} of group {vm.group} runs {vm.instance_type} from "
+                f"template {vm.template}, but the group's config says {merged.instance_type} from "
+                f"template {merged.template}"
             )
     return out
 

@@ -24,7 +24,9 @@ CLUSTER = "sim"
 SHARD = "zone-a"
 TENANT = "default"
 HEALTH_INTERVAL = 10.0
-#: The template's instance type.
+#: The templates (the static groups use the first; dynamic groups may switch between them).
+TEMPLATES = ("app", "app2")
+#: The templates' instance type.
 INSTANCE_TYPE = "m7i.large"
 #: ``shard.default_drain_timeout`` in seconds: the drain timeout of a group that sets none (dynamic ones).
 DEFAULT_DRAIN_TIMEOUT_S = 30.0
@@ -138,13 +140,14 @@ class Scenario:
                 "web": {"provider": "aws", "target_groups": [{"arn": "arn:sim:tg/web", "target_port": 80}]}
             },
             "templates": {
-                "app": {
+                name: {
                     "kind": "app",
                     "arch": "amd64",
                     "subnet_pool": "default",
                     "instance_type": INSTANCE_TYPE,
-                    "userdata": {"content": "#!/bin/sh\n# {{ .Instance.ID }} {{ .Nonce }}\n"},
+                    "userdata": {"content": f"#!/bin/sh\n# {name} {{{{ .Instance.ID }}}} {{{{ .Nonce }}}}\n"},
                 }
+                for name in TEMPLATES
             },
             "groups": {TENANT: groups},
         }
