@@ -142,7 +142,7 @@ def visibly_differs(instance_type: str, template: str, group_type: str, group_te
     another one than its group's config names.
 
     For instances without a recorded infra hash: after a record was lost and the VM adopted from its
-    tags, a change of instance type made since would otherwise never reach it.
+    tags, a change of instance type or template made since would otherwise never reach it.
     """
     return bool(instance_type and group_type and instance_type != group_type) or bool(
         template and group_template and template != group_template

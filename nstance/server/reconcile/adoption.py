@@ -2,11 +2,11 @@
 
 The record gets what the tags and the provider's listing say - tenant, group, on-demand, provider id,
 type, subnet, addresses, status - plus the group's current merged config when the group still exists,
-with the template and instance type the VM's tags and listing give, when they give them.
-Its ``created_at`` is the adoption time, so age-based rules (registration timeout, expiry) start
-counting afresh instead of condemning the VM at once; its infra hash is left empty (nobody knows the
-config it was made from), so drift is judged by its instance type alone (``plan.visibly_differs``): the
-adoption starts a rotation only when that is not the group's. ``adopted_at`` (a field upstream does
+with the template and instance type the VM's tags and listing give, when they give them. Its
+``created_at`` is the adoption time, so age-based rules (registration timeout, expiry) start counting
+afresh instead of condemning the VM at once; its infra hash is left empty (nobody knows the config it
+was made from), so drift is judged by its instance type and template (``plan.visibly_differs``): the
+adoption starts a rotation only when those are not the group's. ``adopted_at`` (a field upstream does
 not know, kept as extra) marks it. The record is written create-only: a record that appeared meanwhile
 is never overwritten. Also here: the tenant for a VM whose tags have none (VMs made by upstream's
 server, which does not tag the tenant), found when exactly one tenant has a group of that name.

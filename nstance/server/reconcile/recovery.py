@@ -211,6 +211,7 @@ async def rebuild_cache(ctx: ShardContext, ops: InstanceOps) -> set[GroupKey]:
     unfinished = await asyncio.to_thread(_finish_rebuild, ctx, dropped, rebuilt.deleting)
     for row in unfinished:
         log.info("finishing the interrupted delete of %s", row.id)
+        ops.retirer.held.add(row.id)  # its record says "deleting" already: a hold writes nothing
         await ops.delete_or_hold(row, "delete-resumed")
     log.info("cache rebuilt from %d instance records (%d problems)", rebuilt.read, len(rebuilt.problems))
     return rebuilt.groups
