@@ -27,8 +27,8 @@ The promises (``check`` and the checks made during the run), beside the usual en
   that led before it still leads, in the same term, ``LEASE_CHECK_AFTER`` seconds after it;
 * a flood replaces nothing healthy: an instance whose agent was registered and reporting when a burst
   began is not drained or deleted for being unhealthy, silent, drifted or spot-terminated while its
-  agent is still alive (drift after the operator changed an instance type, ``group_edits``, is the
-  operator's doing).
+  agent is still alive (drift after the operator changed an instance type or template,
+  ``group_edits``, is the operator's doing).
 """
 
 from __future__ import annotations
@@ -347,8 +347,8 @@ class FloodNemesis:
                 continue
             if agent.vm_gone_at is not None and agent.vm_gone_at <= at:
                 continue
-            if reason == "config-drift" and any(c.at <= at for c in self.world.group_edits.type_changes):
-                continue  # the operator changed an instance type: rotations are its doing, not the flood's
+            if reason == "config-drift" and any(t <= at for t in self.world.group_edits.drift_edits):
+                continue  # the operator changed a config: rotations are its doing, not the flood's
             problems.append(
                 f"t={at:.2f}: instance {iid} was healthy when a flood began and was {status} for {reason}"
             )

@@ -70,6 +70,8 @@ class GroupEdits:
         drawn_on = self.rng.random() < 1 / 2
         self.enabled = forced if forced is not None else drawn and drawn_on
         self.type_changes: list[TypeChange] = []
+        #: When (``World.now``) an edit that may rotate VMs was made (an instance type, a template).
+        self.drift_edits: list[float] = []
         #: Dynamic groups whose last acknowledged edit made or resized them (what the operator believes).
         self._made: set[str] = set()
 
@@ -106,6 +108,7 @@ class GroupEdits:
         # it names the other template, every VM of the group has drifted.
         template = self.rng.choice(TEMPLATES)
         update = GroupUpdate(template=template, size=size)
+        self.drift_edits.append(self.world.now())
         acknowledged = await self._call(
             functools.partial(call_upsert, group=group, update=update),
             f"{group} (dynamic) size {size} template {template}",
@@ -124,6 +127,7 @@ class GroupEdits:
 
     async def _change_type(self, group: str, instance_type: str) -> None:
         update = GroupUpdate(instance_type=instance_type)
+        self.drift_edits.append(self.world.now())
         acknowledged = await self._call(
             functools.partial(call_upsert, group=group, update=update),
             f"{group} instance type {instance_type}",

@@ -46,6 +46,8 @@ class StorageNemeses:
         #: key -> the last good bytes seen of a record this nemesis damaged.
         self.good: dict[str, bytes] = {}
         self.strikes = 0
+        #: When (``World.now``) the ``instance/`` prefix was deleted: what a record said then is lost.
+        self.records_lost: list[float] = []
 
     async def run(self, until: float) -> None:
         """Strike every 60-180 s of virtual time until ``until`` (monotonic seconds)."""
@@ -65,6 +67,7 @@ class StorageNemeses:
                 keys = world.base_store.list(self.prefix)
                 for key in keys:
                     world.base_store.delete(key)
+                self.records_lost.append(world.now())
                 world.trace(f"nemesis: deleted {len(keys)} instance records")
             else:
                 self._corrupt_cache()

@@ -19,7 +19,9 @@ replace):
   registered and still lives, still runs at the end: nothing but the operator removes it (a VM whose
   agent never registered is the registration timeout's; so is one whose agent died, once its record
   was lost and the VM adopted: nothing then says it ever registered);
-* an instance an acknowledged DeleteInstance named runs no VM at the end.
+* an instance an acknowledged DeleteInstance named runs no VM at the end, unless the storage nemesis
+  deleted the instance records after it: the record that said ``deleting`` is lost, and a VM whose
+  record is lost is adopted, never deleted.
 
 This module calls only the leader's Operator API, as the operator would; it reads no server state.
 """
@@ -54,6 +56,7 @@ class OnDemandAsk:
     created: bool = False  # a CreateInstance for it was acknowledged
     delete_asked: bool = False  # a DeleteInstance named it (whatever its outcome)
     deleted: bool = False  # a DeleteInstance for it was acknowledged
+    deleted_at: float | None = None  # when (``World.now``)
 
 
 class OnDemandRequests:
@@ -111,6 +114,7 @@ class OnDemandRequests:
             world.trace(f"operator: delete of on-demand {ask.instance_id} failed: {exc}")
             return
         ask.deleted = True
+        ask.deleted_at = world.now()
         world.trace(f"operator: delete of on-demand {ask.instance_id}: {status}")
 
     def check(self, live: Iterable[ProviderInstance]) -> list[str]:
@@ -121,7 +125,10 @@ class OnDemandRequests:
             vm = running.get(iid)
             if vm is not None and vm.group != ask.group:
                 problems.append(f"on-demand {iid} was asked for in {ask.group} but runs in {vm.group}")
-            if ask.deleted and vm is not None:
+            lost = any(
+                ask.deleted_at is not None and t >= ask.deleted_at for t in self.world.storage.records_lost
+            )
+            if ask.deleted and vm is not None and not lost:
                 problems.append(f"on-demand {iid} still runs after an acknowledged DeleteInstance")
             agent = self.world.agents.get(iid)
             working = agent is not None and agent.registered and not agent.crashed and not agent.stuck
