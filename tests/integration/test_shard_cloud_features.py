@@ -20,7 +20,7 @@ from shard_helpers import Leader, no_sleep, sample_shard_identity
 
 from nstance.config import GroupUpdate, apply_upsert
 from nstance.core.clock import ManualClock
-from nstance.core.errors import InvalidArgument
+from nstance.core.errors import InvalidArgument, Unavailable
 from nstance.core.ratelimit import TokenBucket
 from nstance.db import repo
 from nstance.db.engine import Database, open_database
@@ -236,6 +236,21 @@ async def test_a_delete_held_for_its_load_balancer_is_finished_by_the_next_leade
     await h.reconcile()
     assert target.provider_id not in h.live()
     assert json.loads(h.store.get(record_key)[0])["status"] == "deleted"
+
+
+async def test_a_delete_that_cannot_be_recorded_is_refused(h: Harness) -> None:
+    # The record is missing (lost): "deleting" would be a promise nothing keeps. The operator is
+    # asked to retry; the GC cycle writes the record back from the cache meanwhile.
+    await h.reconcile()
+    rows = h.rows()
+    await h.report(*(r.id for r in rows))
+    target = rows[0]
+    (record_key,) = [k for k in h.store.list("instance/") if target.id in h.store.get(k)[0].decode()]
+    h.store.delete(record_key)
+
+    with pytest.raises(Unavailable, match="its record is missing"):
+        await h.shard.delete_instance("default", target.id)
+    assert target.provider_id in h.live()
 
 
 async def test_a_drain_takes_the_instance_out_of_its_load_balancer_at_once(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from nstance.core.errors import NotFound, NstanceError
+from nstance.core.errors import NotFound, NstanceError, Unavailable
 from nstance.server.state import records
 from nstance.server.state.context import ShardContext
 from nstance.server.state.fencing import NotLeader
@@ -57,11 +57,15 @@ class OwedStatuses:
 
     async def commit(self, tenant: str, instance_id: str, status: str) -> None:
         """Write ``status`` now, raising what prevents it, for a decision that must be in the record
-        before it is announced. A record that is gone is left to the cache's restore (logged)."""
+        before it is announced. A record that is gone is Unavailable: the GC cycle writes it back from
+        the cache (or adopts the VM), and the decision can be recorded then."""
         try:
             await self._write(tenant, instance_id, status)
         except NotFound as exc:
-            log.warning("instance %s: cannot set its record to %s: %s", instance_id, status, exc)
+            raise Unavailable(
+                f"instance {instance_id}: its record is missing, so {status!r} cannot be recorded yet; "
+                "retry once the record is back"
+            ) from exc
 
     async def retry(self) -> list[str]:
         """Write every owed status once more (GC); the ids settled (written, or the record is gone).
