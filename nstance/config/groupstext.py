@@ -34,6 +34,8 @@ from nstance.core.ids import groups_by_tenant
 
 #: Entries serialised per pydantic call (see ``_dumped``).
 DUMP_CHUNK = 256
+#: Entry texts joined into one piece of a tenant's text (see ``_Tenant``).
+JOIN_CHUNK = 128
 #: Indentation of a group's entry inside ``{tenant: {group: entry}}`` (two levels of two spaces).
 _GROUP_INDENT = "\n    "
 
@@ -67,16 +69,39 @@ def _dumped(groups: Mapping[str, DynamicGroupConfig], names: list[str]) -> dict[
 
 @dataclass(frozen=True, slots=True)
 class _Tenant:
-    """One tenant's object as last encoded: the mapping, its sorted names, each entry's text, the whole."""
+    """One tenant's object as last encoded: the mapping, its sorted names, each entry's text, the whole.
+
+    ``pieces`` are the entry texts joined ``JOIN_CHUNK`` at a time, so an edit of a few entries joins
+    their pieces again rather than every entry: joining 10,000 entries took half a millisecond.
+    """
 
     groups: Mapping[str, DynamicGroupConfig]
     names: list[str]
     texts: list[str]
+    pieces: list[str]
     text: str
 
 
-def _joined(texts: list[str]) -> str:
-    return "{" + ",".join(texts) + "\n  }" if texts else "{}"
+def _piece(texts: list[str], index: int) -> str:
+    return ",".join(texts[index * JOIN_CHUNK : (index + 1) * JOIN_CHUNK])
+
+
+def _tenant(
+    groups: Mapping[str, DynamicGroupConfig],
+    names: list[str],
+    texts: list[str],
+    old: _Tenant | None = None,
+    redo: list[int] | None = None,
+) -> _Tenant:
+    """The tenant with these entry texts; with ``old`` (same names), only ``redo``'s pieces are joined."""
+    if old is None or redo is None:
+        pieces = [_piece(texts, i) for i in range((len(texts) + JOIN_CHUNK - 1) // JOIN_CHUNK)]
+    else:
+        pieces = old.pieces.copy()
+        for index in {i // JOIN_CHUNK for i in redo}:
+            pieces[index] = _piece(texts, index)
+    text = "{" + ",".join(pieces) + "\n  }" if texts else "{}"
+    return _Tenant(groups, names, texts, pieces, text)
 
 
 def _encode_tenant(
@@ -87,6 +112,7 @@ def _encode_tenant(
     ``only``: the names that may differ from ``old`` (the caller knows the rest are the same
     objects), so the others are not even compared.
     """
+    same_names = old
     if old is not None and only is not None and all(n in groups and n in old.groups for n in only):
         names = old.names  # only entries replaced, at known names: find them by bisection
         texts = old.texts.copy()
@@ -97,6 +123,7 @@ def _encode_tenant(
         texts = old.texts.copy()
         redo = [i for i, name in enumerate(names) if groups[name] is not previous[name]]
     else:
+        same_names = None
         names = sorted(groups)
         known = dict(zip(old.names, old.texts, strict=True)) if old is not None else {}
         previous = old.groups if old is not None else {}
@@ -105,7 +132,7 @@ def _encode_tenant(
     dumped = _dumped(groups, [names[i] for i in redo])
     for i in redo:
         texts[i] = _entry_text(names[i], dumped[names[i]])
-    return _Tenant(groups, names, texts, _joined(texts))
+    return _tenant(groups, names, texts, same_names, redo)
 
 
 class GroupsText:

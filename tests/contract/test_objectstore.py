@@ -666,6 +666,36 @@ def test_file_store_hashes_a_large_object_it_already_knows_once(
     assert len(hashed) == 3  # one per write; the current content was each time the one just written
 
 
+def test_file_store_hashes_large_new_content_beside_the_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The new content of a large object is hashed in a helper thread while the write runs (its ETag
+    then costs the writer no time of its own); a refused write is not remembered as written."""
+    import threading
+
+    from nstance.objectstore import file as file_store
+
+    threads: list[str] = []
+
+    def counting(data: bytes) -> str:
+        threads.append(threading.current_thread().name)
+        return content_etag(data)
+
+    monkeypatch.setattr(file_store, "content_etag", counting)
+    store = FileObjectStore(tmp_path / "root")
+    big = b"g" * KNOWN_MIN_BYTES
+    etag = store.put_if_match("shard/a/groups.jsonc", big, None)
+    assert etag == content_etag(big)
+    assert threads
+    assert all(name.startswith("nstance-etag") for name in threads)
+    refused = b"r" * KNOWN_MIN_BYTES
+    with pytest.raises(PreconditionFailed):
+        store.put_if_match("shard/a/groups.jsonc", refused, '"stale"')
+    assert store.get("shard/a/groups.jsonc") == (big, etag)
+    assert store.put("shard/a/groups.jsonc", refused) == content_etag(refused)
+    assert store.get("shard/a/groups.jsonc") == (refused, content_etag(refused))
+
+
 def test_file_store_never_reuses_an_etag_for_changed_bytes(tmp_path: Path) -> None:
     """Another writer (here another process's store on the same root) changes a large object: the
     remembered ETag of the old bytes is not used, and a write with the stale ETag is refused."""

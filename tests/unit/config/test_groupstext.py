@@ -117,3 +117,31 @@ def test_with_the_edited_keys_the_text_stays_exact(monkeypatch: pytest.MonkeyPat
     # A hint about another base is ignored: the entries are compared as without one.
     other = apply_upsert(config, gone, "t1", "g20", GroupUpdate(size=9))
     assert text.dump(other, (dynamic, {("t1", "g01")})) == dump_groups_text(other)
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7, 128])
+def test_edits_across_the_joined_pieces_keep_the_text_exact(
+    monkeypatch: pytest.MonkeyPatch, chunk: int
+) -> None:
+    # A tenant's text is joined in pieces of JOIN_CHUNK entries; an edit joins only its pieces again.
+    # Resizes (with and without the writer's hint) at the first, last and boundary entries of pieces,
+    # then adds and deletes (which join every piece again), keep the text exact.
+    monkeypatch.setattr(groupstext, "JOIN_CHUNK", chunk)
+    config = load(base_config())
+    dynamic: DynamicGroups = {}
+    for i in range(40):
+        dynamic = apply_upsert(config, dynamic, "t1", f"g{i:02d}", GroupUpdate(template="web", size=1))
+    text = GroupsText()
+    assert text.dump(dynamic) == dump_groups_text(dynamic)
+    rng = random.Random(chunk)
+    for step, i in enumerate([0, 39, 2, 3, 6, 7, 20, 21, 0, *rng.sample(range(40), 10)]):
+        before = dynamic
+        dynamic = apply_upsert(config, dynamic, "t1", f"g{i:02d}", GroupUpdate(size=step + 2))
+        hint = (before, {("t1", f"g{i:02d}")}) if step % 2 else None
+        assert text.dump(dynamic, hint) == dump_groups_text(dynamic), f"after resizing g{i:02d}"
+    dynamic = apply_upsert(config, dynamic, "t1", "g05a", GroupUpdate(template="web", size=1))
+    assert text.dump(dynamic) == dump_groups_text(dynamic)
+    dynamic = apply_delete(dynamic, "t1", "g00")
+    assert text.dump(dynamic) == dump_groups_text(dynamic)
+    dynamic = apply_upsert(config, dynamic, "t1", "g39", GroupUpdate(size=50))
+    assert text.dump(dynamic) == dump_groups_text(dynamic)
