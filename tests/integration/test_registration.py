@@ -12,6 +12,7 @@ import asyncio
 import base64
 import dataclasses
 import json
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -54,6 +55,7 @@ from nstance.server.state.configstate import ConfigState
 from nstance.server.state.limits import CreateLimiter
 from nstance.server.state.metrics import Metrics
 from nstance.testing.shardproc import server_addrs, shard_config
+from nstance.testing.waiting import eventually
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -468,6 +470,60 @@ async def test_failed_record_write_undoes_the_claim_so_the_agent_can_retry(h: Ha
     assert h.row(instance_id).cert_serial == h.peer(response.client_certificate_pem).serial
 
 
+@pytest.mark.parametrize("leaves_at", ["claim", "record"])
+async def test_a_registration_whose_caller_left_is_released_for_the_agents_retry(
+    h: Harness, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, leaves_at: str
+) -> None:
+    # The agent went away (a deadline, a reboot, a dropped connection) while its claim or its record
+    # write was under way: its certificate was never handed out. The registration finishes or fails
+    # as a whole, is then released, and the agent's retry with the same nonce registers.
+    instance_id, nonce = h.create_instance()
+    started, release = threading.Event(), threading.Event()
+    if leaves_at == "claim":
+        agents = h.registrar.agents
+        claim_many = agents._claim_many
+
+        def slow_claims(requests: list[Any]) -> Any:
+            started.set()
+            release.wait(10)
+            return claim_many(requests)
+
+        monkeypatch.setattr(agents, "_claim_many", slow_claims)
+        monkeypatch.setattr(agents._claims, "_write_many", slow_claims)
+    else:
+        modify = records.modify_record
+
+        def slow_record(*args: Any, **kwargs: Any) -> Any:
+            started.set()
+            release.wait(10)
+            return modify(*args, **kwargs)
+
+        monkeypatch.setattr(records, "modify_record", slow_record)
+    call = asyncio.ensure_future(
+        h.registrar.register_agent(
+            nonce_jwt=nonce, public_key_pem=p256_pem()[1], private_ipv4="", private_ipv6="", hostname=""
+        )
+    )
+    await eventually(started.is_set, what="the registration's write to start")
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    release.set()
+    await eventually(
+        lambda: any("released" in r.getMessage() for r in caplog.records),
+        what="the left registration's release",
+    )
+    assert h.row(instance_id).registered_at is None
+    released = json.loads(h.record(instance_id)[0])
+    assert not released.get("cert_serial")
+    assert not released.get("registered_at")
+    monkeypatch.undo()
+    response = await h.register_agent(nonce, p256_pem()[1])
+    serial = h.peer(response.client_certificate_pem).serial
+    assert h.row(instance_id).cert_serial == serial
+    assert json.loads(h.record(instance_id)[0])["cert_serial"] == serial
+
+
 async def test_a_claim_on_a_cache_row_behind_its_record_is_refused_when_the_record_holds_another_registration(
     h: Harness,
 ) -> None:
@@ -691,6 +747,51 @@ async def test_renewal_needs_the_current_certificate(h: Harness) -> None:
 
     third = await h.registrar.renew_agent(second, p256_pem()[1])
     assert h.row(instance_id).cert_serial == h.peer(third.cert_pem).serial
+
+
+@pytest.mark.parametrize("leaves_at", ["swap", "record"])
+async def test_a_renewal_whose_caller_left_is_given_back(
+    h: Harness, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, leaves_at: str
+) -> None:
+    # The agent went away while its renewal was under way, so it still holds the certificate it renewed
+    # with. The renewal finishes, is then given back, and the agent's retry with that certificate renews.
+    instance_id, nonce = h.create_instance()
+    first = h.peer((await h.register_agent(nonce, p256_pem()[1])).client_certificate_pem)
+    started, release = threading.Event(), threading.Event()
+    renewal = h.registrar.renewal
+    if leaves_at == "swap":
+        swap = renewal._swap_certificate
+
+        def slow_swap(*args: Any) -> Any:
+            started.set()
+            release.wait(10)
+            return swap(*args)
+
+        monkeypatch.setattr(renewal, "_swap_certificate", slow_swap)
+    else:
+        modify = records.modify_record
+
+        def slow_record(*args: Any, **kwargs: Any) -> Any:
+            started.set()
+            release.wait(10)
+            return modify(*args, **kwargs)
+
+        monkeypatch.setattr(records, "modify_record", slow_record)
+    call = asyncio.ensure_future(renewal.renew_agent(first, p256_pem()[1]))
+    await eventually(started.is_set, what="the renewal's write to start")
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    release.set()
+    await eventually(
+        lambda: any("current again" in r.getMessage() for r in caplog.records), what="the renewal given back"
+    )
+    monkeypatch.undo()
+    assert h.row(instance_id).cert_serial == first.serial
+    assert json.loads(h.record(instance_id)[0])["cert_serial"] == first.serial
+    renewed = h.peer((await renewal.renew_agent(first, p256_pem()[1])).cert_pem)
+    assert h.row(instance_id).cert_serial == renewed.serial
+    assert json.loads(h.record(instance_id)[0])["cert_serial"] == renewed.serial
 
 
 async def test_renewal_refuses_deleted_instances_and_storage_failures_keep_the_old_certificate(

@@ -14,6 +14,10 @@ registration in the record, is refused ALREADY_EXISTS, and the row takes the rec
 registration this process wrote and undid (a write that failed but may have landed) is not another
 one: its certificate was never handed out, so a retry may replace it.
 
+The claim and the record write are one step that finishes even when the caller goes away. A
+registration that finished for a caller who had left is released (``_release``): its certificate
+never reached the agent, which retries with the same nonce.
+
 A registration is reported to the shard through ``RegistrationEvents``. Renewal is ``renewal``;
 operators are ``operatorreg``.
 
@@ -158,15 +162,14 @@ class AgentRegistration:
         pem = issuing.canonical_pem(issued)
 
         ctx.fence()
-        now = ctx.clock.now()
-        reported = (private_ipv4, private_ipv6, hostname)
-        claim = await self._claims.submit(_ClaimRequest(nonce_jwt, claims, pem, issued, now, reported))
-        if not claim.claimed:
-            await self._explain_unclaimed(nonce_jwt, claims, refused_key=False)
-        # The claim is ours: finish (record, or undo) even if the client goes away meanwhile, so a
-        # cancelled call never leaves SQLite and the record disagreeing.
-        await issuing.uncancellable(
-            self._finish_agent(claims.tenant, instance_id, pem, issued, now, reported)
+        request = _ClaimRequest(
+            nonce_jwt, claims, pem, issued, ctx.clock.now(), (private_ipv4, private_ipv6, hostname)
+        )
+        # Claim and record (or undo) as one step that finishes even if the caller goes away meanwhile,
+        # so a cancelled call never leaves SQLite and the record disagreeing; a registration made for a
+        # caller that left is then released, as its certificate was never handed out.
+        group_key = await issuing.uncancellable(
+            self._claim_and_record(request), undo_if_left=functools.partial(self._release, request)
         )
         self._undone.pop(instance_id, None)
         log.info(
@@ -175,10 +178,66 @@ class AgentRegistration:
         )
         if self._events is not None:
             try:
-                self._events.agent_registered(claims.tenant, claim.group_key, instance_id)
+                self._events.agent_registered(claims.tenant, group_key, instance_id)
             except Exception:  # the registration is done; a failing listener must not undo the reply
                 log.exception("agent %s: telling the shard of its registration failed", instance_id)
         return issued
+
+    async def _claim_and_record(self, r: _ClaimRequest) -> str:
+        """Claim the nonce, then record the registration (undone if that fails); the row's group."""
+        claim = await self._claims.submit(r)
+        if not claim.claimed:
+            await self._explain_unclaimed(r.nonce_jwt, r.claims, refused_key=False)
+        await self._finish_agent(r.claims.tenant, r.claims.sub, r.pem, r.issued, r.now, r.reported)
+        return claim.group_key
+
+    async def _release(self, r: _ClaimRequest) -> None:
+        """Undo a registration whose certificate never reached its caller, so the agent's retry with the
+        same nonce registers: the claim in SQLite (guarded by the serial), then the record's registration
+        if it is still this one. Should the record keep it (a failed write), this process still lets the
+        retry replace it (``_undone``); only a new leader would then refuse the nonce as used."""
+        instance_id, serial = r.claims.sub, r.issued.serial_hex
+        what = "its registration call ended before the answer"
+        self._remember_undone(instance_id, serial)  # first: a retry may claim as soon as the claim is undone
+        try:
+            self.ctx.fence()
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(
+                self._db_writer, self._unclaim, instance_id, r.issued, self.ctx.clock.now()
+            )
+        except Exception as exc:  # noqa: BLE001 - no caller is left to tell
+            log.warning(
+                "agent %s: %s; undoing the claim of certificate %s failed (%s)",
+                instance_id,
+                what,
+                serial,
+                exc,
+            )
+            return
+        try:
+            await self._write_record(
+                (
+                    r.claims.tenant,
+                    instance_id,
+                    lambda rec: _unregistered_record(rec, serial, self.ctx.clock.now()),
+                )
+            )
+        except Exception as exc:  # noqa: BLE001 - no caller is left to tell
+            log.warning(
+                "agent %s: %s; claim of certificate %s undone, but its record still names it (%s): "
+                "a retry with the same nonce registers while this server leads",
+                instance_id,
+                what,
+                serial,
+                exc,
+            )
+            return
+        log.warning(
+            "agent %s: %s; certificate %s released, so a retry with the same nonce registers",
+            instance_id,
+            what,
+            serial,
+        )
 
     async def _explain_unclaimed(self, nonce_jwt: str, claims: NonceClaims, *, refused_key: bool) -> None:
         """Raise why the nonce's row cannot be claimed; with ``refused_key``, return if nothing is wrong."""
@@ -314,6 +373,15 @@ class AgentRegistration:
         self._undone.setdefault(instance_id, set()).add(serial)
         while len(self._undone) > UNDONE_KEPT:
             del self._undone[next(iter(self._undone))]
+
+
+def _unregistered_record(rec: InstanceRecord, serial: str, now: datetime) -> InstanceRecord:
+    """``rec`` without the registration of certificate ``serial``; unchanged if it holds another."""
+    if rec.cert_serial != serial:
+        return rec
+    return dataclasses.replace(
+        rec, registered_at=None, public_key_pem="", cert_serial="", cert_expires_at=None, last_updated=now
+    )
 
 
 class _UsedInRecord(AlreadyExists):

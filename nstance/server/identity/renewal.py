@@ -4,13 +4,16 @@ An authenticated agent presenting its *current* certificate (serial equal to the
 ``cert_serial``) gets a new certificate; the serial swap in SQLite is a compare-and-swap, so a
 superseded certificate can never renew, and two renewals racing leave exactly one winner. The new
 certificate is then written to the instance record; if that fails, the swap is undone and the agent
-retries with the certificate it still holds.
+retries with the certificate it still holds. Swap and record are one step that finishes even when the
+caller goes away; a renewal that finished for a caller who had left is given back (the caller never
+got the new certificate, and only the current one can renew).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 from datetime import datetime
 
@@ -58,22 +61,89 @@ class AgentRenewal:
         old_expiry = with_row.cert_expires_at or peer.not_after
 
         ctx.fence()
-        now = ctx.clock.now()
+        undo = (old_pem, current, old_expiry)
+        # Swap and record (or swap back) as one step that finishes even if the caller goes away
+        # meanwhile; a renewal made for a caller that left is then given back (``_give_back``): the
+        # agent never got the new certificate, and only the current one can renew.
+        await issuing.uncancellable(
+            self._swap_and_record(peer, pem, issued, ctx.clock.now(), undo),
+            undo_if_left=functools.partial(self._give_back, peer, issued, undo),
+        )
+        log.info(
+            "agent certificate renewed",
+            extra={"instance_id": peer.client_id, "old_serial": current, "cert_serial": issued.serial_hex},
+        )
+        return issued
+
+    async def _swap_and_record(
+        self,
+        peer: PeerIdentity,
+        pem: str,
+        issued: IssuedCertificate,
+        now: datetime,
+        undo: tuple[str, str, datetime],
+    ) -> None:
+        """The serial swap in SQLite (PermissionDenied if another renewal won), then the record."""
         swapped = await asyncio.to_thread(
-            self._swap_certificate, peer.client_id, current, pem, issued.serial_hex, issued.not_after, now
+            self._swap_certificate, peer.client_id, undo[1], pem, issued.serial_hex, issued.not_after, now
         )
         if not swapped:
             raise PermissionDenied(
                 f"certificate serial {peer.serial} is no longer the current certificate of instance "
                 f"{peer.client_id} (renewed concurrently); only the newest certificate can renew"
             )
-        undo = (old_pem, current, old_expiry)
-        await issuing.uncancellable(self._finish_renewal(peer, pem, issued, now, undo))
-        log.info(
-            "agent certificate renewed",
-            extra={"instance_id": peer.client_id, "old_serial": current, "cert_serial": issued.serial_hex},
+        await self._finish_renewal(peer, pem, issued, now, undo)
+
+    async def _give_back(
+        self, peer: PeerIdentity, issued: IssuedCertificate, undo: tuple[str, str, datetime]
+    ) -> None:
+        """Make the certificate the caller still holds current again (SQLite, then the record, each only
+        if it still names the renewal's serial), so the agent's retry with it renews."""
+        ctx = self.ctx
+        old_pem, old_serial, old_expiry = undo
+        serial = issued.serial_hex
+
+        def restored(rec: records.InstanceRecord) -> records.InstanceRecord:
+            if rec.cert_serial != serial:
+                return rec
+            return dataclasses.replace(
+                rec,
+                public_key_pem=old_pem,
+                cert_serial=old_serial,
+                cert_expires_at=old_expiry,
+                last_updated=ctx.clock.now(),
+            )
+
+        try:
+            ctx.fence()
+            swapped = await asyncio.to_thread(
+                self._swap_certificate,
+                peer.client_id,
+                serial,
+                old_pem,
+                old_serial,
+                old_expiry,
+                ctx.clock.now(),
+            )
+            if swapped:
+                await asyncio.to_thread(
+                    records.modify_record, ctx.store, peer.tenant, peer.client_id, restored
+                )
+        except Exception as exc:  # noqa: BLE001 - no caller is left to tell
+            log.warning(
+                "agent %s: its renewal call ended before the answer; giving certificate %s back failed (%s)",
+                peer.client_id,
+                serial,
+                exc,
+            )
+            return
+        log.warning(
+            "agent %s: its renewal call ended before the answer; %s",
+            peer.client_id,
+            f"certificate {old_serial} is current again, so a retry with it renews"
+            if swapped
+            else f"certificate {serial} had already been replaced",
         )
-        return issued
 
     async def _finish_renewal(
         self,
