@@ -14,11 +14,13 @@ from test_shard_gc import KEY, Harness, register_all
 
 from nstance.config import GroupUpdate
 from nstance.core.errors import Unavailable
+from nstance.core.ids import new_instance_id
 from nstance.db import repo
 from nstance.db.engine import open_database
 from nstance.providers.base import CreateRequest, ProviderInstance
 from nstance.server.reconcile.gc import gc_cycle
 from nstance.server.reconcile.recovery import rebuild_cache, sync_provider
+from nstance.server.shard.api import InstanceRequest
 from nstance.server.state.records import record_key
 from nstance.testing.requests import sample_create_request
 from nstance.testing.waiting import eventually
@@ -211,6 +213,55 @@ async def test_one_silent_instance_is_still_replaced(h: Harness) -> None:
     await h.reconcile()
     assert silent not in h.live()
     assert h.shard.ops.holds.summary() is None
+
+
+async def test_an_on_demand_create_whose_intent_was_not_written_leaves_no_tombstone(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The intent record of an on-demand create could not be written, so no VM was asked for. The
+    # operator retries that id: here, and (as sim seed 971000969 did) on another leader, whose VM's
+    # record is then lost. Neither the retry nor that VM may meet a tombstone of the failed create:
+    # before, the retry here was answered with the tombstone's status and created nothing, and this
+    # server, leading again, deleted the other leader's VM as an orphan.
+    await h.reconcile()
+    request = InstanceRequest(group="web", instance_id=str(new_instance_id("app")))
+    other = str(new_instance_id("app"))
+    unwritable = {key_of(request.instance_id), key_of(other)}
+    real_put = h.store.put_if_match
+
+    def put_if_match(key: str, data: bytes, etag: str | None) -> str:
+        if key in unwritable:
+            raise Unavailable("object storage unreachable (test)")
+        return real_put(key, data, etag)
+
+    monkeypatch.setattr(h.store, "put_if_match", put_if_match)
+    for iid in (request.instance_id, other):
+        with pytest.raises(Unavailable, match="cannot write instance records"):
+            await h.shard.create_instance("default", InstanceRequest(group="web", instance_id=iid))
+        with h.db.read_session() as session:
+            assert repo.get_instance(session, iid) is None
+    assert h.sim.calls["create_instance"] == 3  # the group's three: no VM was asked for
+    unwritable.clear()
+
+    iid, _ = await h.shard.create_instance("default", request)  # the retry here creates it
+    assert iid == request.instance_id
+    assert iid in h.live()
+
+    # ``other`` as another leader would have made it, its record then lost: adopted, not deleted.
+    await h.sim.create_instance(
+        sample_create_request(
+            cluster_id="test",
+            shard="zone-a",
+            kind="app",
+            template="app",
+            subnet_id="net-1",
+            instance_id=other,
+            created_at=h.clock.now(),
+        )
+    )
+    await new_leader(h)
+    assert other in h.live()
+    assert h.sim.calls["delete_instance"] == 0
 
 
 async def test_a_create_finishing_during_the_relist_is_not_retired(h: Harness) -> None:
