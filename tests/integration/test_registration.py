@@ -287,6 +287,17 @@ async def h(tmp_path: Path) -> AsyncIterator[Harness]:
         await harness.stop()
 
 
+def held(write: Callable[..., Any], started: threading.Event, release: threading.Event) -> Callable[..., Any]:
+    """``write`` (run in a worker thread) that first says it ``started`` and waits for ``release``."""
+
+    def waiting(*args: Any, **kwargs: Any) -> Any:
+        started.set()
+        release.wait(10)
+        return write(*args, **kwargs)
+
+    return waiting
+
+
 async def rpc_error(call: Awaitable[object]) -> grpc.aio.AioRpcError:
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await call
@@ -481,24 +492,9 @@ async def test_a_registration_whose_caller_left_is_released_for_the_agents_retry
     started, release = threading.Event(), threading.Event()
     if leaves_at == "claim":
         agents = h.registrar.agents
-        claim_many = agents._claim_many
-
-        def slow_claims(requests: list[Any]) -> Any:
-            started.set()
-            release.wait(10)
-            return claim_many(requests)
-
-        monkeypatch.setattr(agents, "_claim_many", slow_claims)
-        monkeypatch.setattr(agents._claims, "_write_many", slow_claims)
+        monkeypatch.setattr(agents._claims, "_write_many", held(agents._claim_many, started, release))
     else:
-        modify = records.modify_record
-
-        def slow_record(*args: Any, **kwargs: Any) -> Any:
-            started.set()
-            release.wait(10)
-            return modify(*args, **kwargs)
-
-        monkeypatch.setattr(records, "modify_record", slow_record)
+        monkeypatch.setattr(records, "modify_record", held(records.modify_record, started, release))
     call = asyncio.ensure_future(
         h.registrar.register_agent(
             nonce_jwt=nonce, public_key_pem=p256_pem()[1], private_ipv4="", private_ipv6="", hostname=""
@@ -760,23 +756,9 @@ async def test_a_renewal_whose_caller_left_is_given_back(
     started, release = threading.Event(), threading.Event()
     renewal = h.registrar.renewal
     if leaves_at == "swap":
-        swap = renewal._swap_certificate
-
-        def slow_swap(*args: Any) -> Any:
-            started.set()
-            release.wait(10)
-            return swap(*args)
-
-        monkeypatch.setattr(renewal, "_swap_certificate", slow_swap)
+        monkeypatch.setattr(renewal, "_swap_certificate", held(renewal._swap_certificate, started, release))
     else:
-        modify = records.modify_record
-
-        def slow_record(*args: Any, **kwargs: Any) -> Any:
-            started.set()
-            release.wait(10)
-            return modify(*args, **kwargs)
-
-        monkeypatch.setattr(records, "modify_record", slow_record)
+        monkeypatch.setattr(records, "modify_record", held(records.modify_record, started, release))
     call = asyncio.ensure_future(renewal.renew_agent(first, p256_pem()[1]))
     await eventually(started.is_set, what="the renewal's write to start")
     call.cancel()

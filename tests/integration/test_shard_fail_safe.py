@@ -4,10 +4,12 @@ mass-deletion brake, and creates that race the provider re-list (sim provider, r
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_shard_gc import KEY, Harness, register_all
@@ -42,6 +44,19 @@ def lose_cache(h: Harness, tmp_path: Path) -> None:
 async def new_leader(h: Harness) -> None:
     await rebuild_cache(h.ctx, h.shard.ops)
     await sync_provider(h.ctx, h.shard.ops)
+
+
+async def make_vm(h: Harness, **changes: Any) -> None:
+    """A VM of group ``web`` as a leader of this shard makes it (tags included), with no row or record."""
+    request = sample_create_request(
+        cluster_id="test",
+        shard="zone-a",
+        kind="app",
+        template="app",
+        subnet_id="net-1",
+        created_at=h.clock.now(),
+    )
+    await h.sim.create_instance(dataclasses.replace(request, **changes))
 
 
 def key_of(instance_id: str) -> str:
@@ -248,17 +263,7 @@ async def test_an_on_demand_create_whose_intent_was_not_written_leaves_no_tombst
     assert iid in h.live()
 
     # ``other`` as another leader would have made it, its record then lost: adopted, not deleted.
-    await h.sim.create_instance(
-        sample_create_request(
-            cluster_id="test",
-            shard="zone-a",
-            kind="app",
-            template="app",
-            subnet_id="net-1",
-            instance_id=other,
-            created_at=h.clock.now(),
-        )
-    )
+    await make_vm(h, instance_id=other)
     await new_leader(h)
     assert other in h.live()
     assert h.sim.calls["delete_instance"] == 0
@@ -268,15 +273,8 @@ async def test_a_create_finishing_during_the_relist_is_not_retired(h: Harness) -
     """Rows are read right after the listing, a create completes while the sync awaits a provider call,
     then the sync judges the rows: before the fix a row read without its provider id was compared with
     the fresh in-flight set and retired as ``create-interrupted``."""
-    await h.sim.create_instance(
-        sample_create_request(
-            cluster_id="test",
-            shard="zone-a",
-            kind="app",
-            template="app",
-            subnet_id="net-1",
-            created_at=h.clock.now(),
-        )
+    await make_vm(
+        h
     )  # a VM no row explains: the sync awaits the provider (or storage) for it before judging the rows
     listed = asyncio.Event()
     real_list, real_create, real_delete = h.sim.list_instances, h.sim.create_instance, h.sim.delete_instance

@@ -83,16 +83,48 @@ class AgentRenewal:
         now: datetime,
         undo: tuple[str, str, datetime],
     ) -> None:
-        """The serial swap in SQLite (PermissionDenied if another renewal won), then the record."""
+        """The serial swap in SQLite (PermissionDenied if another renewal won), then the instance record;
+        the swap is undone if the record cannot be written (Unavailable)."""
+        ctx = self.ctx
+        old_pem, old_serial, old_expiry = undo
         swapped = await asyncio.to_thread(
-            self._swap_certificate, peer.client_id, undo[1], pem, issued.serial_hex, issued.not_after, now
+            self._swap_certificate, peer.client_id, old_serial, pem, issued.serial_hex, issued.not_after, now
         )
         if not swapped:
             raise PermissionDenied(
                 f"certificate serial {peer.serial} is no longer the current certificate of instance "
                 f"{peer.client_id} (renewed concurrently); only the newest certificate can renew"
             )
-        await self._finish_renewal(peer, pem, issued, now, undo)
+        try:
+            ctx.fence()
+            await asyncio.to_thread(
+                records.modify_record,
+                ctx.store,
+                peer.tenant,
+                peer.client_id,
+                lambda rec: dataclasses.replace(
+                    rec,
+                    public_key_pem=pem,
+                    cert_serial=issued.serial_hex,
+                    cert_expires_at=issued.not_after,
+                    last_updated=now,
+                ),
+            )
+        except Exception as exc:
+            await asyncio.to_thread(
+                self._swap_certificate,
+                peer.client_id,
+                issued.serial_hex,
+                old_pem,
+                old_serial,
+                old_expiry,
+                now,
+            )
+            log.warning("agent %s: renewal not recorded in object storage (%s); undone", peer.client_id, exc)
+            raise Unavailable(
+                f"could not record the renewed certificate of instance {peer.client_id} ({exc}); "
+                "retry with the current certificate"
+            ) from exc
 
     async def _give_back(
         self, peer: PeerIdentity, issued: IssuedCertificate, undo: tuple[str, str, datetime]
@@ -144,48 +176,6 @@ class AgentRenewal:
             if swapped
             else f"certificate {serial} had already been replaced",
         )
-
-    async def _finish_renewal(
-        self,
-        peer: PeerIdentity,
-        pem: str,
-        issued: IssuedCertificate,
-        now: datetime,
-        undo: tuple[str, str, datetime],
-    ) -> None:
-        """After the serial swap: write the instance record; swap back if that fails."""
-        ctx = self.ctx
-        try:
-            ctx.fence()
-            await asyncio.to_thread(
-                records.modify_record,
-                ctx.store,
-                peer.tenant,
-                peer.client_id,
-                lambda rec: dataclasses.replace(
-                    rec,
-                    public_key_pem=pem,
-                    cert_serial=issued.serial_hex,
-                    cert_expires_at=issued.not_after,
-                    last_updated=now,
-                ),
-            )
-        except Exception as exc:
-            old_pem, old_serial, old_expiry = undo
-            await asyncio.to_thread(
-                self._swap_certificate,
-                peer.client_id,
-                issued.serial_hex,
-                old_pem,
-                old_serial,
-                old_expiry,
-                now,
-            )
-            log.warning("agent %s: renewal not recorded in object storage (%s); undone", peer.client_id, exc)
-            raise Unavailable(
-                f"could not record the renewed certificate of instance {peer.client_id} ({exc}); "
-                "retry with the current certificate"
-            ) from exc
 
     def _read_instance_by_id(self, instance_id: str) -> InstanceRow | None:
         with self.ctx.db.read_connection() as session:
