@@ -2,8 +2,7 @@
 
 The two writes run at the same time (neither needs the other). Whichever fails, no VM is asked for:
 a record the provider never saw is marked failed when the cache refused its row, and a row whose
-record was not written is removed (no tombstone: no VM was asked for). The next reconcile creates the
-group's instances afresh.
+record was not written is soft-deleted. The next reconcile creates the group's instances afresh.
 (In-process leader on the sim provider, as in test_shard_cloud_features.)
 """
 
@@ -85,7 +84,7 @@ async def test_a_record_that_cannot_be_written_leaves_no_row_and_asks_for_no_vm(
     monkeypatch.setattr(MemoryObjectStore, "put_if_match", refuse_instances)
     await h.reconcile()
     assert h.vms.requests == []
-    assert h.rows() == []  # written at the same time, then removed
+    assert h.rows() == []  # written at the same time, then soft-deleted
     assert not h.shard.ops.in_flight
 
     monkeypatch.undo()

@@ -230,43 +230,40 @@ async def test_one_silent_instance_is_still_replaced(h: Harness) -> None:
     assert h.shard.ops.holds.summary() is None
 
 
-async def test_an_on_demand_create_whose_intent_was_not_written_leaves_no_tombstone(
+async def test_a_vm_made_by_another_leader_for_an_on_demand_id_that_failed_here_is_adopted(
     h: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The intent record of an on-demand create could not be written, so no VM was asked for. The
-    # operator retries that id: here, and (as sim seed 971000969 did) on another leader, whose VM's
-    # record is then lost. Neither the retry nor that VM may meet a tombstone of the failed create:
-    # before, the retry here was answered with the tombstone's status and created nothing, and this
-    # server, leading again, deleted the other leader's VM as an orphan.
+    # Sim seed 971000969. The intent record of an on-demand create could not be written here, so no VM
+    # was asked for, and the row stayed as a tombstone. The operator's retry of that id made the VM on
+    # another leader, whose record was then lost. This server, leading again, took the VM for an
+    # orphan of its own failed create and deleted it. A tombstone that no record backs, of an on-demand
+    # instance that never had a VM here, now goes with the rebuild, so the VM is adopted from its tags.
     await h.reconcile()
-    request = InstanceRequest(group="web", instance_id=str(new_instance_id("app")))
-    other = str(new_instance_id("app"))
-    unwritable = {key_of(request.instance_id), key_of(other)}
+    iid = str(new_instance_id("app"))
     real_put = h.store.put_if_match
 
     def put_if_match(key: str, data: bytes, etag: str | None) -> str:
-        if key in unwritable:
+        if key == key_of(iid):
             raise Unavailable("object storage unreachable (test)")
         return real_put(key, data, etag)
 
     monkeypatch.setattr(h.store, "put_if_match", put_if_match)
-    for iid in (request.instance_id, other):
-        with pytest.raises(Unavailable, match="cannot write instance records"):
-            await h.shard.create_instance("default", InstanceRequest(group="web", instance_id=iid))
-        with h.db.read_session() as session:
-            assert repo.get_instance(session, iid) is None
-    assert h.sim.calls["create_instance"] == 3  # the group's three: no VM was asked for
-    unwritable.clear()
+    with pytest.raises(Unavailable, match="cannot write instance records"):
+        await h.shard.create_instance("default", InstanceRequest(group="web", instance_id=iid))
+    monkeypatch.undo()
+    assert h.sim.calls["create_instance"] == 3  # the group's three: no VM was asked for here
+    with h.db.read_session() as session:
+        tombstone = repo.get_instance(session, iid)
+    assert tombstone is not None
+    assert tombstone.deleted_at is not None
 
-    iid, _ = await h.shard.create_instance("default", request)  # the retry here creates it
-    assert iid == request.instance_id
-    assert iid in h.live()
-
-    # ``other`` as another leader would have made it, its record then lost: adopted, not deleted.
-    await make_vm(h, instance_id=other)
+    await make_vm(h, instance_id=iid)  # as the other leader made it; its record is lost
     await new_leader(h)
-    assert other in h.live()
+    assert iid in h.live()
     assert h.sim.calls["delete_instance"] == 0
+    rec = h.record(iid)
+    assert rec is not None
+    assert rec["status"] != "deleted"
 
 
 async def test_a_create_finishing_during_the_relist_is_not_retired(h: Harness) -> None:

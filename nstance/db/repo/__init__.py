@@ -73,6 +73,7 @@ from nstance.db.repo.instances import (
     recorded_instance_ids,
     serving_provider_ids,
     sync_rows,
+    unlaunched_on_demand_tombstones,
 )
 from nstance.db.repo.load_balancers import delete_lb_memberships, lb_members, lb_memberships, set_lb_status
 from nstance.db.repo.operators import (
@@ -141,6 +142,7 @@ __all__ = [
     "start_drain",
     "store_reported_addresses",
     "sync_rows",
+    "unlaunched_on_demand_tombstones",
     "unmark_registered",
     "upsert_group_hashes",
     "upsert_operator",

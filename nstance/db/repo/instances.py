@@ -118,6 +118,12 @@ def live_instance_ids(bind: Bind) -> set[str]:
     return {iid for (iid,) in plain(bind).execute("SELECT id FROM instances WHERE deleted_at IS NULL")}
 
 
+def unlaunched_on_demand_tombstones(bind: Bind) -> set[str]:
+    """The ids of soft-deleted on-demand rows that never had a provider id (no VM was known for them)."""
+    sql = "SELECT id FROM instances WHERE deleted_at IS NOT NULL AND on_demand AND provider_id IS NULL"
+    return {iid for (iid,) in plain(bind).execute(sql)}
+
+
 def live_provider_ids(bind: Bind) -> dict[str, str | None]:
     """Instance id -> provider id (None before its create returned) of every row not soft-deleted.
 

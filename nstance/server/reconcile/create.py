@@ -340,7 +340,7 @@ class Creator:
         ]
         # The cache rows and the pending records are written at the same time: both must exist before
         # the provider is asked for a VM, and neither needs the other (a record without its row is
-        # restored into the cache by recovery; a row without its record is removed below).
+        # restored into the cache by recovery; a row without its record is soft-deleted below).
         self.in_flight.update(ids)
         insert = asyncio.get_running_loop().run_in_executor(self.db_writer, self._insert_rows, rows, now)
         writes = (asyncio.to_thread(records.write_record, ctx.store, r, create_only=True) for r in recs)
@@ -363,13 +363,9 @@ class Creator:
             else:
                 ready.append((p, etag, r))
         if unwritten:
-            # Removed, not soft-deleted: no VM was asked for, so this row must not stay behind as a
-            # tombstone. The operator may retry an on-demand id, on this leader or another; a later
-            # leadership of this server, not finding the VM that retry made in any record, would have
-            # taken it for an orphan of this create and deleted it (sim seed 971000969).
             with ctx.db.write_connection() as session:
                 for iid in unwritten:
-                    repo.forget_instance(session, iid)
+                    repo.soft_delete(session, iid, now=ctx.clock.now())
             self.in_flight.difference_update(unwritten)
             if not ready:
                 raise Unavailable(f"cannot write instance records: {etags[0]}")

@@ -4,8 +4,9 @@
 in object storage - the records are the durable truth, SQLite only a cache - and finishes deletes that a
 previous leader began. An unreadable record is reported (log, ``WatchErrors``, a metric, ``/health``)
 and keeps claiming its VM; a deleted one leaves a tombstone row, so its VM, should it reappear, is
-known to be an orphan. ``sync_provider`` (right after, and then every GC cycle) lists the provider's VMs
-by cluster/shard tag and reconciles the three views:
+known to be an orphan (but an on-demand tombstone that no record backs and that never had a VM here is
+dropped: the operator may have retried that id on another leader). ``sync_provider`` (right after,
+and then every GC cycle) lists the provider's VMs by cluster/shard tag and reconciles the three views:
 
 * a VM whose record is active but whose row lacks the provider id (crash between create and record
   update) is **adopted**: provider id and status go into the record and the row;
@@ -169,6 +170,11 @@ def _live_ids(ctx: ShardContext) -> set[str]:
         return repo.live_instance_ids(session)
 
 
+def _unlaunched_on_demand_tombstones(ctx: ShardContext) -> set[str]:
+    with ctx.db.read_connection() as session:
+        return repo.unlaunched_on_demand_tombstones(session)
+
+
 def _finish_rebuild(ctx: ShardContext, dropped: list[str], deleting: list[str]) -> list[InstanceRow]:
     """Forget the rows no record explains; the rows of records being deleted (worker thread)."""
     for start in range(0, len(dropped), REBUILD_BATCH):
@@ -208,6 +214,13 @@ async def rebuild_cache(ctx: ShardContext, ops: InstanceOps) -> set[GroupKey]:
         # A vanished record is missing state, not a deletion: no tombstone, so a VM of this
         # instance is adopted from its tags rather than deleted as an orphan.
         log.warning("instance %s has no record in object storage; forgetting its cache row", iid)
+    # Likewise a tombstone that no record backs, of an on-demand instance this server never knew a VM
+    # of (its create failed, before or at the provider, in an earlier leadership here). The operator
+    # retries an on-demand id, perhaps on another leader: a VM with this id now is that retry's, and
+    # only a record could say it should not exist (sim seed 971000969: kept, it deleted that VM).
+    stale = await asyncio.to_thread(_unlaunched_on_demand_tombstones, ctx)
+    stale_tombstones = sorted(stale - rebuilt.seen - claimed)
+    dropped += stale_tombstones
     unfinished = await asyncio.to_thread(_finish_rebuild, ctx, dropped, rebuilt.deleting)
     for row in unfinished:
         log.info("finishing the interrupted delete of %s", row.id)
