@@ -487,7 +487,9 @@ async def test_a_registration_whose_caller_left_is_released_for_the_agents_retry
 ) -> None:
     # The agent went away (a deadline, a reboot, a dropped connection) while its claim or its record
     # write was under way: its certificate was never handed out. The registration finishes or fails
-    # as a whole, is then released, and the agent's retry with the same nonce registers.
+    # as a whole, is then released, and the agent's retry with the same nonce registers. A retry that
+    # arrives while the first is still under way is told to retry (UNAVAILABLE), not that the nonce
+    # is used (ALREADY_EXISTS), on which an agent stops calling.
     instance_id, nonce = h.create_instance()
     started, release = threading.Event(), threading.Event()
     if leaves_at == "claim":
@@ -495,16 +497,25 @@ async def test_a_registration_whose_caller_left_is_released_for_the_agents_retry
         monkeypatch.setattr(agents._claims, "_write_many", held(agents._claim_many, started, release))
     else:
         monkeypatch.setattr(records, "modify_record", held(records.modify_record, started, release))
-    call = asyncio.ensure_future(
-        h.registrar.register_agent(
-            nonce_jwt=nonce, public_key_pem=p256_pem()[1], private_ipv4="", private_ipv6="", hostname=""
+
+    def register() -> asyncio.Future[IssuedCertificate]:
+        return asyncio.ensure_future(
+            h.registrar.register_agent(
+                nonce_jwt=nonce, public_key_pem=p256_pem()[1], private_ipv4="", private_ipv6="", hostname=""
+            )
         )
-    )
+
+    call = register()
     await eventually(started.is_set, what="the registration's write to start")
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
         await call
+    early = register()  # while the first is still under way
+    await asyncio.sleep(0.05)
+    assert not early.done()  # it waits for the first to be over
     release.set()
+    with pytest.raises(Unavailable, match="retry with the same nonce"):
+        await early
     await eventually(
         lambda: any("released" in r.getMessage() for r in caplog.records),
         what="the left registration's release",

@@ -120,6 +120,8 @@ class AgentRegistration:
         #: was never handed out, so a retry may overwrite it; any other registration in the record is
         #: a nonce already used (``_registered_record``).
         self._undone: dict[str, set[str]] = {}
+        #: Per instance, the registration attempts under way in this process (``_attempt``).
+        self._attempts: dict[str, list[asyncio.Future[bool]]] = {}
 
     async def register_agent(
         self,
@@ -168,9 +170,18 @@ class AgentRegistration:
         # Claim and record (or undo) as one step that finishes even if the caller goes away meanwhile,
         # so a cancelled call never leaves SQLite and the record disagreeing; a registration made for a
         # caller that left is then released, as its certificate was never handed out.
-        group_key = await issuing.uncancellable(
-            self._claim_and_record(request), undo_if_left=functools.partial(self._release, request)
-        )
+        stands = self._attempt(instance_id)
+        try:
+            group_key = await issuing.uncancellable(
+                self._claim_and_record(request, stands),
+                undo_if_left=functools.partial(self._release, request, stands),
+            )
+        except asyncio.CancelledError:
+            raise  # the step goes on; its outcome is settled when it (and any release) is over
+        except BaseException:
+            _settle(stands, False)
+            raise
+        _settle(stands, True)
         self._undone.pop(instance_id, None)
         log.info(
             "agent registered",
@@ -183,15 +194,36 @@ class AgentRegistration:
                 log.exception("agent %s: telling the shard of its registration failed", instance_id)
         return issued
 
-    async def _claim_and_record(self, r: _ClaimRequest) -> str:
+    def _attempt(self, instance_id: str) -> asyncio.Future[bool]:
+        """A new registration attempt of ``instance_id`` in this process: its future says, once settled,
+        whether its registration stands (True) or was refused, undone or released (False)."""
+        stands: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        attempts = self._attempts.setdefault(instance_id, [])
+        attempts.append(stands)
+
+        def gone(_: asyncio.Future[bool]) -> None:
+            attempts.remove(stands)
+            if not attempts and self._attempts.get(instance_id) is attempts:
+                del self._attempts[instance_id]
+
+        stands.add_done_callback(gone)
+        return stands
+
+    async def _claim_and_record(self, r: _ClaimRequest, stands: asyncio.Future[bool]) -> str:
         """Claim the nonce, then record the registration (undone if that fails); the row's group."""
-        claim = await self._claims.submit(r)
-        if not claim.claimed:
-            await self._explain_unclaimed(r.nonce_jwt, r.claims, refused_key=False)
-        await self._finish_agent(r.claims.tenant, r.claims.sub, r.pem, r.issued, r.now, r.reported)
+        try:
+            claim = await self._claims.submit(r)
+            if not claim.claimed:
+                _settle(stands, False)  # first: a rival that lost as well may be waiting for this one
+                rivals = [f for f in self._attempts.get(r.claims.sub, []) if f is not stands]
+                await self._explain_unclaimed(r.nonce_jwt, r.claims, refused_key=False, rivals=rivals)
+            await self._finish_agent(r.claims.tenant, r.claims.sub, r.pem, r.issued, r.now, r.reported)
+        except BaseException:
+            _settle(stands, False)
+            raise
         return claim.group_key
 
-    async def _release(self, r: _ClaimRequest) -> None:
+    async def _release(self, r: _ClaimRequest, stands: asyncio.Future[bool]) -> None:
         """Undo a registration whose certificate never reached its caller, so the agent's retry with the
         same nonce registers: the claim in SQLite (guarded by the serial), then the record's registration
         if it is still this one. Should the record keep it (a failed write), this process still lets the
@@ -199,12 +231,14 @@ class AgentRegistration:
         instance_id, serial = r.claims.sub, r.issued.serial_hex
         what = "its registration call ended before the answer"
         self._remember_undone(instance_id, serial)  # first: a retry may claim as soon as the claim is undone
+        undone = False
         try:
             self.ctx.fence()
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(
                 self._db_writer, self._unclaim, instance_id, r.issued, self.ctx.clock.now()
             )
+            undone = True
         except Exception as exc:  # noqa: BLE001 - no caller is left to tell
             log.warning(
                 "agent %s: %s; undoing the claim of certificate %s failed (%s)",
@@ -214,6 +248,9 @@ class AgentRegistration:
                 exc,
             )
             return
+        finally:
+            # The claim is undone now, or it stays (failed, or cut off): rivals waiting may go on.
+            _settle(stands, not undone)
         try:
             await self._write_record(
                 (
@@ -239,11 +276,35 @@ class AgentRegistration:
             serial,
         )
 
-    async def _explain_unclaimed(self, nonce_jwt: str, claims: NonceClaims, *, refused_key: bool) -> None:
-        """Raise why the nonce's row cannot be claimed; with ``refused_key``, return if nothing is wrong."""
+    async def _explain_unclaimed(
+        self,
+        nonce_jwt: str,
+        claims: NonceClaims,
+        *,
+        refused_key: bool,
+        rivals: list[asyncio.Future[bool]] | None = None,
+    ) -> None:
+        """Raise why the nonce's row cannot be claimed; with ``refused_key``, return if nothing is wrong.
+
+        ``rivals`` are the other attempts of this instance under way in this process. A claim lost to
+        one of them is a used nonce only if that registration stands: once they are over, the row is
+        read again, and if it is not registered (the winner was undone, or released because its caller
+        left before the answer) this caller is told to retry (UNAVAILABLE) rather than refused for good,
+        as an agent stops calling on ALREADY_EXISTS.
+        """
         row = await asyncio.to_thread(self._read_instance, nonce_jwt)
         self._check_instance(row, claims)
         assert row is not None  # _check_instance refuses None
+        if rivals:
+            await asyncio.gather(*(asyncio.shield(f) for f in rivals))
+            row = await asyncio.to_thread(self._read_instance, nonce_jwt)
+            self._check_instance(row, claims)
+            assert row is not None
+            if row.registered_at is None:
+                raise Unavailable(
+                    f"another registration of instance {claims.sub} was under way here and has been "
+                    "undone; retry with the same nonce"
+                )
         if row.registered_at is not None or not refused_key:
             raise self._replayed(claims.sub)
 
@@ -373,6 +434,12 @@ class AgentRegistration:
         self._undone.setdefault(instance_id, set()).add(serial)
         while len(self._undone) > UNDONE_KEPT:
             del self._undone[next(iter(self._undone))]
+
+
+def _settle(stands: asyncio.Future[bool], value: bool) -> None:
+    """Say whether an attempt's registration stands (the first word counts)."""
+    if not stands.done():
+        stands.set_result(value)
 
 
 def _unregistered_record(rec: InstanceRecord, serial: str, now: datetime) -> InstanceRecord:
