@@ -792,6 +792,20 @@ def test_soft_delete_many_and_live_ids(db: Database) -> None:
     assert first.deleted_at == T0
 
 
+def test_unlaunched_on_demand_tombstones_are_deleted_on_demand_rows_without_a_provider_id(
+    db: Database,
+) -> None:
+    _add(db, "od-never", on_demand=True)
+    _add(db, "od-launched", on_demand=True)
+    _add(db, "od-live", on_demand=True)
+    _add(db, "group-never")
+    with db.session() as session:
+        repo.set_provider_details(session, "od-launched", provider_id="i-0abc", now=T0)
+        repo.soft_delete_many(session, ["od-never", "od-launched", "group-never"], now=T0)
+    with db.read_session() as session:
+        assert repo.unlaunched_on_demand_tombstones(session) == {"od-never"}
+
+
 def _claim_agent(
     db: Database, nonce: str, instance_id: str, *, tenant: str = "acme", serial: int = 0xABC
 ) -> repo.AgentClaim:

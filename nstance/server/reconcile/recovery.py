@@ -165,14 +165,10 @@ def _rebuild_batch(
     into.problems += problems
 
 
-def _live_ids(ctx: ShardContext) -> set[str]:
+def _rows_to_check(ctx: ShardContext) -> tuple[set[str], set[str]]:
+    """The ids of the live rows, and of the on-demand tombstones that never had a VM (one read)."""
     with ctx.db.read_connection() as session:
-        return repo.live_instance_ids(session)
-
-
-def _unlaunched_on_demand_tombstones(ctx: ShardContext) -> set[str]:
-    with ctx.db.read_connection() as session:
-        return repo.unlaunched_on_demand_tombstones(session)
+        return repo.live_instance_ids(session), repo.unlaunched_on_demand_tombstones(session)
 
 
 def _finish_rebuild(ctx: ShardContext, dropped: list[str], deleting: list[str]) -> list[InstanceRow]:
@@ -206,7 +202,7 @@ async def rebuild_cache(ctx: ShardContext, ops: InstanceOps) -> set[GroupKey]:
             batch = keys[start : start + REBUILD_BATCH]
             await asyncio.to_thread(_rebuild_batch, ctx, batch, pool, now, rebuilt)
     report_unreadable(ctx, ops, rebuilt.problems)
-    live = await asyncio.to_thread(_live_ids, ctx)
+    live, unlaunched = await asyncio.to_thread(_rows_to_check, ctx)
     in_flight = set(ops.in_flight)  # read on the loop, where it changes
     claimed = {problem.instance_id for problem in rebuilt.problems if problem.instance_id}
     dropped = sorted(live - rebuilt.seen - in_flight - claimed)
@@ -218,9 +214,9 @@ async def rebuild_cache(ctx: ShardContext, ops: InstanceOps) -> set[GroupKey]:
     # of (its create failed, before or at the provider, in an earlier leadership here). The operator
     # retries an on-demand id, perhaps on another leader: a VM with this id now is that retry's, and
     # only a record could say it should not exist (sim seed 971000969: kept, it deleted that VM).
-    stale = await asyncio.to_thread(_unlaunched_on_demand_tombstones, ctx)
-    stale_tombstones = sorted(stale - rebuilt.seen - claimed)
-    dropped += stale_tombstones
+    for iid in sorted(unlaunched - rebuilt.seen - claimed):
+        log.info("on-demand instance %s: no record backs its tombstone; forgetting it", iid)
+        dropped.append(iid)
     unfinished = await asyncio.to_thread(_finish_rebuild, ctx, dropped, rebuilt.deleting)
     for row in unfinished:
         log.info("finishing the interrupted delete of %s", row.id)
