@@ -60,20 +60,21 @@ def write_atomic(
     temp_prefix: str = TEMP_PREFIX,
     name_temp: bool = True,
     create_only: bool = False,
+    make_parents: bool = True,
 ) -> None:
     """Replace ``path`` with ``data``, permissions ``mode`` (and modification time ``mtime`` when given).
 
     Missing parent directories are created with ``dir_mode``, or with the process's default mode when
-    it is None. ``name_temp=False`` leaves the file's name out of the temp name (``<temp_prefix><16
-    hex>``), for a caller whose names may use all of NAME_MAX. ``create_only=True`` publishes with a
-    hard link instead of a rename, so an existing ``path`` is never replaced, whoever wrote it and
-    whatever lock they hold: FileExistsError then (and the OSError of a file system without hard
-    links, for the caller to handle). On any failure the temp file is removed and ``path`` is left as
-    it was.
+    it is None; ``make_parents=False`` is for a caller that made them (each check is a system call).
+    ``name_temp=False`` leaves the file's name out of the temp name (``<temp_prefix><16 hex>``), for a
+    caller whose names may use all of NAME_MAX. ``create_only=True`` publishes with a hard link
+    instead of a rename, so an existing ``path`` is never replaced, whoever wrote it and whatever lock
+    they hold: FileExistsError then (and the OSError of a file system without hard links, for the
+    caller to handle). On any failure the temp file is removed and ``path`` is left as it was.
     """
-    if dir_mode is None:
+    if make_parents and dir_mode is None:
         path.parent.mkdir(parents=True, exist_ok=True)
-    else:
+    elif make_parents and dir_mode is not None:
         ensure_dir(path.parent, dir_mode)
     suffix = f"{path.name}.{secrets.token_hex(4)[:7]}" if name_temp else secrets.token_hex(8)
     tmp = path.with_name(temp_prefix + suffix)

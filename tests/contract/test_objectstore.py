@@ -35,7 +35,7 @@ from nstance.objectstore.base import (
     Throttled,
 )
 from nstance.objectstore.factory import open_scopes, open_store
-from nstance.objectstore.file import KNOWN_KEYS, KNOWN_MIN_BYTES, LOCK_STRIPES, FileObjectStore
+from nstance.objectstore.file import KNOWN_KEYS, KNOWN_MIN_BYTES, LOCK_STRIPES, READ_CHUNK, FileObjectStore
 from nstance.objectstore.memory import MemoryObjectStore, content_etag
 from nstance.objectstore.s3 import S3ObjectStore
 from nstance.objectstore.scoped import ScopedObjectStore
@@ -736,6 +736,17 @@ def test_file_key_and_prefix_cannot_share_a_name(tmp_path: Path) -> None:
         store.get("x")
     store.delete("x")  # a directory of other keys is not an object: nothing to delete
     assert store.list() == ["a", "x/y"]
+
+
+def test_file_store_reads_objects_of_every_size_around_its_read_chunk(tmp_path: Path) -> None:
+    store = FileObjectStore(tmp_path / "root")
+    for size in (1, READ_CHUNK - 1, READ_CHUNK, READ_CHUNK + 1, 2 * READ_CHUNK, 16 * READ_CHUNK + 3):
+        payload = os.urandom(size)
+        etag = store.put_if_match(f"blob/{size}", payload, None)
+        assert store.get(f"blob/{size}") == (payload, etag)
+        changed = bytes([payload[0] ^ 1]) + payload[1:]
+        assert store.put_if_match(f"blob/{size}", changed, etag) != etag  # read again under the lock
+        assert store.get(f"blob/{size}")[0] == changed
 
 
 def test_file_store_persists_and_hides_internals(tmp_path: Path) -> None:
