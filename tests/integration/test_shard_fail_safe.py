@@ -22,6 +22,7 @@ from nstance.db.engine import open_database
 from nstance.providers.base import CreateRequest, ProviderInstance
 from nstance.server.reconcile.gc import gc_cycle
 from nstance.server.reconcile.recovery import rebuild_cache, sync_provider
+from nstance.server.reconcile.restore import restore_missing_records
 from nstance.server.shard.api import InstanceRequest
 from nstance.server.state.records import record_key
 from nstance.testing.requests import sample_create_request
@@ -176,6 +177,34 @@ async def test_an_adopted_vm_made_from_another_template_is_rotated(h: Harness, t
         await h.reconcile()
     assert stale not in h.live()
     assert set(before) - {stale} <= set(h.live())  # the others run the group's template: kept
+
+
+async def test_a_record_written_back_from_the_cache_keeps_the_template_an_adopted_vm_runs(
+    h: Harness, tmp_path: Path
+) -> None:
+    # A record written back from a cache row took the group's current template. For an adopted VM (no
+    # infra hash) the next leader then saw no drift, and the VM kept its old template for ever
+    # (simulation seed 547780810).
+    await h.reconcile()
+    before = dict(h.live())
+    stale = sorted(before)[0]
+    h.sim._records[before[stale]].template = "retired"  # a VM made from an older template
+    for key in list(h.store.list("instance/")):
+        h.store.delete(key)
+    lose_cache(h, tmp_path)
+    await new_leader(h)  # adopted from its tags
+    for key in list(h.store.list("instance/")):
+        h.store.delete(key)  # lost again; this time the leader's cache still has the rows
+    restored = await restore_missing_records(h.ctx, h.shard.ops, settle=timedelta(0))
+    assert stale in restored
+    assert (h.record(stale) or {}).get("config", {})["template"] == "retired"  # type: ignore[index]
+
+    lose_cache(h, tmp_path)
+    await new_leader(h)  # rebuilt from the written-back records
+    for _ in range(2 * len(before)):
+        await h.reconcile()
+    assert stale not in h.live()
+    assert set(before) - {stale} <= set(h.live())
 
 
 async def test_orphan_deletions_are_braked_per_group(h: Harness) -> None:

@@ -40,16 +40,7 @@ def adopted_record(
     """The record to rebuild for ``vm`` (see the module docstring)."""
     now = ctx.clock.now()
     merged = snapshot.merged(vm.tenant, vm.group) if snapshot is not None else None
-    config = records.config_document(merged) if merged is not None else {}
-    # What the VM's tags and listing say it runs wins over the group's config now: drift is judged by
-    # these two (``plan.visibly_differs``), and the group's config may have changed since the VM was made.
-    config.update(
-        {
-            name: value
-            for name, value in (("template", vm.template), ("instance_type", vm.instance_type))
-            if value
-        }
-    )
+    config = records.config_as_run(merged, template=vm.template, instance_type=vm.instance_type)
     return records.InstanceRecord(
         instance_id=vm.instance_id,
         tenant=vm.tenant,

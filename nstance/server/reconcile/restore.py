@@ -4,7 +4,10 @@ A leader's cache outlives records deleted under it (by hand, a bad lifecycle rul
 this, the next leader would find VMs no record explains, and every record update of those instances
 (registration, delete) would fail meanwhile. So once per GC cycle the leader lists ``instance/`` (one
 LIST) and, for every active cache row whose record is missing, writes the record again from the row -
-which knows more than the VM's tags: nonce, registration, certificate, infra hash. Rows of creates
+which knows more than the VM's tags: nonce, registration, certificate, infra hash. The record's
+``config`` is the group's current one with the row's template and instance type (what the instance
+runs), as for an adopted VM: an adopted row has no infra hash, and the next leader judges its drift
+by those two. Rows of creates
 still being recorded are left alone (in flight, or without a provider id and younger than
 ``settle``); the write is create-only, so a record that reappeared is never overwritten.
 """
@@ -52,7 +55,9 @@ def record_from_row(row: InstanceRow, ctx: ShardContext) -> records.InstanceReco
         private_ipv6=row.ip6 or "",
         hostname=row.hostname or "",
         registration_jwt="" if row.nonce.startswith(_MISSING_NONCE) else row.nonce,
-        config=records.config_document(merged) if merged is not None else {},
+        config=records.config_as_run(
+            merged, template=row.template or "", instance_type=row.instance_type or ""
+        ),
         infra_config_hash=row.infra_config_hash or "",
         registered_at=row.registered_at,
         public_key_pem=row.instance_pub or "",

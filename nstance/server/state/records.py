@@ -152,6 +152,17 @@ def config_document(merged: MergedGroupConfig) -> dict[str, Any]:
     }
 
 
+def config_as_run(merged: MergedGroupConfig | None, *, template: str, instance_type: str) -> dict[str, Any]:
+    """``config_document(merged)`` ({} without a group) with the template and instance type an instance
+    is known to run, when known: they win over the group's config now, which may have changed since the
+    instance was made. Drift of an instance without an infra hash is judged by these two
+    (``plan.visibly_differs``), so a record rebuilt from tags or from a cache row must keep them."""
+    config = config_document(merged) if merged is not None else {}
+    known = (("template", template), ("instance_type", instance_type))
+    config.update({name: value for name, value in known if value})
+    return config
+
+
 def _document(r: InstanceRecord) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "instance_id": r.instance_id,
