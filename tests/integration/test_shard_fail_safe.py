@@ -160,9 +160,9 @@ async def test_an_instance_type_changed_after_adoption_rotates_the_adopted_vms(
     assert not set(before) & set(h.live())
 
 
-async def test_an_adopted_vm_made_from_another_template_is_rotated(h: Harness, tmp_path: Path) -> None:
-    # The adopted record takes the template the VM's tags name, not the group's current one: a VM
-    # made from a template the group has left since is drift, found without a recorded hash.
+async def adopt_one_from_a_retired_template(h: Harness, tmp_path: Path) -> tuple[dict[str, str], str]:
+    """The group's instances (id -> provider id) and one of them, made from template "retired", all
+    adopted by a new leader after their records and its cache were lost."""
     await h.reconcile()
     before = dict(h.live())
     stale = sorted(before)[0]
@@ -171,6 +171,13 @@ async def test_an_adopted_vm_made_from_another_template_is_rotated(h: Harness, t
         h.store.delete(key)
     lose_cache(h, tmp_path)
     await new_leader(h)
+    return before, stale
+
+
+async def test_an_adopted_vm_made_from_another_template_is_rotated(h: Harness, tmp_path: Path) -> None:
+    # The adopted record takes the template the VM's tags name, not the group's current one: a VM
+    # made from a template the group has left since is drift, found without a recorded hash.
+    before, stale = await adopt_one_from_a_retired_template(h, tmp_path)
     assert (h.record(stale) or {}).get("config", {})["template"] == "retired"  # type: ignore[index]
 
     for _ in range(2 * len(before)):
@@ -185,14 +192,7 @@ async def test_a_record_written_back_from_the_cache_keeps_the_template_an_adopte
     # A record written back from a cache row took the group's current template. For an adopted VM (no
     # infra hash) the next leader then saw no drift, and the VM kept its old template for ever
     # (simulation seed 547780810).
-    await h.reconcile()
-    before = dict(h.live())
-    stale = sorted(before)[0]
-    h.sim._records[before[stale]].template = "retired"  # a VM made from an older template
-    for key in list(h.store.list("instance/")):
-        h.store.delete(key)
-    lose_cache(h, tmp_path)
-    await new_leader(h)  # adopted from its tags
+    before, stale = await adopt_one_from_a_retired_template(h, tmp_path)
     for key in list(h.store.list("instance/")):
         h.store.delete(key)  # lost again; this time the leader's cache still has the rows
     restored = await restore_missing_records(h.ctx, h.shard.ops, settle=timedelta(0))
