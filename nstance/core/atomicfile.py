@@ -72,10 +72,11 @@ def write_atomic(
     they hold: FileExistsError then (and the OSError of a file system without hard links, for the
     caller to handle). On any failure the temp file is removed and ``path`` is left as it was.
     """
-    if make_parents and dir_mode is None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    elif make_parents and dir_mode is not None:
-        ensure_dir(path.parent, dir_mode)
+    if make_parents:
+        if dir_mode is None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        else:
+            ensure_dir(path.parent, dir_mode)
     suffix = f"{path.name}.{secrets.token_hex(4)[:7]}" if name_temp else secrets.token_hex(8)
     tmp = path.with_name(temp_prefix + suffix)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)

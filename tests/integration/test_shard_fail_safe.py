@@ -42,6 +42,12 @@ def lose_cache(h: Harness, tmp_path: Path) -> None:
     h.db = h.ctx.db = open_database(tmp_path / "db" / "nstance.db")
 
 
+def delete_records(h: Harness) -> None:
+    """Every instance record gone from object storage (a bad lifecycle rule, a script, by hand)."""
+    for key in list(h.store.list("instance/")):
+        h.store.delete(key)
+
+
 async def new_leader(h: Harness) -> None:
     await rebuild_cache(h.ctx, h.shard.ops)
     await sync_provider(h.ctx, h.shard.ops)
@@ -122,8 +128,7 @@ async def test_a_deleted_instance_prefix_is_rebuilt_by_adoption(h: Harness, tmp_
     on_demand = await h.shard.ops.create(spare, on_demand=True)
     before = dict(h.live())
     assert len(before) == 4
-    for key in list(h.store.list("instance/")):
-        h.store.delete(key)
+    delete_records(h)
     lose_cache(h, tmp_path)
     await new_leader(h)
     await h.reconcile()
@@ -143,8 +148,7 @@ async def test_an_instance_type_changed_after_adoption_rotates_the_adopted_vms(
     await h.shard.upsert_group("default", "web", GroupUpdate(instance_type="m7i.large"))
     await h.reconcile()
     before = dict(h.live())
-    for key in list(h.store.list("instance/")):
-        h.store.delete(key)
+    delete_records(h)
     lose_cache(h, tmp_path)
     await new_leader(h)
     await h.reconcile()
@@ -167,8 +171,7 @@ async def adopt_one_from_a_retired_template(h: Harness, tmp_path: Path) -> tuple
     before = dict(h.live())
     stale = sorted(before)[0]
     h.sim._records[before[stale]].template = "retired"  # a VM made from an older template
-    for key in list(h.store.list("instance/")):
-        h.store.delete(key)
+    delete_records(h)
     lose_cache(h, tmp_path)
     await new_leader(h)
     return before, stale
@@ -193,8 +196,7 @@ async def test_a_record_written_back_from_the_cache_keeps_the_template_an_adopte
     # infra hash) the next leader then saw no drift, and the VM kept its old template for ever
     # (simulation seed 547780810).
     before, stale = await adopt_one_from_a_retired_template(h, tmp_path)
-    for key in list(h.store.list("instance/")):
-        h.store.delete(key)  # lost again; this time the leader's cache still has the rows
+    delete_records(h)  # lost again; this time the leader's cache still has the rows
     restored = await restore_missing_records(h.ctx, h.shard.ops, settle=timedelta(0))
     assert stale in restored
     assert (h.record(stale) or {}).get("config", {})["template"] == "retired"  # type: ignore[index]
@@ -336,8 +338,7 @@ async def test_records_deleted_under_a_running_leader_are_written_back_from_the_
     await h.shard.ops.followups.settled()
     register_all(h)
     before = dict(h.live())
-    for key in list(h.store.list("instance/")):
-        h.store.delete(key)
+    delete_records(h)
     report = await gc_cycle(h.ctx, h.shard.ops)
     assert sorted(report.restored) == sorted(before)
     assert h.live() == before

@@ -7,9 +7,9 @@ LIST) and, for every active cache row whose record is missing, writes the record
 which knows more than the VM's tags: nonce, registration, certificate, infra hash. The record's
 ``config`` is the group's current one with the row's template and instance type (what the instance
 runs), as for an adopted VM: an adopted row has no infra hash, and the next leader judges its drift
-by those two. Rows of creates
-still being recorded are left alone (in flight, or without a provider id and younger than
-``settle``); the write is create-only, so a record that reappeared is never overwritten.
+by those two. Rows of creates still being recorded are left alone (in flight, or without a provider
+id and younger than ``settle``); the write is create-only, so a record that reappeared is never
+overwritten.
 """
 
 from __future__ import annotations
