@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 from datetime import datetime
+from pathlib import Path
 
 from sqlalchemy.orm import Session
 
 from nstance.db import repo
+from nstance.db.engine import Database, open_database
 from nstance.db.rows import InstanceRow
 from nstance.server.state.provisioning import ShardIdentity
 
@@ -24,6 +27,23 @@ def sample_shard_identity(ca_pem: bytes, *, cluster_id: str = "test", shard: str
         operator_addr="127.0.0.1:8993",
         ca_pem=ca_pem,
     )
+
+
+def next_leaders_cache(current: Database, tmp_path: Path) -> Database:
+    """Close ``current`` and open the next leader's cache: an empty database at a path of its own.
+
+    The next leader runs on another machine, so its cache is another file. Deleting the old file
+    and opening a new one at the same path, as these tests used to, left the old file's ``-shm``
+    shared with any connection a task of the old leader still had open in this process, and SQLite
+    refused the new database's first commit (``locking protocol``) in a CI run on a loaded machine.
+    The old file stays where it is; a task still finishing writes there, not into the new cache.
+    """
+    current.close()
+    for n in itertools.count(1):
+        directory = tmp_path / f"next-leader-{n}"
+        if not directory.exists():
+            return open_database(directory / "nstance.db")
+    raise AssertionError("unreachable")  # pragma: no cover - count() never ends
 
 
 class Leader:

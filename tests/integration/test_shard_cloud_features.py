@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from shard_helpers import Leader, no_sleep, sample_shard_identity
+from shard_helpers import Leader, next_leaders_cache, no_sleep, sample_shard_identity
 
 from nstance.config import GroupUpdate, apply_upsert
 from nstance.core.clock import ManualClock
@@ -225,9 +225,7 @@ async def test_a_delete_held_for_its_load_balancer_is_finished_by_the_next_leade
     assert json.loads(h.store.get(record_key)[0])["status"] == "deleting"
 
     # The leader goes; the next one knows only the records (a fresh cache), not the request.
-    h.db.close()
-    (tmp_path / "db" / "nstance.db").unlink()
-    h.db = h.ctx.db = open_database(tmp_path / "db" / "nstance.db")
+    h.db = h.ctx.db = next_leaders_cache(h.db, tmp_path)
     await rebuild_cache(h.ctx, h.shard.ops)
     assert target.provider_id in h.live()  # the load balancer still drains it
 

@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from shard_helpers import next_leaders_cache
 from test_shard_gc import KEY, Harness, register_all
 
 from nstance.config import GroupUpdate
 from nstance.core.errors import Unavailable
 from nstance.core.ids import new_instance_id
 from nstance.db import repo
-from nstance.db.engine import open_database
 from nstance.providers.base import CreateRequest, ProviderInstance
 from nstance.server.reconcile.gc import gc_cycle
 from nstance.server.reconcile.recovery import rebuild_cache, sync_provider
@@ -37,9 +37,7 @@ def h(tmp_path: Path) -> Iterator[Harness]:
 
 
 def lose_cache(h: Harness, tmp_path: Path) -> None:
-    h.db.close()
-    (tmp_path / "db" / "nstance.db").unlink()
-    h.db = h.ctx.db = open_database(tmp_path / "db" / "nstance.db")
+    h.db = h.ctx.db = next_leaders_cache(h.db, tmp_path)
 
 
 def delete_records(h: Harness) -> None:

@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
-from shard_helpers import Leader, claim_registration, no_sleep, sample_shard_identity
+from shard_helpers import Leader, claim_registration, next_leaders_cache, no_sleep, sample_shard_identity
 
 from nstance.config import GroupUpdate, runtime_hash
 from nstance.core.clock import ManualClock
@@ -457,9 +457,7 @@ async def test_rebuild_cache_from_records_after_losing_sqlite(h: Harness, tmp_pa
         h.shard.ops.followups.settled()
     )  # provider ids in the records (a VM whose record lacks it: adopted by tag)
     before = {r.id: r.provider_id for r in h.rows()}
-    h.db.close()
-    (tmp_path / "db" / "nstance.db").unlink()
-    h.db = h.ctx.db = open_database(tmp_path / "db" / "nstance.db")
+    h.db = h.ctx.db = next_leaders_cache(h.db, tmp_path)
     groups = await rebuild_cache(h.ctx, h.shard.ops)
     assert groups == {KEY}
     assert {r.id: r.provider_id for r in h.rows()} == before
