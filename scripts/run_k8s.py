@@ -44,7 +44,9 @@ def kubernetes() -> Iterator[tuple[Path, str, KubeAPIServer | None]]:
     """(kubeconfig, description, emulator or None) of a running API server with the CRDs installed."""
     bin_dir = binaries()
     if bin_dir is not None:
-        with RealKube(bin_dir, root=STATE / "kube") as kube:
+        # In a session of its own: Ctrl-C reaches the operator and the servers, which stop while the
+        # API still serves them (the operator gives its Lease back), and the API is stopped last.
+        with RealKube(bin_dir, root=STATE / "kube", own_session=True) as kube:
             kube.install_crds([NSTANCE_CRDS, REPO_ROOT / "config" / "crd" / "cluster-api"])
             version = json.loads(kube.get("/version")[1])["gitVersion"]
             yield kube.kubeconfig, f"kube-apiserver {version} at {kube.url} (from {bin_dir})", None

@@ -62,11 +62,16 @@ def as_terminal_job() -> None:
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
-def spawn_logged(argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> subprocess.Popen[bytes]:
-    """Start ``argv`` with stdout and stderr appended to ``log_path`` (its folder is created)."""
+def spawn_logged(
+    argv: Sequence[str], env: Mapping[str, str], log_path: Path, *, own_session: bool = False
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` with stdout and stderr appended to ``log_path`` (its folder is created); with
+    ``own_session`` in a session of its own, out of reach of the terminal's Ctrl-C and hang-up."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log_file:
-        return subprocess.Popen(list(argv), env=dict(env), stdout=log_file, stderr=log_file)
+        return subprocess.Popen(
+            list(argv), env=dict(env), stdout=log_file, stderr=log_file, start_new_session=own_session
+        )
 
 
 def http_probe(addr: str, path: str, *, timeout: float = 2.0) -> tuple[int, str]:

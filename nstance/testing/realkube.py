@@ -160,6 +160,11 @@ class RealKube:
     bin_dir: Path
     root: Path | None = None
     controller_manager: bool = True
+    #: Start the programs in a session of their own. A terminal's Ctrl-C (SIGINT to its whole
+    #: foreground process group) then reaches only the program that started them, which stops them
+    #: last, after the clients that still need the API: ``make run-k8s`` stops the operator first,
+    #: and its Lease release used to fail against an API server already shutting down.
+    own_session: bool = False
     apiserver_port: int = field(default_factory=free_port)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     etcd_url: str = ""
@@ -256,7 +261,9 @@ class RealKube:
 
     def _spawn(self, program: str, args: list[str]) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBECONFIG", "ETCD"))}
-        self.procs[program] = spawn_logged([str(self.bin_dir / program), *args], env, self.log_path(program))
+        self.procs[program] = spawn_logged(
+            [str(self.bin_dir / program), *args], env, self.log_path(program), own_session=self.own_session
+        )
 
     def _start_etcd(self) -> None:
         client, peer = free_port(), free_port()
