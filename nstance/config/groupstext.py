@@ -105,13 +105,15 @@ def _tenant(
         pieces = old.pieces.copy()
         for index in {i // JOIN_CHUNK for i in redo}:
             pieces[index] = _piece(texts, index)
+    if not texts:
+        return _Tenant(groups, names, texts, pieces, ["{}"])
     fragments = ["{"]
     for index, piece in enumerate(pieces):
         if index:
             fragments.append(",")
         fragments.append(piece)
     fragments.append("\n  }")
-    return _Tenant(groups, names, texts, pieces, fragments if texts else ["{}"])
+    return _Tenant(groups, names, texts, pieces, fragments)
 
 
 def _encode_tenant(

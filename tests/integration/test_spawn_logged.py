@@ -10,7 +10,8 @@ from pathlib import Path
 from nstance.testing.procs import spawn_logged, stop_process
 from nstance.testing.waiting import eventually_sync
 
-_PRINT_AND_WAIT = "import sys, time; print('started', flush=True); time.sleep(60)"
+#: A child that says it started and then waits for a signal (stop_process's SIGTERM ends it).
+_PRINT_AND_WAIT = "import signal; print('started', flush=True); signal.pause()"
 
 
 def test_a_child_in_a_session_of_its_own_is_out_of_the_terminals_reach(tmp_path: Path) -> None:
