@@ -6,15 +6,18 @@ returns what it sent back; a server that does not close within ``within`` second
 probe with ``ProbeTimeout``, and ``on_write`` tells a test how far a dribbling client has got.
 ``client_hello`` is a genuine TLS ClientHello record (made with the ``ssl`` module, never sent
 anywhere by it) to send before garbage; ``tls_exchange`` completes a real TLS handshake (optionally
-with a client certificate) and then writes bytes inside the tunnel.
+with a client certificate) and then writes bytes inside the tunnel. ``tls_connect`` is the blocking
+form for tests that hold connections open: a finished handshake, or None when the server refused,
+reset or closed the connection.
 
-Used by the security suite; nothing in the product imports this module.
+Used by the security, integration and compatibility suites; nothing in the product imports this module.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import ssl
 import tempfile
 from collections.abc import Callable, Sequence
@@ -127,3 +130,39 @@ async def tls_exchange(
         writer.close()
         with contextlib.suppress(ConnectionError, ssl.SSLError):
             await writer.wait_closed()
+
+
+def tls_connect(
+    addr: str,
+    context: ssl.SSLContext,
+    *,
+    server_name: str | None = "nstance-server",
+    source: str | None = None,
+    timeout: float = 20.0,
+) -> ssl.SSLSocket | None:
+    """A blocking TLS connection to ``addr`` (from ``source``) whose handshake finished, else None.
+
+    None when the server refused, reset or closed the connection before the handshake finished, and
+    then nothing is left open. The socket is wrapped before it connects, never after: wrapping a
+    connected socket that the server has already reset raises from inside ``ssl.SSLSocket``'s
+    constructor, and the half-built socket, which owns the descriptor by then, is never closed.
+    """
+    host, port = _host_port(addr)
+    raw = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        raw.settimeout(timeout)
+        if source is not None:
+            raw.bind((source, 0))
+        conn = context.wrap_socket(raw, server_hostname=server_name, do_handshake_on_connect=False)
+    finally:
+        raw.close()  # a successful wrap detached it, so this closes only a socket the wrap never took
+    try:
+        conn.connect((host, port))
+        conn.do_handshake()
+    except OSError:  # ssl.SSLError included
+        conn.close()
+        return None
+    except BaseException:
+        conn.close()
+        raise
+    return conn

@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import ssl
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from nstance.pki.keys import load_private_key_pem
 from nstance.rpc import operator_pb2, operator_pb2_grpc
 from nstance.server.app import ServerApp, ServerOptions
 from nstance.testing.identities import make_identity
+from nstance.testing.netprobe import tls_connect
 from nstance.testing.procs import http_probe
 from nstance.testing.shardproc import (
     ENCRYPTION_KEY_B64,
@@ -139,15 +139,14 @@ def _new(tmp_path: Path) -> Running:
 
 def _server_leaf(addr: str) -> x509.Certificate | None:
     """The certificate the server presents on ``addr`` (read with OpenSSL), None until it listens."""
-    host, _, port = addr.rpartition(":")
     ctx = ssl.create_default_context()
     ctx.check_hostname = False
     ctx.verify_mode = ssl.CERT_NONE
-    try:
-        with socket.create_connection((host, int(port)), timeout=5) as raw, ctx.wrap_socket(raw) as tls:
-            der = tls.getpeercert(binary_form=True)
-    except OSError:
+    tls = tls_connect(addr, ctx, server_name=None, timeout=5)
+    if tls is None:
         return None
+    with tls:
+        der = tls.getpeercert(binary_form=True)
     return x509.load_der_x509_certificate(der) if der else None
 
 

@@ -9,7 +9,6 @@ served again - a real RegisterAgent call through the front answers UNAUTHENTICAT
 
 from __future__ import annotations
 
-import socket
 import ssl
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +17,7 @@ import grpc
 import pytest
 
 from nstance.rpc import registration_pb2, registration_pb2_grpc
+from nstance.testing.netprobe import tls_connect
 from nstance.testing.procs import free_port, wait_for_ok
 from nstance.testing.shardproc import LocalCluster, ServerProcess, server_addrs, shard_config
 
@@ -51,10 +51,6 @@ def server(tmp_path: Path) -> Iterator[tuple[ServerProcess, dict[str, str], Loca
         process.stop()
 
 
-def _port(addrs: dict[str, str], name: str) -> int:
-    return int(addrs[name].rsplit(":", 1)[1])
-
-
 def _context(cluster: LocalCluster, identity: Path | None) -> ssl.SSLContext:
     assert cluster.identity is not None
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
@@ -66,26 +62,12 @@ def _context(cluster: LocalCluster, identity: Path | None) -> ssl.SSLContext:
     return ctx
 
 
-def _handshake(ctx: ssl.SSLContext, port: int, source: str) -> ssl.SSLSocket | None:
-    """A TLS connection from ``source`` that finished its handshake, or None if the server closed it."""
-    try:
-        # A refused connection is reset at once: under load the reset can even beat connect() back.
-        sock = socket.create_connection(("127.0.0.1", port), timeout=20, source_address=(source, 0))
-    except OSError:
-        return None
-    try:
-        return ctx.wrap_socket(sock, server_hostname="nstance-server")
-    except (ssl.SSLError, OSError):
-        sock.close()
-        return None
-
-
-def _one_address_is_capped(ctx: ssl.SSLContext, port: int) -> None:
-    held = [_handshake(ctx, port, "127.0.0.1") for _ in range(PER_ADDRESS)]
+def _one_address_is_capped(ctx: ssl.SSLContext, addr: str) -> None:
+    held = [tls_connect(addr, ctx, source="127.0.0.1") for _ in range(PER_ADDRESS)]
     try:
         assert all(conn is not None for conn in held)
-        assert _handshake(ctx, port, "127.0.0.1") is None  # the fifth: closed before its handshake
-        other = _handshake(ctx, port, "127.0.0.2")
+        assert tls_connect(addr, ctx, source="127.0.0.1") is None  # the fifth: closed before its handshake
+        other = tls_connect(addr, ctx, source="127.0.0.2")
         assert other is not None  # another address is still served
         other.close()
     finally:
@@ -98,7 +80,7 @@ def test_one_address_cannot_take_the_registration_port(
     server: tuple[ServerProcess, dict[str, str], LocalCluster],
 ) -> None:
     process, addrs, cluster = server
-    _one_address_is_capped(_context(cluster, None), _port(addrs, "registration_addr"))
+    _one_address_is_capped(_context(cluster, None), addrs["registration_addr"])
 
     assert cluster.identity is not None
     credentials = grpc.ssl_channel_credentials(root_certificates=cluster.identity.ca.cert_pem)
@@ -141,5 +123,5 @@ def test_one_address_cannot_take_the_operator_port(
 ) -> None:
     process, addrs, cluster = server
     identity = cluster.operator_identity(tmp_path / "operator")
-    _one_address_is_capped(_context(cluster, identity), _port(addrs, "operator_addr"))
+    _one_address_is_capped(_context(cluster, identity), addrs["operator_addr"])
     assert "max_operator_connections_per_address" in process.log()
