@@ -1709,6 +1709,21 @@ async def webhook_configuration(
         await admission.delete_validating_webhook_configuration(name)
 
 
+async def until_webhooks_answer(kube: Kube, status: int, body: dict[str, Any]) -> None:
+    """Dry-run creates of ``body`` until the API server answers ``status``.
+
+    A real API server applies a webhook configuration once its informer has seen the write, a moment
+    after the write returned (longer on a loaded machine), so a test first waits for the change to
+    show. Dry runs call the webhooks (``sideEffects: None``) and store nothing.
+    """
+
+    async def answered() -> bool:
+        got, _body = await kube.raw("POST", kube.widgets(), body, query={"dryRun": "All"})
+        return got == status
+
+    await eventually(answered, within=30, every=0.1, what=f"a dry-run create to be answered {status}")
+
+
 async def test_webhook_names_need_three_dot_separated_parts(kube: Kube) -> None:
     config = _webhook_config("names", "https://127.0.0.1:1/validate", "")
     config["webhooks"][0]["name"] = "names.nstance"
@@ -1728,6 +1743,7 @@ async def test_validating_webhook_denies_and_allows(kube: Kube, tmp_path: Path) 
     kube.require_local("the webhook listens on the test machine's loopback")
     reviews: list[dict[str, Any]] = []
     async with webhook_server(tmp_path, reviews) as (url, ca), webhook_configuration(kube, "size", url, ca):
+        await until_webhooks_answer(kube, 422, widget("huge", size=50))
         status, body = await kube.raw("POST", kube.widgets(), widget("huge", size=50))
         assert status == 422
         assert body["message"] == (
@@ -1756,6 +1772,7 @@ async def test_validating_webhook_denies_and_allows(kube: Kube, tmp_path: Path) 
         assert status == 200
     # The webhook's server is gone now: failurePolicy Fail refuses, Ignore lets writes through.
     async with webhook_configuration(kube, "size", url, ca):
+        await until_webhooks_answer(kube, 500, widget("unreachable"))  # the deletion and the new one seen
         status, body = await kube.raw("POST", kube.widgets(), widget("unreachable"))
         assert status == 500
         assert 'failed calling webhook "size.contract.nstance.dev"' in body["message"]
@@ -1765,6 +1782,7 @@ async def test_validating_webhook_denies_and_allows(kube: Kube, tmp_path: Path) 
             [{"op": "replace", "path": "/webhooks/0/failurePolicy", "value": "Ignore"}],
             content_type=JSON_PATCH,
         )
+        await until_webhooks_answer(kube, 201, widget("unreachable"))
         status, _body = await kube.raw("POST", kube.widgets(), widget("unreachable"))
         assert status == 201
 
@@ -1777,11 +1795,13 @@ async def test_webhook_object_selector_limits_calls(kube: Kube, tmp_path: Path) 
         webhook_server(tmp_path, reviews) as (url, ca),
         webhook_configuration(kube, "selective", url, ca, objectSelector=selector),
     ):
+        body = widget("checked", size=50)
+        body["metadata"]["labels"] = {"checked": "yes"}
+        await until_webhooks_answer(kube, 422, body)
+        reviews.clear()  # the dry runs' reviews
         status, _body = await kube.raw("POST", kube.widgets(), widget("unchecked", size=50))
         assert status == 201
         assert reviews == []
-        body = widget("checked", size=50)
-        body["metadata"]["labels"] = {"checked": "yes"}
         status, _body = await kube.raw("POST", kube.widgets(), body)
         assert status == 422
         assert len(reviews) == 1
