@@ -32,6 +32,7 @@ from nstance.providers.base import (
 from nstance.server.reconcile.create import Creator
 from nstance.server.reconcile.gc import gc_cycle
 from nstance.server.state import records
+from nstance.server.state.events import InstanceEventData
 from nstance.testing.waiting import eventually
 
 pytestmark = pytest.mark.timeout(60)
@@ -216,6 +217,51 @@ async def test_a_create_whose_answer_was_lost_keeps_its_instance_when_the_agent_
         assert sim.calls["delete_instance"] == 0
         [row] = h.rows()
         assert row.provider_id in h.live()
+    finally:
+        h.db.close()
+
+
+async def test_a_registered_instance_without_a_provider_id_is_deleted_once_its_vm_is_adopted(
+    tmp_path: Path,
+) -> None:
+    """Simulation seed 986002470: the cache row of a registered instance had no provider id (its record,
+    repaired after damage, was written back into the row without the id its follow-up never stored),
+    and its group was deleted. The reconciler took the row for a create cut off before the provider
+    call and retired it without one; the next listing then deleted the healthy VM as an orphan, with
+    no drain and no instance event saying why. A registered instance has a VM: its delete waits until a
+    listing has adopted the VM by its tags, and then deletes it as any other member."""
+    clock = ManualClock()
+    sim = _RegisteredMeanwhile(clock=clock, sleep=no_sleep)
+    h = Harness(tmp_path, size=1, clock=clock, sim=sim)
+    events: list[InstanceEventData] = []
+    h.ctx.events.instances.publish = events.append  # type: ignore[method-assign, assignment]
+    try:
+        sim.register = lambda instance_id: _claim(h, instance_id)
+        sim.fail_next(
+            "create_instance", ProviderUnavailable("sim: response lost"), times=4, after_effect=True
+        )
+        await h.reconcile()
+        [row] = h.rows()
+        assert (row.provider_id, row.registered_at is not None) == (None, True)
+        h.size = 0
+        h.write_config()
+        h.state.load()
+        await h.reconcile()
+        assert sim.calls["delete_instance"] == 0
+        assert [r.id for r in h.rows()] == [row.id]  # not retired: its VM runs
+        assert len(h.live()) == 1
+        await gc_cycle(h.ctx, h.shard.ops)  # the listing adopts the VM by its tags
+        assert sim.calls["delete_instance"] == 0
+        [row_now] = h.rows()
+        assert row_now.provider_id in h.live()
+        await h.reconcile()
+        assert sim.calls["delete_instance"] == 1
+        assert h.live() == set()
+        assert h.rows() == []
+        assert [(e.status, e.reason, e.provider_id) for e in events] == [
+            ("deleting", "scale-down", row_now.provider_id),
+            ("deleted", "scale-down", row_now.provider_id),
+        ]
     finally:
         h.db.close()
 

@@ -40,6 +40,7 @@ from nstance.server.reconcile import members as group_members
 from nstance.server.reconcile.create import CreateCancelled, Created
 from nstance.server.reconcile.instances import InstanceOps
 from nstance.server.reconcile.loadbalancers import RECHECK_AFTER, DeregistrationPending
+from nstance.server.reconcile.retire import AdoptionPending
 from nstance.server.state.context import ShardContext
 
 log = logging.getLogger(__name__)
@@ -291,6 +292,11 @@ class Reconciler:
         async def delete(action: Action) -> None:
             row = rows[action.instance_id]
             if row.provider_id is None and row.id not in ops.in_flight:
+                if not row.vm_unproven:  # registered: a VM runs, known by its tags only for now
+                    raise AdoptionPending(
+                        f"instance {row.id} ({action.reason}): its agent registered but its VM's provider id "
+                        "is not known yet; it is deleted once a provider sync adopts the VM by its tags"
+                    )
                 await ops.retire_unlaunched(row, action.reason)
             else:
                 await ops.delete(row, action.reason)
@@ -334,6 +340,10 @@ class Reconciler:
         for result in results:
             if isinstance(result, DeregistrationPending):
                 self.queue.add_after(key, RECHECK_AFTER)  # connections still draining: not an error
+                continue
+            if isinstance(result, AdoptionPending):
+                log.info("%s", result)
+                self.queue.add_after(key, RECHECK_AFTER)  # the provider sync brings the id: not an error
                 continue
             if isinstance(result, BaseException):
                 if isinstance(result, asyncio.CancelledError):

@@ -8,7 +8,9 @@ call that fails leaves the row draining and due (``_hold_due``), so this leader 
 delete. ``drain`` starts the drain timeout: the row's ``delete_at`` is now plus the group's timeout,
 watchers are told to drain the node, and the planner deletes the instance on the agent's ack or at
 ``delete_at``.
-``retire_unlaunched`` retires a row whose create never reached the provider.
+``retire_unlaunched`` retires a row whose create never reached the provider. A row without a provider
+id whose agent registered is not such a row: its VM exists, and deleting it waits until a provider sync
+has adopted the VM by its tags (``AdoptionPending``).
 
 A ``deleted`` that cannot be written into the record is written again by the next GC cycles
 (``owedstatus``).
@@ -31,6 +33,11 @@ from nstance.server.state.context import ShardContext
 from nstance.server.state.events import InstanceEventData
 
 log = logging.getLogger(__name__)
+
+
+class AdoptionPending(Exception):
+    """The instance's VM exists (its agent registered) but its provider id is not known: no provider
+    call can delete it yet. The next provider sync adopts it by its tags (or finds it gone)."""
 
 
 class Retirer:
