@@ -1772,7 +1772,7 @@ async def test_validating_webhook_denies_and_allows(kube: Kube, tmp_path: Path) 
         assert status == 200
     # The webhook's server is gone now: failurePolicy Fail refuses, Ignore lets writes through.
     async with webhook_configuration(kube, "size", url, ca):
-        await until_webhooks_answer(kube, 500, widget("unreachable"))  # the deletion and the new one seen
+        await until_webhooks_answer(kube, 500, widget("unreachable"))  # not between the delete and the create
         status, body = await kube.raw("POST", kube.widgets(), widget("unreachable"))
         assert status == 500
         assert 'failed calling webhook "size.contract.nstance.dev"' in body["message"]
