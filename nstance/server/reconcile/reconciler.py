@@ -338,12 +338,11 @@ class Reconciler:
             self.queue.add_after(key, drain_timeout.total_seconds() + 0.5)
         ok = True
         for result in results:
-            if isinstance(result, DeregistrationPending):
-                self.queue.add_after(key, RECHECK_AFTER)  # connections still draining: not an error
-                continue
-            if isinstance(result, AdoptionPending):
+            if isinstance(result, DeregistrationPending | AdoptionPending):
+                # A delete that must wait (connections still draining; the VM's id not known until a
+                # provider sync adopts it): not an error, looked at again shortly.
                 log.info("%s", result)
-                self.queue.add_after(key, RECHECK_AFTER)  # the provider sync brings the id: not an error
+                self.queue.add_after(key, RECHECK_AFTER)
                 continue
             if isinstance(result, BaseException):
                 if isinstance(result, asyncio.CancelledError):
