@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import ssl
 import threading
 from collections.abc import Coroutine, Sequence
@@ -35,6 +36,7 @@ import grpc
 import grpc.aio
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
+from nstance.core.listener import Listener
 from nstance.pki.ca import parse_certificate
 from nstance.pki.tlspipe import (
     HANDSHAKE_TIMEOUT,
@@ -50,6 +52,8 @@ log = logging.getLogger(__name__)
 SERVER_NAME: Final = "nstance-server"
 #: Seconds a synchronous caller waits for the background loop to open or close a route.
 LOOP_CALL_TIMEOUT: Final = 30.0
+#: Connections grpc may have waiting to be accepted on a route's socket.
+BACKLOG: Final = 64
 
 _T = TypeVar("_T")
 
@@ -117,9 +121,7 @@ class TlsRoute:
         self.directory = private_directory("nstance-tlsc-")
         self.path = self.directory / "grpc.sock"
         self._ssl = client_ssl_context(ca_pem, key_pem, cert_pem, scratch=self.directory)
-        self._server: asyncio.AbstractServer | None = None
-        self._pipes: set[Pipe] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._listener: Listener | None = None
         self.last_error = ""
 
     @property
@@ -140,42 +142,56 @@ class TlsRoute:
         return route
 
     async def _start(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_unix_server(lambda: Pipe(on_made=self._accepted), str(self.path))
-
-    def _accepted(self, local: Pipe, transport: asyncio.Transport) -> None:
-        transport.pause_reading()
-        self._pipes.add(local)
-        task = asyncio.get_running_loop().create_task(self._connect(local, transport))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _connect(self, local: Pipe, transport: asyncio.Transport) -> None:
-        loop = asyncio.get_running_loop()
-        lost: asyncio.Future[None] = loop.create_future()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            _, remote = await loop.create_connection(
-                lambda: Pipe(on_lost=lost),
-                self.host,
-                self.port,
-                ssl=self._ssl,
-                server_hostname=SERVER_NAME,
-                ssl_handshake_timeout=HANDSHAKE_TIMEOUT,
-            )
-        except (OSError, ssl.SSLError, TimeoutError) as exc:
-            self.last_error = f"TLS connection to {self.target} failed: {exc}"
-            log.warning("%s", self.last_error)
-            self._pipes.discard(local)
-            transport.close()
-            return
-        self._pipes.add(remote)
-        lost.add_done_callback(lambda _: self._pipes.difference_update((local, remote)))
-        local.attach(remote)
-        remote.attach(local)
-        if local.transport is None:
-            remote.close()
-        else:
-            transport.resume_reading()
+            sock.bind(str(self.path))
+            sock.listen(BACKLOG)
+        except BaseException:
+            sock.close()
+            raise
+        self._listener = Listener(sock, self._carry, what=f"TLS route to {self.target}")
+        self._listener.start()
+
+    async def _carry(self, conn: socket.socket, _host: str) -> None:
+        """Carry one grpc connection over its own TLS connection until either side closes."""
+        loop = asyncio.get_running_loop()
+        local_lost: asyncio.Future[None] = loop.create_future()
+        remote_lost: asyncio.Future[None] = loop.create_future()
+        # Reading waits until the TLS connection is up: grpc's first bytes are kept by the kernel.
+        local = Pipe(on_made=lambda _, transport: transport.pause_reading(), on_lost=local_lost)
+        local_transport, _ = await loop.connect_accepted_socket(lambda: local, conn)
+        remote_transport: asyncio.Transport | None = None
+        try:
+            try:
+                remote_transport, remote = await loop.create_connection(
+                    lambda: Pipe(on_lost=remote_lost),
+                    self.host,
+                    self.port,
+                    ssl=self._ssl,
+                    server_hostname=SERVER_NAME,
+                    ssl_handshake_timeout=HANDSHAKE_TIMEOUT,
+                )
+            except (OSError, ssl.SSLError, TimeoutError) as exc:
+                self.last_error = f"TLS connection to {self.target} failed: {exc}"
+                log.warning("%s", self.last_error)
+                return
+            local.attach(remote)
+            remote.attach(local)
+            if local.transport is None:  # grpc left while the TLS connection was made
+                remote.close()
+            else:
+                local_transport.resume_reading()
+            # Either side closing closes the other (``Pipe.connection_lost``), unsent bytes first.
+            await asyncio.wait((local_lost, remote_lost))
+        finally:
+            # Both are gone by now, unless the route is closing (a cancel): then they go at once.
+            carried = [(local_transport, local_lost)]
+            if remote_transport is not None:
+                carried.append((remote_transport, remote_lost))
+            for transport, lost in carried:
+                if not lost.done():
+                    transport.abort()
+            await asyncio.wait([lost for _, lost in carried])
 
     def close(self) -> None:
         """Stop listening and close every carried connection (from any thread)."""
@@ -184,13 +200,8 @@ class TlsRoute:
         remove_private_directory(self.directory)
 
     async def _close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        for task in list(self._tasks):
-            task.cancel()
-        for pipe in list(self._pipes):
-            pipe.close()
-        self._pipes.clear()
+        if self._listener is not None:
+            await self._listener.close()
 
 
 def _plain_options(options: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:

@@ -1,31 +1,25 @@
-"""The accept loop of the front's listeners: every connection admitted by a ``ConnectionLimiter`` first.
+"""The front's listeners admit every connection through a ``ConnectionLimiter`` first.
 
 grpcio offers a cap per port (``grpc.max_allowed_incoming_connections``) but sees no client address
 before it has accepted, and no interceptor sees connections at all, so the cap per client address is
-applied here, where the front accepts: ``Acceptor`` takes each connection off the listening socket,
-closes it at once (before any TLS) when its address or the port is over its limit, and otherwise
-serves it in its own task, counting it until that task ends. Failing accepts (out of file
-descriptors) are retried after a pause instead of spinning. Refusals are logged as warnings, which the
-process's ``LogThrottle`` keeps to a few lines a minute. Nothing here reads or writes a byte of the
-connections.
+applied here, where the front accepts: ``Acceptor`` serves each connection that ``core.listener``
+accepts only once its address and the port are under their limits, counting it until it ends, and
+closes the others at once (before any TLS). Refusals are logged as warnings, which the process's
+``LogThrottle`` keeps to a few lines a minute. Nothing here reads or writes a byte of the connections.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import socket
 import struct
 from collections.abc import Awaitable, Callable
-from typing import Final
 
+from nstance.core.listener import Listener
 from nstance.server.net.connlimit import ConnectionLimiter
 
 log = logging.getLogger(__name__)
-
-#: Seconds to wait after a failing accept (EMFILE, ENFILE, ENOBUFS) before the next.
-ACCEPT_RETRY: Final = 0.5
 
 Serve = Callable[[socket.socket, str], Awaitable[None]]
 
@@ -50,30 +44,20 @@ class Acceptor:
         self._serve = serve
         self._what = what
         self._limit_names = limit_names
-        self._task: asyncio.Task[None] | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._listener = Listener(sock, self._admit, what=what)
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._accept(), name=f"accept {self._what}")
+        self._listener.start()
 
-    async def _accept(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            try:
-                conn, address = await loop.sock_accept(self.sock)
-            except OSError as exc:
-                log.warning("%s: cannot accept a connection (%s); retrying", self._what, exc)
-                await asyncio.sleep(ACCEPT_RETRY)
-                continue
-            host = str(address[0]) if isinstance(address, tuple) else str(address)
-            key = self.limiter.admit(host)
-            if key is None:
-                self._refused(conn, host)
-                continue
-            conn.setblocking(False)
-            task = loop.create_task(self._run(conn, host, key))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+    async def _admit(self, conn: socket.socket, host: str) -> None:
+        key = self.limiter.admit(host)
+        if key is None:
+            self._refused(conn, host)
+            return
+        try:
+            await self._serve(conn, host)
+        finally:
+            self.limiter.release(key)
 
     def _refused(self, conn: socket.socket, host: str) -> None:
         with contextlib.suppress(OSError):
@@ -99,18 +83,6 @@ class Acceptor:
                 per_address_name,
             )
 
-    async def _run(self, conn: socket.socket, host: str, key: str) -> None:
-        try:
-            await self._serve(conn, host)
-        finally:
-            self.limiter.release(key)
-            conn.close()
-
     async def close(self) -> None:
-        """Stop accepting and end every connection's task."""
-        tasks = [t for t in (self._task, *self._tasks) if t is not None]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        """Stop accepting, close the listening socket, and end every connection's task."""
+        await self._listener.close()

@@ -100,4 +100,3 @@ class TcpFront:
         """Stop listening and close every forwarded connection."""
         if self._acceptor is not None:
             await self._acceptor.close()
-            self._acceptor.sock.close()

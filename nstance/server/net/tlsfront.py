@@ -224,7 +224,6 @@ class TlsFront:
         """Stop listening and close every forwarded connection."""
         if self._acceptor is not None:
             await self._acceptor.close()
-            self._acceptor.sock.close()
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):

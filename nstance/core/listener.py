@@ -1,0 +1,112 @@
+"""An accept loop that owns every connection it accepts until that connection is closed.
+
+asyncio's servers (``loop.create_server``, ``create_unix_server``, ``asyncio.start_server``) leak a
+connection that arrives as they close. The loop accepts it in one turn and builds its transport in a
+task a turn or two later; when ``Server.close()`` runs in between, the transport's constructor fails
+an assertion (the server has no sockets left), asyncio swallows the failure, and the accepted socket
+stays open until the garbage collector reports it (CPython issue gh-109564, open for 3.11 to 3.13).
+A ``TlsRoute`` closing while grpc reconnected hit exactly that.
+
+``Listener`` accepts in a reader callback of its own and hands each connection to ``serve`` in a task
+created in the same turn, so there is no moment when a connection belongs to nobody. ``close`` stops
+accepting, cancels those tasks, waits for them, and closes every connection whose task never got to
+start. A failing accept (out of file descriptors or buffers) pauses accepting for ``ACCEPT_RETRY``
+seconds instead of spinning.
+
+``serve(conn, host)`` owns ``conn`` from its first line: it must not return while a transport it
+built on ``conn`` is still open (await its ``connection_lost``), because the listener closes ``conn``
+once ``serve`` ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+
+log = logging.getLogger(__name__)
+
+#: Seconds to wait after a failing accept (EMFILE, ENFILE, ENOBUFS, ENOMEM) before the next.
+ACCEPT_RETRY: Final = 0.5
+#: Connections accepted per readiness callback at most (the rest wait for the next turn).
+ACCEPT_BATCH: Final = 100
+
+Serve = Callable[[socket.socket, str], Awaitable[None]]
+
+
+def peer_host(address: Any) -> str:
+    """The host of an accepted connection's address: the IP for TCP, ``""`` for a Unix socket."""
+    return str(address[0]) if isinstance(address, tuple) else ""
+
+
+class Listener:
+    """Accepts on the listening socket ``sock`` and serves each connection in its own task."""
+
+    def __init__(self, sock: socket.socket, serve: Serve, *, what: str) -> None:
+        self.sock = sock
+        self._serve = serve
+        self._what = what
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._retry: asyncio.TimerHandle | None = None
+        self._tasks: dict[asyncio.Task[None], socket.socket] = {}
+        self._closed = False
+
+    def start(self) -> None:
+        """Start accepting (on the running loop)."""
+        self.sock.setblocking(False)
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(self.sock.fileno(), self._ready)
+
+    def _ready(self) -> None:
+        assert self._loop is not None
+        for _ in range(ACCEPT_BATCH):
+            try:
+                conn, address = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except ConnectionAbortedError:
+                continue
+            except OSError as exc:
+                log.warning("%s: cannot accept a connection (%s); retrying", self._what, exc)
+                self._loop.remove_reader(self.sock.fileno())
+                self._retry = self._loop.call_later(ACCEPT_RETRY, self._resume)
+                return
+            conn.setblocking(False)
+            task = self._loop.create_task(self._run(conn, peer_host(address)))
+            self._tasks[task] = conn
+            task.add_done_callback(self._done)
+
+    def _resume(self) -> None:
+        self._retry = None
+        if not self._closed and self._loop is not None:
+            self._loop.add_reader(self.sock.fileno(), self._ready)
+
+    async def _run(self, conn: socket.socket, host: str) -> None:
+        try:
+            await self._serve(conn, host)
+        finally:
+            conn.close()
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        conn = self._tasks.pop(task)
+        conn.close()  # a task cancelled before it started never ran ``_run``'s ``finally``
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s: serving a connection failed", self._what, exc_info=task.exception())
+
+    async def close(self) -> None:
+        """Stop accepting, close the listening socket, and end every connection's task."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._retry is not None:
+            self._retry.cancel()
+        if self._loop is not None and self.sock.fileno() >= 0:
+            self._loop.remove_reader(self.sock.fileno())
+        self.sock.close()
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
