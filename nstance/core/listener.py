@@ -13,16 +13,19 @@ accepting, cancels those tasks, waits for them, and closes every connection whos
 start. A failing accept (out of file descriptors or buffers) pauses accepting for ``ACCEPT_RETRY``
 seconds instead of spinning.
 
-``serve(conn, host)`` owns ``conn`` from its first line: it must not return while a transport it
-built on ``conn`` is still open (await its ``connection_lost``), because the listener closes ``conn``
-once ``serve`` ends.
+``serve(conn, host)`` owns ``conn`` from its first line. The listener closes ``conn`` once ``serve``
+ends, so ``serve`` must not return while a transport it built on ``conn`` may still read or write:
+it waits for the transport's ``connection_lost``, or aborts it. ``open_streams`` gives a connection
+the reader and writer that ``asyncio.start_server`` would have.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
+import struct
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
@@ -39,6 +42,25 @@ Serve = Callable[[socket.socket, str], Awaitable[None]]
 def peer_host(address: Any) -> str:
     """The host of an accepted connection's address: the IP for TCP, ``""`` for a Unix socket."""
     return str(address[0]) if isinstance(address, tuple) else ""
+
+
+def reset(conn: socket.socket) -> None:
+    """Close a refused connection with a reset (RST, not FIN): nothing of it lingers in TIME_WAIT here,
+    and the client sees ``ConnectionResetError`` at once."""
+    with contextlib.suppress(OSError):
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    conn.close()
+
+
+async def open_streams(
+    conn: socket.socket, *, limit: int
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """An accepted connection as asyncio streams (``limit``: the reader's buffer, as in ``start_server``)."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=limit, loop=loop)
+    protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+    transport, _ = await loop.connect_accepted_socket(lambda: protocol, conn)
+    return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
 
 
 class Listener:

@@ -4,8 +4,11 @@ the HTTP health/metrics endpoint, as an operator, an agent or a load balancer se
 from __future__ import annotations
 
 import asyncio
+import gc
 import ipaddress
 import logging
+import socket
+import warnings
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -487,6 +490,32 @@ async def test_health_endpoint_closes_connections_beyond_its_cap() -> None:
         await eventually(served, within=10, what="the slots to be free again")
     finally:
         await srv.close()
+
+
+@pytest.mark.parametrize("turns", range(6))
+async def test_a_probe_arriving_as_the_health_endpoint_closes_is_closed_with_it(turns: int) -> None:
+    """The endpoint closes when its address moves (``shard.bind.health_addr``) and at stop: a probe
+    that connects in the loop turns before is closed too, not left open for the garbage collector
+    (asyncio's ``Server.close`` race, CPython gh-109564)."""
+    srv = HealthServer(FakeSource(), Metrics())
+    port = await srv.start("127.0.0.1", 0)
+    probe = socket.create_connection(("127.0.0.1", port))  # in the backlog at once
+    probe.setblocking(False)
+    try:
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        await srv.close()
+        try:
+            answer = await asyncio.wait_for(asyncio.get_running_loop().sock_recv(probe, 1), CALL_TIMEOUT)
+        except ConnectionResetError:
+            answer = b""
+        assert answer == b""
+    finally:
+        probe.close()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gc.collect()
+    assert not [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
 
 
 async def test_health_is_unavailable_with_the_exact_error_until_config_loads(health: HttpFixture) -> None:

@@ -10,13 +10,11 @@ closes the others at once (before any TLS). Refusals are logged as warnings, whi
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import socket
-import struct
 from collections.abc import Awaitable, Callable
 
-from nstance.core.listener import Listener
+from nstance.core.listener import Listener, reset
 from nstance.server.net.connlimit import ConnectionLimiter
 
 log = logging.getLogger(__name__)
@@ -60,10 +58,7 @@ class Acceptor:
             self.limiter.release(key)
 
     def _refused(self, conn: socket.socket, host: str) -> None:
-        with contextlib.suppress(OSError):
-            # RST rather than FIN: nothing of the refused connection lingers in TIME_WAIT here.
-            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        conn.close()
+        reset(conn)
         limiter = self.limiter
         total_name, per_address_name = self._limit_names
         if limiter.open >= limiter.total:

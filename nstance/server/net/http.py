@@ -1,6 +1,7 @@
 """The shard server's plain-HTTP health and metrics endpoint (``shard.bind.health_addr``).
 
-A deliberately tiny HTTP/1.1 server on ``asyncio.start_server``: one request per connection
+A deliberately tiny HTTP/1.1 server on asyncio streams (accepted by ``core.listener``, bound like
+the front's ports): one request per connection
 (``Connection: close``); a small request body is read and discarded. Routes:
 
 * every path and method but the two below — readiness, as upstream serves it on ``/`` as a
@@ -34,12 +35,15 @@ import asyncio
 import contextlib
 import logging
 import re
+import socket
 from http import HTTPStatus
 from typing import Final, Protocol
 from urllib.parse import urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from nstance.core.listener import Listener, open_streams, reset
+from nstance.server.net.tlsfront import listening_socket
 from nstance.server.state.metrics import Metrics
 
 logger = logging.getLogger(__name__)
@@ -162,49 +166,49 @@ class HealthServer:
         self._source = source
         self._metrics = metrics
         self._max_connections = max_connections
-        self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._listener: Listener | None = None
+        self._open = 0
 
     async def start(self, host: str, port: int) -> int:
         """Listen on ``host:port`` (port 0 picks a free one); returns the bound port."""
-        if self._server is not None:
+        if self._listener is not None:
             raise RuntimeError("HealthServer is already started")
-        # limit: a single line longer than this raises instead of buffering without bound.
-        self._server = await asyncio.start_server(self._accept, host, port, limit=MAX_HEADER_BYTES)
-        sockets = self._server.sockets
-        bound: int = sockets[0].getsockname()[1]
+        sock = listening_socket(host, port)
+        self._listener = Listener(sock, self._accept, what="health endpoint")
+        self._listener.start()
+        bound: int = sock.getsockname()[1]
         logger.debug("health endpoint listening on %s:%d", host, bound)
         return bound
 
     async def close(self) -> None:
         """Stop listening and drop connections still being served."""
-        server, self._server = self._server, None
-        if server is None:
-            return
-        server.close()
-        for task in list(self._tasks):
-            task.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-        await server.wait_closed()
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            await listener.close()
 
     # --- connections --------------------------------------------------------------------------
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if len(self._tasks) >= self._max_connections:
-            writer.transport.abort()  # a flood: free the descriptor at once, answer nothing
+    async def _accept(self, conn: socket.socket, host: str) -> None:
+        if self._open >= self._max_connections:
+            reset(conn)  # a flood: free the descriptor at once, answer nothing
             return
-        task = asyncio.current_task()
-        if task is not None:
-            self._tasks.add(task)
+        self._open += 1
         try:
-            await self._serve(reader, writer)
+            # limit: a single line longer than this raises instead of buffering without bound.
+            reader, writer = await open_streams(conn, limit=MAX_HEADER_BYTES)
+            try:
+                await self._serve(reader, writer)
+            finally:
+                writer.close()
+                try:
+                    await asyncio.wait_for(writer.wait_closed(), WRITE_TIMEOUT)
+                except asyncio.CancelledError:  # the endpoint is closing
+                    writer.transport.abort()
+                    raise
+                except (TimeoutError, OSError):  # not flushed in time, or the peer is gone
+                    writer.transport.abort()
         finally:
-            if task is not None:
-                self._tasks.discard(task)
-            writer.close()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(writer.wait_closed(), WRITE_TIMEOUT)
+            self._open -= 1
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head_only = False
