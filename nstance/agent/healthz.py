@@ -8,13 +8,20 @@ and serves nothing else.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+import socket
+from typing import Final
 
 from nstance.agent.state import AgentState
 from nstance.core.hostport import split_host_port
+from nstance.core.listener import Listener, close_streams, open_streams
 
 log = logging.getLogger("nstance.agent.healthz")
+
+#: Bytes a request line or header line may take (asyncio's stream default).
+READ_LIMIT: Final = 2**16
+#: Seconds an answer may take to go out once the connection is closing.
+CLOSE_WITHIN: Final = 5.0
 
 _REASONS = {
     200: "OK",
@@ -35,11 +42,12 @@ def listen_address(addr: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", port
 
 
-async def serve_healthz(addr: str, state: AgentState) -> asyncio.Server:
-    """Start listening on ``addr``; the caller closes the returned server."""
+async def serve_healthz(addr: str, state: AgentState) -> Listener:
+    """Start listening on ``addr``; the caller closes the returned listener."""
     host, port = listen_address(addr)
 
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def handle(conn: socket.socket, _peer: str) -> None:
+        reader, writer = await open_streams(conn, limit=READ_LIMIT)
         try:
             request_line = await asyncio.wait_for(reader.readline(), timeout=5)
             while True:  # drain headers
@@ -66,10 +74,10 @@ async def serve_healthz(addr: str, state: AgentState) -> asyncio.Server:
         except (TimeoutError, ConnectionError, OSError):
             pass
         finally:
-            writer.close()
-            with contextlib.suppress(ConnectionError, OSError):
-                await writer.wait_closed()
+            await close_streams(writer, within=CLOSE_WITHIN)
 
-    server = await asyncio.start_server(handle, host, port)
+    family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    listener = Listener(socket.create_server(address[:2], family=family), handle, what="agent /healthz")
+    listener.start()
     log.info("serving /healthz on %s", addr)
-    return server
+    return listener

@@ -29,6 +29,7 @@ from nstance.agent.state import AgentState, TerminationNotice
 from nstance.agent.streams import HealthReporter, keep_open, receive_files_once, receive_key_requests_once
 from nstance.core.backoff import Backoff
 from nstance.core.clock import Clock, SystemClock
+from nstance.core.listener import Listener
 from nstance.pki.keys import private_key_to_pem
 from nstance.rpc import agent_pb2_grpc
 
@@ -77,7 +78,7 @@ class Agent:
         key = ensure_identity_key(config.key_path, mode=config.identity_mode, key_type=key_type)
         self.keys.key_type = key_type  # workload key pairs too: a Go server certifies Ed25519 keys only
         background: list[asyncio.Task[object]] = []
-        healthz: asyncio.Server | None = None
+        healthz: Listener | None = None
         try:
             if config.health_addr:
                 healthz = await serve_healthz(config.health_addr, self.state)
@@ -150,8 +151,7 @@ class Agent:
                     if not task.cancelled() and task.exception() is not None:
                         log.error("%s task failed: %s", task.get_name(), task.exception())
             if healthz is not None:
-                healthz.close()
-                await healthz.wait_closed()
+                await healthz.close()
 
     def _on_notice(self, notice: TerminationNotice) -> None:
         self.state.termination_notice = notice

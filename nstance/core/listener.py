@@ -63,6 +63,19 @@ async def open_streams(
     return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
 
 
+async def close_streams(writer: asyncio.StreamWriter, *, within: float) -> None:
+    """Close a connection's streams, its unsent bytes first for up to ``within`` seconds; abort it when
+    they do not go in time, the peer is gone, or this task is cancelled (the listener is closing)."""
+    writer.close()
+    try:
+        await asyncio.wait_for(writer.wait_closed(), within)
+    except asyncio.CancelledError:
+        writer.transport.abort()
+        raise
+    except (TimeoutError, OSError):
+        writer.transport.abort()
+
+
 class Listener:
     """Accepts on the listening socket ``sock`` and serves each connection in its own task."""
 

@@ -15,7 +15,7 @@ async def test_healthz_answers_from_state() -> None:
     state = AgentState()
     state.problem = "registration UNAVAILABLE: down"
     server = await serve_healthz("127.0.0.1:0", state)
-    port = server.sockets[0].getsockname()[1]
+    port = server.sock.getsockname()[1]
 
     async def get(path: str, method: str = "GET") -> tuple[str, str]:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -42,5 +42,4 @@ async def test_healthz_answers_from_state() -> None:
         for other in ("/healthz/", "/", "/metrics", "/debug/healthcheck-test", "/other"):
             assert (await get(other))[0] == "HTTP/1.1 404 Not Found"
     finally:
-        server.close()
-        await server.wait_closed()
+        await server.close()

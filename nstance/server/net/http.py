@@ -42,7 +42,7 @@ from urllib.parse import urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from nstance.core.listener import Listener, open_streams, reset
+from nstance.core.listener import Listener, close_streams, open_streams, reset
 from nstance.server.net.tlsfront import listening_socket
 from nstance.server.state.metrics import Metrics
 
@@ -199,14 +199,7 @@ class HealthServer:
             try:
                 await self._serve(reader, writer)
             finally:
-                writer.close()
-                try:
-                    await asyncio.wait_for(writer.wait_closed(), WRITE_TIMEOUT)
-                except asyncio.CancelledError:  # the endpoint is closing
-                    writer.transport.abort()
-                    raise
-                except (TimeoutError, OSError):  # not flushed in time, or the peer is gone
-                    writer.transport.abort()
+                await close_streams(writer, within=WRITE_TIMEOUT)
         finally:
             self._open -= 1
 
