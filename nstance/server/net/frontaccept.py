@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import Awaitable, Callable
 
-from nstance.core.listener import Listener, reset
+from nstance.core.listener import Listener, Serve, reset
 from nstance.server.net.connlimit import ConnectionLimiter
 
 log = logging.getLogger(__name__)
-
-Serve = Callable[[socket.socket, str], Awaitable[None]]
 
 
 class Acceptor:
