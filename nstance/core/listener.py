@@ -86,7 +86,6 @@ class Listener:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._retry: asyncio.TimerHandle | None = None
         self._tasks: dict[asyncio.Task[None], socket.socket] = {}
-        self._closed = False
 
     def start(self) -> None:
         """Start accepting (on the running loop)."""
@@ -114,30 +113,26 @@ class Listener:
             task.add_done_callback(self._done)
 
     def _resume(self) -> None:
+        assert self._loop is not None
         self._retry = None
-        if not self._closed and self._loop is not None:
-            self._loop.add_reader(self.sock.fileno(), self._ready)
+        self._loop.add_reader(self.sock.fileno(), self._ready)
 
     async def _run(self, conn: socket.socket, host: str) -> None:
-        try:
-            await self._serve(conn, host)
-        finally:
-            conn.close()
+        await self._serve(conn, host)
 
     def _done(self, task: asyncio.Task[None]) -> None:
-        conn = self._tasks.pop(task)
-        conn.close()  # a task cancelled before it started never ran ``_run``'s ``finally``
+        # Here, not in ``_run``: a task cancelled before its first step never runs any of ``_run``.
+        self._tasks.pop(task).close()
         if not task.cancelled() and task.exception() is not None:
             log.error("%s: serving a connection failed", self._what, exc_info=task.exception())
 
     async def close(self) -> None:
         """Stop accepting, close the listening socket, and end every connection's task."""
-        if self._closed:
+        if self.sock.fileno() < 0:  # closed already
             return
-        self._closed = True
-        if self._retry is not None:
+        if self._retry is not None:  # a retry is the only way back to accepting
             self._retry.cancel()
-        if self._loop is not None and self.sock.fileno() >= 0:
+        if self._loop is not None:
             self._loop.remove_reader(self.sock.fileno())
         self.sock.close()
         tasks = list(self._tasks)
