@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -35,6 +37,45 @@ def test_parse(text: str, expected: timedelta) -> None:
 def test_refused(text: str) -> None:
     with pytest.raises(InvalidArgument, match="duration"):
         parse_duration(text)
+
+
+#: Inputs and what Go's ``time.ParseDuration`` made of them (tests/fixtures/upstream/README.md).
+GO_VECTORS = Path(__file__).parents[1] / "fixtures" / "upstream" / "go-duration-vectors.json"
+
+
+def test_parse_gives_what_go_gives() -> None:
+    """Each of Go's answers, truncated to the microsecond a timedelta holds; Go's refusals refused."""
+    vectors = json.loads(GO_VECTORS.read_text(encoding="utf-8"))["vectors"]
+    wrong = []
+    for text, nanoseconds in vectors:
+        try:
+            got: timedelta | None = parse_duration(text)
+        except InvalidArgument:
+            got = None
+        if nanoseconds is None:
+            expected = None
+        else:
+            micros = abs(nanoseconds) // 1_000
+            expected = timedelta(microseconds=-micros if nanoseconds < 0 else micros)
+        if got != expected:
+            wrong.append((text, nanoseconds, got))
+    assert len(vectors) > 1_000
+    assert not wrong, f"{len(wrong)} differ from Go, e.g. {wrong[:5]}"
+
+
+@pytest.mark.parametrize("text", ["2562048h", "9223372036854775808ns", "2562047h47m16.854775808s"])
+def test_beyond_gos_range_is_refused_with_its_limit(text: str) -> None:
+    with pytest.raises(InvalidArgument, match="292 years"):
+        parse_duration(text)
+
+
+def test_the_most_negative_duration_is_go_s_too() -> None:
+    assert parse_duration("-9223372036854775808ns") == -timedelta(microseconds=9223372036854775)
+
+
+def test_surrounding_white_space_is_ignored() -> None:
+    """Go refuses it; a value read from the environment may end in a newline, so it is let through."""
+    assert parse_duration(" 90s\n") == timedelta(seconds=90)
 
 
 def test_days_get_a_hint() -> None:
