@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from nstance.config.goformat import go_sprint, go_sprintf, go_sprintln, go_type, go_value_string
+from nstance.config.goformat import GoByte, go_sprint, go_sprintf, go_sprintln, go_type, go_value_string
 from nstance.config.gotemplate import (
     Action,
     Branch,
@@ -109,14 +109,28 @@ def _kind(value: Any) -> str:
     return "other"
 
 
+def _comparable(value: Any) -> bool:
+    """Whether Go's ``==`` takes the value: not a map or slice, nor a struct holding one."""
+    if isinstance(value, GoStruct):
+        return all(_comparable(field) for field in value.fields.values())
+    return not isinstance(value, (dict, list, tuple))
+
+
 def _eq(a: Any, b: Any) -> bool:
+    """Go's ``eq`` on two operands: basic values of one kind compare; nil equals only nil; structs
+    of comparable fields compare; a basic value against another kind, or maps and slices, fail."""
     ka, kb = _kind(a), _kind(b)
-    if ka == "other" or kb == "other":
-        raise ExecError("non-comparable type in eq")
-    if ka != kb:
-        if ka == "nil" or kb == "nil":
+    basic = ("bool", "int", "float", "string")
+    if ka in basic or kb in basic:
+        if ka == kb:
+            return bool(a == b)
+        if a is None or b is None:
             return False
         raise ExecError("incompatible types for comparison")
+    if a is None or b is None:
+        return a is None and b is None
+    if go_type(a) != go_type(b) or not _comparable(a):
+        raise ExecError(f"non-comparable type {go_type(a)}")
     return bool(a == b)
 
 
@@ -179,16 +193,22 @@ def _index_one(item: Any, key: Any) -> Any:
     if isinstance(item, (list, tuple, str)):
         if isinstance(key, bool) or not isinstance(key, int):
             raise ExecError(f"cannot index slice/array with type {go_type(key)}")
-        seq = item.encode("utf-8") if isinstance(item, str) else item
-        if not 0 <= key < len(seq):
+        if isinstance(item, str):
+            data = item.encode("utf-8")
+            if not 0 <= key < len(data):
+                raise ExecError(f"index out of range: {key}")
+            return GoByte(data[key])
+        if not 0 <= key < len(item):
             raise ExecError(f"index out of range: {key}")
-        return seq[key]
+        return item[key]
     if item is None:
         raise ExecError("index of untyped nil")
     raise ExecError(f"can't index item of type {go_type(item)}")
 
 
 def _fn_index(item: Any, *keys: Any) -> Any:
+    if item is None:
+        raise ExecError("index of untyped nil")
     for key in keys:
         item = _index_one(item, key)
     return item
@@ -211,8 +231,14 @@ def _fn_slice(item: Any, *bounds: Any) -> Any:
     return part.decode("utf-8", "replace") if isinstance(item, str) else list(part)
 
 
+def _escaper_text(args: tuple[Any, ...]) -> str:
+    """The text ``html`` and ``urlquery`` escape: their operands printed as Go's ``fmt.Sprint``
+    prints them, a nil one as ``<no value>`` (text/template hands over no value for it)."""
+    return go_sprint(*("<no value>" if arg is None else arg for arg in args))
+
+
 def _fn_html(*args: Any) -> str:
-    text = go_sprint(*args)
+    text = _escaper_text(args)
     return (
         html.escape(text, quote=True)
         .replace("&#x27;", "&#39;")
@@ -222,7 +248,7 @@ def _fn_html(*args: Any) -> str:
 
 
 def _fn_urlquery(*args: Any) -> str:
-    return urllib.parse.quote_plus(go_sprint(*args), safe="")
+    return urllib.parse.quote_plus(_escaper_text(args), safe="")
 
 
 _FUNCS: dict[str, Callable[..., Any]] = {
@@ -354,6 +380,13 @@ class _Executor:
                 else:
                     self.scoped(item.other, dot)
             else:
+                # As Go does, the declared variables first take the pipeline's value itself
+                # (an assignment to an undeclared one fails even when there is nothing to iterate).
+                for name in item.pipe.decl:
+                    if item.pipe.assign:
+                        self.state.assign(name, value, item.pipe.line)
+                    else:
+                        self.state.vars.append((name, value))
                 self.range(item, value, dot)
         finally:
             del self.state.vars[mark:]
@@ -365,6 +398,10 @@ class _Executor:
         elif isinstance(value, (list, tuple)):
             pairs = list(enumerate(value))
         elif isinstance(value, int) and not isinstance(value, bool):
+            if len(item.pipe.decl) > 1:
+                raise ExecError(
+                    f"line {item.pipe.line}: can't use {value} to iterate over more than one variable"
+                )
             if value > MAX_RANGE_STEPS:
                 raise ExecError(f"line {item.pipe.line}: range over {value} is too long")
             pairs = [(i, i) for i in range(value)]
@@ -412,6 +449,8 @@ class _Executor:
         first = cmd.args[0]
         where = _describe(first)
         try:
+            if isinstance(first, Literal) and first.value is None:
+                raise ExecError("nil is not a command")
             if isinstance(first, Identifier):
                 return self.call(first.name, cmd.args[1:], dot, final, line)
             if len(cmd.args) > 1 or final is not _NO_VALUE:
@@ -430,7 +469,10 @@ class _Executor:
         if isinstance(node, Variable):
             return _fields(self.state.lookup(node.name, line), node.names, _describe(node))
         if isinstance(node, Literal):
-            return node.value
+            value = node.value
+            if isinstance(value, int) and not isinstance(value, bool) and value >= 1 << 63:
+                raise ExecError(f"{value} overflows int")
+            return value
         if isinstance(node, Chain):
             return _fields(self.pipeline(node.node, dot), node.names, _describe(node))
         if isinstance(node, Pipeline):

@@ -2,18 +2,24 @@
 
 Covers what templates print: strings, ints, floats (``%v`` is Go's shortest ``%g``: ``1e+06``),
 bools, nil, maps (``map[a:1 b:2]``, keys sorted), lists (``[a b]``) and structs (``{x y}``).
-``go_sprintf`` implements the verbs ``%v %s %q %d %x %X %o %b %c %t %f %F %e %E %g %G %T %%`` with
-flags ``+ - # 0 space``, width and precision (``*`` too), and Go's error forms for a wrong type
-(``%!d(string=x)``), a missing argument (``%!d(MISSING)``) and extra arguments
-(``%!(EXTRA int=1)``). Pure functions.
+``go_sprintf`` implements the verbs ``%v %s %q %d %x %X %o %O %b %c %U %t %f %F %e %E %g %G %T %%``
+(``%x``, ``%X`` and ``%b`` of floats too) with flags ``+ - # 0 space``, width and precision (``*``
+too), explicit operand indexes (``%[2]d``), and Go's error forms for a wrong type
+(``%!d(string=x)``, the operand printed with the directive's flags), a missing argument
+(``%!d(MISSING)``), a bad index, width or precision and extra arguments (``%!(EXTRA int=1)``).
+Maps, lists and structs are formatted element by element, as Go does (``%q`` of a map quotes each
+key and value; ``%+v`` names struct fields). Pure functions.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from decimal import Decimal
 from typing import Any
+
+
+class GoByte(int):
+    """A byte of a string (``index "ab" 0``): an int whose Go type is ``uint8``."""
 
 
 def go_type(value: Any) -> str:
@@ -24,6 +30,8 @@ def go_type(value: Any) -> str:
         return "<nil>"
     if isinstance(value, bool):
         return "bool"
+    if isinstance(value, GoByte):
+        return "uint8"
     if isinstance(value, int):
         return "int"
     if isinstance(value, float):
@@ -31,11 +39,11 @@ def go_type(value: Any) -> str:
     if isinstance(value, str):
         return "string"
     if isinstance(value, dict):
-        return (
-            "map[string]string"
-            if all(isinstance(v, str) for v in value.values())
-            else "map[string]interface {}"
-        )
+        if all(isinstance(v, str) for v in value.values()):
+            return "map[string]string"
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in value.values()):
+            return "map[string]int"
+        return "map[string]interface {}"
     if isinstance(value, (list, tuple)):
         return "[]interface {}"
     if isinstance(value, (bytes, bytearray)):
@@ -98,15 +106,16 @@ def format_float_g(value: float, verb: str = "g") -> str:
     return text.upper() if verb == "G" else text
 
 
-def go_quote(text: str) -> str:
-    """Go's ``strconv.Quote``: double quotes, Go escapes, printable Unicode kept."""
+def go_quote(text: str, ascii_only: bool = False) -> str:
+    """Go's ``strconv.Quote``: double quotes, Go escapes, printable Unicode kept (escaped too with
+    ``ascii_only``, as ``strconv.QuoteToASCII`` does)."""
     out = ['"']
     escapes = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\v": "\\v",
                '"': '\\"', "\\": "\\\\"}  # fmt: skip
     for ch in text:
         if ch in escapes:
             out.append(escapes[ch])
-        elif ch == " " or (ch.isprintable() and not ch.isspace()):
+        elif ch == " " or (ch.isprintable() and not ch.isspace() and not (ascii_only and ord(ch) >= 0x80)):
             out.append(ch)
         elif 0xD800 <= ord(ch) <= 0xDFFF:
             out.append("\\ufffd")
@@ -160,47 +169,112 @@ def go_sprintln(*args: Any) -> str:
     return " ".join(go_value_string(arg) for arg in args) + "\n"
 
 
-_VERB = re.compile(r"%([-+# 0]*)(\*|\d+)?(?:\.(\*|\d+)?)?(.)?", re.DOTALL)
-
-
 def _pad(text: str, flags: str, width: int | None, numeric: bool) -> str:
+    """Pad to ``width``: right with spaces (``-``); else left with zeros (``0``; after the sign of
+    a number), else left with spaces. Go pads strings and bools with zeros too."""
     if width is None or len(text) >= width:
         return text
     if "-" in flags:
         return text + " " * (width - len(text))
-    if "0" in flags and numeric:
-        sign = text[0] if text[:1] in "+-" else ""
+    if "0" in flags:
+        sign = text[0] if numeric and text[:1] in "+- " else ""
         return sign + "0" * (width - len(text)) + text[len(sign) :]
     return " " * (width - len(text)) + text
 
 
-def _bad(verb: str, value: Any) -> str:
-    if value is None:
-        return f"%!{verb}(<nil>)"
-    return f"%!{verb}({go_type(value)}={go_value_string(value)})"
+def _rune(value: int) -> str:
+    """The character of a code point; U+FFFD for what is not one (negative, a surrogate, too large)."""
+    if 0 <= value <= 0x10FFFF and not 0xD800 <= value <= 0xDFFF:
+        return chr(value)
+    return "\ufffd"
+
+
+def _quote_rune(value: int, ascii_only: bool) -> str:
+    """Go's ``strconv.QuoteRune`` (``QuoteRuneToASCII`` with ``ascii_only``)."""
+    body = go_quote(_rune(value), ascii_only)[1:-1]
+    return "'" + body.replace('\\"', '"').replace("'", "\\'") + "'"
+
+
+def _can_backquote(text: str) -> bool:
+    """Go's ``strconv.CanBackquote``: one line, no backquote, no control character but tab."""
+    return all(ch == "\t" or (ch >= " " and ch not in "`\x7f\ufeff") for ch in text)
 
 
 def _integer(verb: str, flags: str, prec: int | None, value: int) -> str:
-    base = {"d": 10, "x": 16, "X": 16, "o": 8, "b": 2}[verb]
+    base = {"d": 10, "v": 10, "x": 16, "X": 16, "o": 8, "O": 8, "b": 2}[verb]
     digits = format(abs(value), {10: "d", 16: "x", 8: "o", 2: "b"}[base])
     if verb == "X":
         digits = digits.upper()
     if prec is not None:
         digits = digits.zfill(prec) if not (prec == 0 and value == 0) else ""
-    if "#" in flags:
-        digits = {"x": "0x", "X": "0X", "o": "0", "b": "0b"}.get(verb, "") + digits
+    if verb == "O":
+        digits = "0o" + digits
+    elif "#" in flags:
+        prefix = {"x": "0x", "X": "0X", "b": "0b"}.get(verb, "")
+        if verb == "o" and not digits.startswith("0"):
+            prefix = "0"
+        digits = prefix + digits
     sign = "-" if value < 0 else ("+" if "+" in flags else (" " if " " in flags else ""))
     return sign + digits
+
+
+def _hex_float(verb: str, prec: int | None, value: float) -> str:
+    """Go's ``%x``/``%X`` of a float: ``-0x1.8p+01``, the mantissa shortest or to ``prec`` hex digits."""
+    negative = math.copysign(1.0, value) < 0
+    value = abs(value)
+    if value == 0:
+        mantissa, exponent = 0, 0
+    else:
+        fraction, exponent = math.frexp(value)  # value == fraction * 2**exponent, 0.5 <= fraction < 1
+        mantissa, exponent = int(fraction * (1 << 53)), exponent - 1  # 1.xxx (53 bits) times 2**exponent
+    digits = 13
+    if prec is not None and prec < digits:
+        shift = 4 * (digits - prec)
+        rounded = mantissa >> shift
+        rest = mantissa & ((1 << shift) - 1)
+        half = 1 << (shift - 1)
+        if rest > half or (rest == half and rounded & 1):
+            rounded += 1
+        mantissa, digits = rounded << shift, digits
+        if mantissa >> 53:  # 1.fff... rounded up to 2.0
+            mantissa >>= 1
+            exponent += 1
+        text = format(mantissa >> shift, "x").rjust(prec + 1, "0")
+        fraction_digits = text[1:]
+    else:
+        fraction_digits = format(mantissa & ((1 << 52) - 1), "013x")
+        fraction_digits = fraction_digits.rstrip("0") if prec is None else fraction_digits.ljust(prec, "0")
+    lead = "1" if value else "0"
+    point = "." + fraction_digits if fraction_digits else ""
+    body = f"0x{lead}{point}p{'-' if exponent < 0 else '+'}{abs(exponent):02d}"
+    body = ("-" if negative else "") + body
+    return body.upper() if verb == "X" else body
+
+
+def _binary_float(value: float) -> str:
+    """Go's ``%b`` of a float: the 53-bit mantissa as an integer, ``p``, the binary exponent."""
+    if value == 0:
+        return ("-" if math.copysign(1.0, value) < 0 else "") + "0p-1074"
+    fraction, exponent = math.frexp(abs(value))
+    mantissa, exponent = int(fraction * (1 << 53)), exponent - 53
+    if exponent < -1074:  # subnormal: Go writes the unnormalised mantissa
+        mantissa >>= -1074 - exponent
+        exponent = -1074
+    return f"{'-' if value < 0 else ''}{mantissa}p{'-' if exponent < 0 else '+'}{abs(exponent)}"
 
 
 def _floating(verb: str, flags: str, prec: int | None, value: float) -> str:
     if math.isnan(value) or math.isinf(value):
         text = format_float_g(value)
         return ("+" + text) if "+" in flags and not text.startswith(("+", "-")) else text
-    if verb in "gG" and prec is None:
-        text = format_float_g(value, verb)
+    if verb in "xX":
+        text = _hex_float(verb, prec, value)
+    elif verb == "b":
+        text = _binary_float(value)
+    elif verb in "gGv" and prec is None:
+        text = format_float_g(value, "G" if verb == "G" else "g")
     else:
-        spec = verb.lower() if verb in "Ff" else verb
+        spec = {"F": "f", "v": "g"}.get(verb, verb)
         text = format(value, f"{'#' if '#' in flags else ''}.{6 if prec is None else prec}{spec}")
     if "+" in flags and not text.startswith("-"):
         text = "+" + text
@@ -209,93 +283,225 @@ def _floating(verb: str, flags: str, prec: int | None, value: float) -> str:
     return text
 
 
+class _Spec:
+    """The parts of one ``%`` directive as ``go_sprintf`` reads them."""
+
+    __slots__ = ("argi", "bad_index", "flags", "out", "pos", "prec", "reordered", "width")
+
+    def __init__(self, argi: int, pos: int) -> None:
+        self.argi, self.pos = argi, pos
+        self.flags = ""
+        self.width: int | None = None
+        self.prec: int | None = None
+        self.bad_index = False
+        self.reordered = False
+        self.out: list[str] = []
+
+
+def _int_arg(args: tuple[Any, ...], spec: _Spec) -> int | None:
+    """The int operand a ``*`` takes (None when it is missing, not an int, or beyond a million)."""
+    if spec.argi >= len(args):
+        return None
+    value = args[spec.argi]
+    spec.argi += 1
+    if isinstance(value, bool) or not isinstance(value, int) or abs(value) > 1_000_000:
+        return None
+    return int(value)
+
+
+def _arg_index(template: str, args: tuple[Any, ...], spec: _Spec) -> bool:
+    """Read an explicit operand index ``[n]`` at ``spec.pos``; whether there was one."""
+    if spec.pos >= len(template) or template[spec.pos] != "[":
+        return False
+    spec.reordered = True
+    close = template.find("]", spec.pos)
+    number = template[spec.pos + 1 : close] if close > 0 else ""
+    if close < 0 or not number.isdigit() or not 1 <= int(number) <= len(args):
+        spec.bad_index = True
+        spec.pos = close + 1 if close > 0 else len(template)
+        return True
+    spec.argi = int(number) - 1
+    spec.pos = close + 1
+    return True
+
+
+def _digits_at(template: str, pos: int) -> tuple[int | None, int]:
+    end = pos
+    while end < len(template) and template[end].isdigit():
+        end += 1
+    return (int(template[pos:end]) if end > pos else None), end
+
+
 def go_sprintf(template: Any, *args: Any) -> str:
-    """Go's ``fmt.Sprintf`` for the verbs listed in the module docstring."""
+    """Go's ``fmt.Sprintf`` for the verbs listed in the module docstring, with explicit operand
+    indexes (``%[2]d``, ``%[1]*d``) and Go's complaints (``%!d(MISSING)``, ``%!d(BADINDEX)``,
+    ``%!(BADWIDTH)``, ``%!(BADPREC)``, ``%!(EXTRA ...)`` unless the operands were reordered)."""
     if not isinstance(template, str):
         raise ValueError(f"printf format has type {go_type(template)}; should be string")
     out: list[str] = []
-    pos = 0
-    argi = 0
+    argi, pos, reordered = 0, 0, False
     while pos < len(template):
         start = template.find("%", pos)
         if start < 0:
             out.append(template[pos:])
             break
         out.append(template[pos:start])
-        match = _VERB.match(template, start)
-        assert match is not None
-        flags, width_s, prec_s, verb = match.group(1), match.group(2), match.group(3), match.group(4)
-        pos = match.end()
-        if verb is None:
-            out.append("%!(NOVERB)")
-            break
-        if verb == "%":
-            out.append("%")
-            continue
-        width = prec = None
-        if width_s == "*":
-            width, argi = (args[argi] if argi < len(args) and isinstance(args[argi], int) else None), argi + 1
-        elif width_s:
-            width = int(width_s)
-        if prec_s == "*":
-            prec, argi = (args[argi] if argi < len(args) and isinstance(args[argi], int) else None), argi + 1
-        elif prec_s is not None:
-            prec = int(prec_s)
-        elif "." in match.group(0)[1:]:
-            prec = 0
-        if argi >= len(args):
-            out.append(f"%!{verb}(MISSING)")
-            continue
-        value = args[argi]
-        argi += 1
-        out.append(_format_one(verb, flags, width, prec, value))
-    if argi < len(args):
+        spec = _Spec(argi, start + 1)
+        _directive(template, args, spec)
+        out.extend(spec.out)
+        argi, pos, reordered = spec.argi, spec.pos, reordered or spec.reordered
+    if not reordered and argi < len(args):
         extra = ", ".join("<nil>" if a is None else f"{go_type(a)}={go_value_string(a)}" for a in args[argi:])
         out.append(f"%!(EXTRA {extra})")
     return "".join(out)
 
 
-def _format_one(verb: str, flags: str, width: int | None, prec: int | None, value: Any) -> str:
-    numeric = False
-    is_int = isinstance(value, int) and not isinstance(value, bool)
-    if verb == "v":
-        text = go_value_string(value)
-        numeric = is_int or isinstance(value, float)
-    elif verb == "T":
-        text = go_type(value)
-    elif verb == "s":
-        if isinstance(value, str):
-            text = value if prec is None else value[:prec]
-        elif isinstance(value, (bytes, bytearray)):
-            text = value.decode("utf-8", "replace")
-        elif isinstance(value, (dict, list, tuple)) or value is None:
-            text = go_value_string(value) if value is not None else "%!s(<nil>)"
-        else:
-            text = _bad("s", value)
-    elif verb == "q":
-        if isinstance(value, str):
-            text = go_quote(value)
-        elif is_int:
-            text = "'" + go_quote(chr(value))[1:-1].replace("'", "\\'").replace('\\"', '"') + "'"
-        else:
-            text = _bad("q", value)
-    elif verb in "dxXob":
-        if is_int:
-            text, numeric = _integer(verb, flags, prec, value), True
-        elif verb in "xX" and isinstance(value, str):
-            text = value.encode("utf-8").hex()
-            text = text.upper() if verb == "X" else text
-        else:
-            text = _bad(verb, value)
-    elif verb == "c":
-        text = chr(value) if is_int and 0 <= value <= 0x10FFFF else _bad("c", value)
-    elif verb == "t":
-        text = ("true" if value else "false") if isinstance(value, bool) else _bad("t", value)
-    elif verb in "fFeEgG":
-        if isinstance(value, float):
-            text, numeric = _floating(verb, flags, prec, value), True
-        else:
-            text = _bad(verb, value)
+def _directive(template: str, args: tuple[Any, ...], spec: _Spec) -> None:
+    """Read and format one directive from just after its ``%``; its text goes to ``spec.out``."""
+    while spec.pos < len(template) and template[spec.pos] in "-+# 0":
+        spec.flags += template[spec.pos]
+        spec.pos += 1
+    after_index = _arg_index(template, args, spec)
+    if spec.pos < len(template) and template[spec.pos] == "*":
+        spec.pos += 1
+        spec.width = _int_arg(args, spec)
+        if spec.width is None:
+            spec.out.append("%!(BADWIDTH)")
+        elif spec.width < 0:
+            spec.width, spec.flags = -spec.width, spec.flags + "-"
+        after_index = False
     else:
-        text = _bad(verb, value)
+        spec.width, spec.pos = _digits_at(template, spec.pos)
+        if after_index and spec.width is not None:
+            spec.bad_index = True
+    if spec.pos < len(template) and template[spec.pos] == ".":
+        spec.pos += 1
+        if after_index:
+            spec.bad_index = True
+        after_index = _arg_index(template, args, spec)
+        if spec.pos < len(template) and template[spec.pos] == "*":
+            spec.pos += 1
+            spec.prec = _int_arg(args, spec)
+            if spec.prec is not None and spec.prec < 0:
+                spec.prec = None
+            if spec.prec is None:
+                spec.out.append("%!(BADPREC)")
+            after_index = False
+        else:
+            digits, spec.pos = _digits_at(template, spec.pos)
+            spec.prec = digits if digits is not None else 0
+    if not after_index:
+        after_index = _arg_index(template, args, spec)
+    if spec.pos >= len(template):
+        spec.out.append("%!(NOVERB)")
+        return
+    verb = template[spec.pos]
+    spec.pos += 1
+    if verb == "%":
+        spec.out.append("%")
+    elif spec.bad_index:
+        spec.out.append(f"%!{verb}(BADINDEX)")
+    elif spec.argi >= len(args):
+        spec.out.append(f"%!{verb}(MISSING)")
+    else:
+        value = args[spec.argi]
+        spec.argi += 1
+        names = verb == "v" and "+" in spec.flags
+        flags = spec.flags.replace("+", "") if names else spec.flags
+        spec.out.append(_format_one(verb, flags, spec.width, spec.prec, value, names))
+
+
+def _format_one(
+    verb: str, flags: str, width: int | None, prec: int | None, value: Any, names: bool = False
+) -> str:
+    """One operand of ``Sprintf``: maps, lists and structs element by element, as Go does;
+    ``names``: ``%+v``, whose plus writes the field names of structs instead of signs."""
+    from nstance.config.goexec import GoStruct
+
+    if verb == "T":
+        return _pad(go_type(value), flags, width, False)
+    if isinstance(value, dict):
+        inner = " ".join(
+            _format_one(verb, flags, width, prec, key, names)
+            + ":"
+            + _format_one(verb, flags, width, prec, value[key], names)
+            for key in sorted(value)
+        )
+        return f"map[{inner}]"
+    if isinstance(value, (list, tuple)):
+        return "[" + " ".join(_format_one(verb, flags, width, prec, v, names) for v in value) + "]"
+    if isinstance(value, GoStruct):
+        parts = (
+            (f"{name}:" if names else "") + _format_one(verb, flags, width, prec, v, names)
+            for name, v in value.fields.items()
+        )
+        return "{" + " ".join(parts) + "}"
+    text = _scalar(verb, flags, width, prec, value)
+    if text is None:
+        if value is None:
+            return f"%!{verb}(<nil>)"
+        return f"%!{verb}({go_type(value)}={_format_one('v', flags, width, prec, value)})"
+    return text
+
+
+def _scalar(verb: str, flags: str, width: int | None, prec: int | None, value: Any) -> str | None:
+    """A string, number, bool or nil formatted with ``verb``, padded; None when the verb does not
+    apply to it (the caller writes Go's ``%!verb(type=value)``)."""
+    is_int = isinstance(value, int) and not isinstance(value, bool)
+    numeric = False
+    if value is None:
+        if verb != "v":
+            return None
+        text = "<nil>"
+    elif isinstance(value, bool):
+        if verb not in "vt":
+            return None
+        text = "true" if value else "false"
+    elif is_int:
+        if verb in "vdxXoObB":
+            if verb == "B":
+                return None
+            text, numeric = _integer(verb, flags, prec, value), True
+            if prec is not None and "0" in flags:  # an explicit precision pads with spaces
+                flags = flags.replace("0", "")
+        elif verb == "c":
+            text = _rune(value)
+        elif verb == "q":
+            text = _quote_rune(value, "+" in flags)
+        elif verb == "U":
+            text = f"U+{value & 0xFFFFFFFFFFFFFFFF:04X}"
+            if "#" in flags and 0 <= value <= 0x10FFFF and _rune(value).isprintable():
+                text += f" '{chr(value)}'"
+        else:
+            return None
+    elif isinstance(value, float):
+        if verb not in "vbeEfFgGxX":
+            return None
+        text, numeric = _floating(verb, flags, prec, value), True
+        if math.isinf(value) or math.isnan(value):
+            flags = flags.replace("0", "")
+    elif isinstance(value, str):
+        if verb in "vs":
+            text = value if prec is None else value[:prec]
+        elif verb == "q":
+            cut = value if prec is None else value[:prec]
+            text = f"`{cut}`" if "#" in flags and _can_backquote(cut) else go_quote(cut, "+" in flags)
+        elif verb in "xX":
+            data = value.encode("utf-8", "surrogatepass")
+            data = data if prec is None else data[:prec]
+            text = _hex_bytes(data, verb, flags)
+        else:
+            return None
+    else:
+        return None
     return _pad(text, flags, width, numeric)
+
+
+def _hex_bytes(data: bytes, verb: str, flags: str) -> str:
+    """``%x`` of a string: two digits a byte; ``% x`` spaces between bytes; ``#`` a 0x prefix (on each
+    byte with a space)."""
+    prefix = ("0X" if verb == "X" else "0x") if "#" in flags else ""
+    pairs = [format(b, "02X" if verb == "X" else "02x") for b in data]
+    if " " in flags:
+        return " ".join(prefix + pair for pair in pairs)
+    return prefix + "".join(pairs) if pairs else ""

@@ -8,13 +8,15 @@ raw-string, rune, number, ``true``/``false``/``nil`` literals, ``{{/* comments *
 ``{{-``/``-}}`` whitespace trimming, with Go's rules for each.
 
 ``define``, ``template``, ``block`` and the functions ``call`` and ``js`` are refused with a
-``GoTemplateError`` naming the construct; so is any function Go's ``text/template`` does not define
-(Go refuses those at parse time too). The evaluator is ``nstance.config.goexec``. Pure text
+``GoTemplateError`` naming the construct, and so are complex number literals; so is any function Go's
+``text/template`` does not define, and a variable used where it is not declared (Go refuses those at
+parse time too). The evaluator is ``nstance.config.goexec``. Pure text
 processing; nothing is executed here.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -220,8 +222,9 @@ _TOKEN = re.compile(
   | (?P<string>"(?:\\.|[^"\\])*")
   | (?P<raw>`[^`]*`)
   | (?P<char>'(?:\\.|[^'\\])+')
-  | (?P<number>[+-]?(?:0[xX][0-9a-fA-F_]+|0[bB][01_]+|0[oO][0-7_]+
-                      |(?:\d[\d_]*\.?[\d_]*|\.\d[\d_]*)(?:[eE][+-]?\d+)?))
+  | (?P<number>[+-]?(?:0[xX][0-9a-fA-F_]*(?:\.[0-9a-fA-F_]*)?(?:[pP][+-]?[\d_]*)?
+                      |0[oO][0-7_]*(?:\.[0-7_]*)?|0[bB][01_]*(?:\.[01_]*)?
+                      |(?:\d[\d_]*(?:\.[\d_]*)?|\.\d[\d_]*)(?:[eE][+-]?[\d_]*)?)i?)
   | (?P<field>\.[A-Za-z_]\w*)
   | (?P<dot>\.)
   | (?P<variable>\$\w*)
@@ -294,15 +297,36 @@ def _unquote(text: str, line: int) -> str:
 
 
 def _number(text: str, line: int) -> int | float:
-    clean = text.replace("_", "")
+    """A number literal as Go's template parser reads it: an integer when it is one (``0x``, ``0o``,
+    ``0b`` and a leading ``0`` for octal, ``_`` between digits; up to 64 bits, an int beyond 63 is
+    refused when used), else a float (decimal, or hexadecimal with a ``p`` exponent). Complex
+    numbers (``1i``) are not supported."""
+    if text.endswith("i"):
+        raise GoTemplateError(f"line {line}: complex number {text!r} is not supported")
+    digits = text.lstrip("+-")
     try:
-        if re.fullmatch(r"[+-]?0[xXbBoO].*", clean):
-            return int(clean, 0)
-        if re.fullmatch(r"[+-]?\d+", clean):
-            return int(clean, 10)
-        return float(clean)
+        if re.fullmatch(r"0[0-7_]*[0-7][0-7_]*", digits):
+            value = int(text.replace("_", ""), 8)
+        else:
+            value = int(text, 0)
     except ValueError:
-        raise GoTemplateError(f"line {line}: bad number syntax: {text!r}") from None
+        pass
+    else:
+        if not -(1 << 63) <= value < 1 << 64:
+            raise GoTemplateError(f"line {line}: integer overflow: {text!r}")
+        return value
+    hexadecimal = digits[:2] in ("0x", "0X")
+    if (hexadecimal and not re.search("[pP]", digits)) or (not hexadecimal and "_" in digits):
+        raise GoTemplateError(f"line {line}: illegal number syntax: {text!r}")
+    if not re.search("[.eEpP]", digits):
+        raise GoTemplateError(f"line {line}: integer overflow: {text!r}")
+    try:
+        number = float.fromhex(text) if hexadecimal else float(text)
+    except ValueError:
+        raise GoTemplateError(f"line {line}: illegal number syntax: {text!r}") from None
+    if math.isinf(number):
+        raise GoTemplateError(f"line {line}: illegal number syntax: {text!r}")
+    return number
 
 
 # ---- parser --------------------------------------------------------------------------------------
@@ -311,10 +335,13 @@ def _number(text: str, line: int) -> int | float:
 class _ActionParser:
     """Parses the tokens of one action into a pipeline."""
 
-    def __init__(self, tokens: list[_Tok], line: int) -> None:
+    def __init__(self, tokens: list[_Tok], line: int, scope: list[str]) -> None:
         self.toks = tokens
         self.i = 0
         self.line = line
+        #: The variables declared so far where this action stands (``$`` first); a declaration here
+        #: adds to it, as Go's parser does.
+        self.scope = scope
 
     def peek(self) -> _Tok | None:
         return self.toks[self.i] if self.i < len(self.toks) else None
@@ -353,6 +380,7 @@ class _ActionParser:
         if len(toks) >= 2 and toks[0].kind == "variable":
             if toks[1].kind in ("declare", "assign"):
                 self.i += 2
+                self.scope.append(toks[0].text)
                 return [toks[0].text], toks[1].kind == "assign"
             if (
                 context == "range"
@@ -362,6 +390,7 @@ class _ActionParser:
                 and toks[3].kind in ("declare", "assign")
             ):
                 self.i += 4
+                self.scope.extend((toks[0].text, toks[2].text))
                 return [toks[0].text, toks[2].text], toks[3].kind == "assign"
         return [], False
 
@@ -388,6 +417,8 @@ class _ActionParser:
         if tok.kind == "dot":
             return Field(())
         if tok.kind == "variable":
+            if tok.text not in self.scope:
+                raise self.error(f'undefined variable "{tok.text}"')
             return Variable(tok.text, tuple(self._field_chain()))
         if tok.kind == "string":
             return Literal(_unquote(tok.text[1:-1], self.line))
@@ -437,11 +468,11 @@ class _ActionParser:
 _KEYWORDS = frozenset({"if", "else", "end", "range", "with", "break", "continue"})
 
 
-def _parse_pipeline(body: str, line: int, context: str) -> Pipeline:
+def _parse_pipeline(body: str, line: int, context: str, scope: list[str]) -> Pipeline:
     toks = _tokens(body, line)
     if not toks:
         raise GoTemplateError(f"line {line}: missing value for {context}")
-    return _ActionParser(toks, line).pipeline(context)
+    return _ActionParser(toks, line, scope).pipeline(context)
 
 
 @dataclass(slots=True)
@@ -450,13 +481,17 @@ class _Frame:
     items: list[Item]
     chained: bool = False  # opened by {{else if}}/{{else with}}: closed by its parent's {{end}}
     in_else: bool = False
+    #: How many variables were in scope before the branch's pipeline: its {{end}} forgets the rest.
+    scope_mark: int = 1
 
 
-def _close(stack: list[_Frame]) -> int:
-    """Pop the frames one {{end}} closes; return how many of them were range loops."""
+def _close(stack: list[_Frame], scope: list[str]) -> int:
+    """Pop the frames one {{end}} closes (and the variables declared in them); return how many of
+    them were range loops."""
     loops = 0
     while True:
         frame = stack.pop()
+        del scope[frame.scope_mark :]
         if frame.branch is not None and frame.branch.kind == "range":
             loops += 1
         if not frame.chained:
@@ -464,9 +499,15 @@ def _close(stack: list[_Frame]) -> int:
 
 
 def parse(source: str) -> list[Item]:
-    """Parse ``source``; raise GoTemplateError (or UnsupportedConstruct) with a line number."""
+    """Parse ``source``; raise GoTemplateError (or UnsupportedConstruct) with a line number.
+
+    A variable must be declared before it is used, where it is used: as in Go, a declaration lasts
+    until the {{end}} of the if, with or range it was made in (else branches included), or to the
+    end of the template.
+    """
     root: list[Item] = []
     stack: list[_Frame] = [_Frame(None, root)]
+    scope = ["$"]
     loops = 0
     for seg in _segments(source):
         items = stack[-1].items
@@ -481,9 +522,10 @@ def parse(source: str) -> list[Item]:
         if keyword in _UNSUPPORTED_KEYWORDS:
             raise UnsupportedConstruct(keyword, line)
         if keyword in ("if", "with", "range"):
-            branch = Branch(keyword, _parse_pipeline(rest, line, keyword))
+            mark = len(scope)
+            branch = Branch(keyword, _parse_pipeline(rest, line, keyword, scope))
             items.append(branch)
-            stack.append(_Frame(branch, branch.body))
+            stack.append(_Frame(branch, branch.body, scope_mark=mark))
             loops += keyword == "range"
         elif keyword == "else":
             frame = stack[-1]
@@ -494,9 +536,10 @@ def parse(source: str) -> list[Item]:
             chained = re.match(r"(if|with)\b", rest)
             if chained:
                 kind = chained.group(1)
-                inner = Branch(kind, _parse_pipeline(rest[chained.end() :], line, kind))
+                mark = len(scope)
+                inner = Branch(kind, _parse_pipeline(rest[chained.end() :], line, kind, scope))
                 frame.branch.other.append(inner)
-                stack.append(_Frame(inner, inner.body, chained=True))
+                stack.append(_Frame(inner, inner.body, chained=True, scope_mark=mark))
             elif rest:
                 raise GoTemplateError(f"line {line}: unexpected {rest!r} after else")
         elif keyword == "end":
@@ -504,13 +547,13 @@ def parse(source: str) -> list[Item]:
                 raise GoTemplateError(f"line {line}: unexpected {rest!r} in end")
             if len(stack) == 1:
                 raise GoTemplateError(f"line {line}: unexpected {{{{end}}}}")
-            loops -= _close(stack)
+            loops -= _close(stack, scope)
         elif keyword in ("break", "continue") and not rest:
             if loops == 0:
                 raise GoTemplateError(f"line {line}: {{{{{keyword}}}}} outside {{{{range}}}}")
             items.append(LoopControl(keyword, line))
         else:
-            items.append(Action(_parse_pipeline(body, line, "command")))
+            items.append(Action(_parse_pipeline(body, line, "command", scope)))
     if len(stack) > 1:
         open_branch = stack[-1].branch
         kind = open_branch.kind if open_branch else "end"
