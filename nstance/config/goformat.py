@@ -263,6 +263,18 @@ def _binary_float(value: float) -> str:
     return f"{'-' if value < 0 else ''}{mantissa}p{'-' if exponent < 0 else '+'}{abs(exponent)}"
 
 
+def _six_digits(text: str) -> str:
+    """``%#g`` without a precision: Go's shortest digits, a decimal point, and zeros up to six
+    significant digits (``1e+17`` becomes ``1.00000e+17``, ``0.125`` becomes ``0.125000``)."""
+    cut = text.find("e") if "e" in text else text.find("E")
+    number, tail = (text[:cut], text[cut:]) if cut >= 0 else (text, "")
+    significant = number.lstrip("-+").replace(".", "").lstrip("0")
+    missing = 6 - len(significant) if significant else 5
+    if "." not in number:
+        number += "."
+    return number + "0" * max(0, missing) + tail
+
+
 def _floating(verb: str, flags: str, prec: int | None, value: float) -> str:
     if math.isnan(value) or math.isinf(value):
         text = format_float_g(value)
@@ -273,6 +285,8 @@ def _floating(verb: str, flags: str, prec: int | None, value: float) -> str:
         text = _binary_float(value)
     elif verb in "gGv" and prec is None:
         text = format_float_g(value, "G" if verb == "G" else "g")
+        if "#" in flags and verb != "v":  # %#v is Go syntax: the shortest form as it is
+            text = _six_digits(text)
     else:
         spec = {"F": "f", "v": "g"}.get(verb, verb)
         text = format(value, f"{'#' if '#' in flags else ''}.{6 if prec is None else prec}{spec}")

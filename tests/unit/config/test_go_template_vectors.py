@@ -1,11 +1,11 @@
 """Templates render as Go's text/template renders them: outputs and refusals printed by Go itself.
 
-``tests/fixtures/upstream/go-template-vectors.json`` holds 1,081 templates and what Go 1.26's
+``tests/fixtures/upstream/go-template-vectors.json`` holds 1,506 templates and what Go 1.26's
 ``text/template`` (``missingkey=zero``) made of each on the data below, declared there as Go structs:
 the output, or null where parsing or executing failed (the README of the fixtures says how it was
-made). Most are random templates from a grammar of the constructs this project supports; the rest
-are hand-written edge cases (variable scope, number literals, ``printf`` verbs, flags and operand
-indexes, runes out of range).
+made): random templates from a grammar of the constructs this project supports, ``printf`` of
+random floats, and hand-written edge cases (variable scope, number literals, ``printf`` verbs,
+flags and operand indexes, runes out of range).
 """
 
 from __future__ import annotations
