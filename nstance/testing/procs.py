@@ -2,7 +2,7 @@
 ``OperatorProcess``): start a program with its output in a log file, GET its HTTP probe, wait until the
 probe answers 200 (failing at once, with the log, when the child exits), read the log's tail, stop it;
 ``free_port`` for the loopback ports those children listen on; ``processes_mentioning`` to prove
-that none of them was left behind; and ``as_terminal_job``, for a child that a test stops with Ctrl-C.
+that none of them was left behind; and ``popen_as_terminal_job``, for a child that a test stops with Ctrl-C.
 
 Only process and HTTP plumbing lives here; which program runs, with which flags and probe path, is the
 wrapper's business. Nothing in the product imports this module, and it must not import the programs
@@ -21,6 +21,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 #: Ports handed to listeners come from below Linux's default ephemeral range (32768-60999): a port
 #: the kernel picked for ``bind(0)`` is an ephemeral one, and an outgoing connection of any process
@@ -46,20 +47,35 @@ def free_port(host: str = "127.0.0.1") -> int:
     raise RuntimeError(f"no free port on {host} in {LISTEN_PORTS[0]}-{LISTEN_PORTS[1] - 1}")
 
 
-def as_terminal_job() -> None:
-    """``preexec_fn`` for a child that a test will stop as a terminal does (SIGINT to its process
-    group for Ctrl-C, SIGHUP when the terminal is closed): SIGINT, SIGQUIT and SIGHUP back to their
-    default actions.
+#: The signals a terminal's foreground job always starts with at their default actions.
+TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP)
+
+
+def popen_as_terminal_job(argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
+    """``subprocess.Popen`` for a child that a test will stop as a terminal does (SIGINT to its
+    process group for Ctrl-C, SIGHUP when the terminal is closed): it starts with SIGINT, SIGQUIT and
+    SIGHUP at their default actions.
 
     A terminal's foreground job always starts with them at their defaults. A test suite started as a
     background job of a non-interactive shell (``cmd &`` in a script) inherits SIGINT and SIGQUIT
     ignored, under ``nohup`` SIGHUP too, and an ignored signal stays ignored in every child: Python
     then raises no KeyboardInterrupt and bash cannot trap it, so the stop under test would never be
     tried.
+
+    A child inherits an ignored signal as ignored and a handled one at its default, so the ignored ones
+    are set to their defaults in this process for the moment of the spawn, and put back. No code runs
+    in the child between fork and exec: a ``preexec_fn`` would, which makes the spawn a plain fork
+    with the fork handlers of every library in this process, and with grpc's threads busy the child
+    died of SIGABRT before it ran (a CI run, 2026-11-28).
     """
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
-    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    ignored = [sig for sig in TERMINAL_SIGNALS if signal.getsignal(sig) is signal.SIG_IGN]
+    for sig in ignored:
+        signal.signal(sig, signal.SIG_DFL)
+    try:
+        return subprocess.Popen(list(argv), **kwargs)
+    finally:
+        for sig in ignored:
+            signal.signal(sig, signal.SIG_IGN)
 
 
 def spawn_logged(

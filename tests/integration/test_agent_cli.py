@@ -15,7 +15,7 @@ import pytest
 
 from nstance.core.clock import ManualClock
 from nstance.pki.ca import create_ca
-from nstance.testing.procs import as_terminal_job
+from nstance.testing.procs import popen_as_terminal_job
 
 
 def agent_env(**extra: str) -> dict[str, str]:
@@ -73,12 +73,11 @@ def test_stop_signal_while_registering_exits_0(tmp_path: Path, stop: signal.Sign
         "server_agent_addr": "127.0.0.1:1",
     }
     (directory / "instance.json").write_text(json.dumps(info))
-    agent = subprocess.Popen(
+    agent = popen_as_terminal_job(  # SIGHUP at its default even when the tests run under nohup
         [sys.executable, "-m", "nstance.agent", "--instance-dir", str(directory)],
         env=agent_env(),
         stderr=subprocess.PIPE,
         text=True,
-        preexec_fn=as_terminal_job,  # SIGHUP at its default even when the tests run under nohup
     )
     try:
         assert agent.stderr is not None

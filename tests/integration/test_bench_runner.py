@@ -16,7 +16,7 @@ from types import ModuleType
 
 import pytest
 
-from nstance.testing.procs import as_terminal_job
+from nstance.testing.procs import popen_as_terminal_job
 from nstance.testing.waiting import eventually_sync
 
 REPO = Path(__file__).resolve().parents[2]
@@ -108,7 +108,7 @@ def test_a_stopped_runner_terminates_the_benchmark_and_says_so(tmp_path: Path, h
     (bench / "slow.py").write_text(
         f"import os, signal\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\nsignal.pause()\n"
     )
-    runner = subprocess.Popen(
+    runner = popen_as_terminal_job(  # whose Ctrl-C is never ignored
         [
             sys.executable,
             str(REPO / "bench" / "run_all.py"),
@@ -119,7 +119,6 @@ def test_a_stopped_runner_terminates_the_benchmark_and_says_so(tmp_path: Path, h
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,  # a process group of its own, like a terminal's foreground job
-        preexec_fn=as_terminal_job,  # whose Ctrl-C is never ignored
     )
 
     def benchmark_gone() -> bool:

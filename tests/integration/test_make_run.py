@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from nstance.testing.procs import as_terminal_job, free_port
+from nstance.testing.procs import free_port, popen_as_terminal_job
 from nstance.testing.waiting import eventually_sync
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,7 +85,7 @@ def _agents(state: Path) -> dict[int, Path]:
 def _foreground(config: Path, state: Path, stdin: Any, output: Any) -> subprocess.Popen[bytes]:
     """``make run`` as a terminal's foreground job: its own process group, with Ctrl-C and hang-up at
     their default actions (never inherited ignored), output (and errors) to ``output``."""
-    return subprocess.Popen(
+    return popen_as_terminal_job(
         ["bash", str(SCRIPT)],
         cwd=ROOT,
         env=_env(config, state),
@@ -93,7 +93,6 @@ def _foreground(config: Path, state: Path, stdin: Any, output: Any) -> subproces
         stdout=output,
         stderr=subprocess.STDOUT,
         start_new_session=True,
-        preexec_fn=as_terminal_job,
     )
 
 

@@ -43,7 +43,7 @@ from nstance.operator.runtime import OperatorRuntime, RuntimeOptions
 from nstance.operator.settings import OperatorSettings, SettingsError, build_settings
 from nstance.pki.nonce import operator_nonce_claims, sign_nonce
 from nstance.testing.kubeapi import KubeAPIServer
-from nstance.testing.procs import as_terminal_job
+from nstance.testing.procs import popen_as_terminal_job
 from nstance.testing.shardproc import (
     LocalCluster,
     ServerProcess,
@@ -347,8 +347,7 @@ async def test_the_cli_runs_the_operator_and_exits_cleanly_on_a_stop_signal(
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NSTANCE_", "KUBERNETES_"))}
     log_path = tmp_path / "operator.log"
     with log_path.open("wb") as log_file:
-        process = await asyncio.to_thread(
-            subprocess.Popen,
+        process = popen_as_terminal_job(  # SIGHUP at its default even when the tests run under nohup
             [
                 sys.executable,
                 "-m",
@@ -367,7 +366,6 @@ async def test_the_cli_runs_the_operator_and_exits_cleanly_on_a_stop_signal(
             env=env,
             stdout=log_file,
             stderr=log_file,
-            preexec_fn=as_terminal_job,  # SIGHUP at its default even when the tests run under nohup
         )
     try:
 

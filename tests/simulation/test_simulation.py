@@ -271,17 +271,16 @@ def test_a_stopped_run_says_how_far_it_got_and_cleans_up(tmp_path: Path, jobs: i
     import sys
 
     from nstance.simulation.world import SCRATCH_ENV
-    from nstance.testing.procs import as_terminal_job
+    from nstance.testing.procs import popen_as_terminal_job
     from nstance.testing.waiting import eventually_sync
 
-    run = subprocess.Popen(
+    run = popen_as_terminal_job(  # whose Ctrl-C is never ignored
         [sys.executable, "-m", "nstance.simulation", "--start", "7", "--seeds", "400", "--jobs", str(jobs)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         env={**os.environ, SCRATCH_ENV: str(tmp_path)},
         start_new_session=True,  # its own process group, as a terminal's foreground job
-        preexec_fn=as_terminal_job,  # whose Ctrl-C is never ignored
     )
     try:
         eventually_sync(
