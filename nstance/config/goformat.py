@@ -235,7 +235,7 @@ def _hex_float(verb: str, prec: int | None, value: float) -> str:
         half = 1 << (shift - 1)
         if rest > half or (rest == half and rounded & 1):
             rounded += 1
-        mantissa, digits = rounded << shift, digits
+        mantissa = rounded << shift
         if mantissa >> 53:  # 1.fff... rounded up to 2.0
             mantissa >>= 1
             exponent += 1

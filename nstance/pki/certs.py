@@ -54,7 +54,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from nstance.core.clock import Clock, SystemClock
 from nstance.core.errors import FailedPrecondition, InvalidArgument
 from nstance.pki.ca import BACKDATE, CertificateAuthority, certificate_to_pem
-from nstance.pki.certtemplate import ClientTemplate, der_extension
+from nstance.pki.certtemplate import ClientTemplate, der, der_extension
 from nstance.pki.keys import (
     PrivateKey,
     PublicKey,
@@ -96,19 +96,11 @@ _T = TypeVar("_T")
 # --- role extension ------------------------------------------------------------------------------
 
 
-def _der_length(n: int) -> bytes:
-    if n < 0x80:
-        return bytes([n])
-    body = n.to_bytes((n.bit_length() + 7) // 8, "big")
-    return bytes([0x80 | len(body)]) + body
-
-
 def encode_role(role: str) -> bytes:
     """DER PrintableString of ``role`` (must be a known role): the role extension's value."""
     if role not in ROLES:
         raise InvalidArgument(f"unknown role {role!r}; known roles: {', '.join(ROLES)}")
-    body = role.encode("ascii")
-    return bytes([_TAG_PRINTABLE]) + _der_length(len(body)) + body
+    return der(_TAG_PRINTABLE, role.encode("ascii"))
 
 
 def _decode_der_string(value: bytes) -> str | None:
