@@ -54,7 +54,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from nstance.core.clock import Clock, SystemClock
 from nstance.core.errors import FailedPrecondition, InvalidArgument
 from nstance.pki.ca import BACKDATE, CertificateAuthority, certificate_to_pem
-from nstance.pki.certtemplate import ClientTemplate, der, der_extension
+from nstance.pki.certtemplate import ClientTemplate, der, der_extension, der_header
 from nstance.pki.keys import (
     PrivateKey,
     PublicKey,
@@ -106,16 +106,10 @@ def encode_role(role: str) -> bytes:
 def _decode_der_string(value: bytes) -> str | None:
     if len(value) < 2 or value[0] not in (_TAG_UTF8, _TAG_PRINTABLE, _TAG_IA5):
         return None
-    first = value[1]
-    offset = 2
-    if first < 0x80:
-        length = first
-    else:
-        count = first & 0x7F
-        if count == 0 or count > 4 or len(value) < 2 + count:
-            return None
-        length = int.from_bytes(value[2 : 2 + count], "big")
-        offset = 2 + count
+    try:
+        length, offset = der_header(value, 0)
+    except ValueError:
+        return None
     if offset + length != len(value):
         return None
     body = value[offset:]

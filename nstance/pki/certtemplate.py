@@ -4,9 +4,10 @@ The agent and operator certificates a CA signs differ only in their serial, thei
 subject (CN and O), their public key with the key identifier derived from it, and their role
 extension. Their issuer, signature algorithm, basic constraints, key usage, extended key usage and
 authority key identifier are the same in every one. ``ClientTemplate`` encodes those once, with
-cryptography's own encoders, and ``ClientTemplate.issue`` joins them with the per-certificate parts.
+cryptography's own encoders; ``ClientTemplate.tbs`` joins them with the per-certificate parts and
+``ClientTemplate.sign`` signs the result.
 The TBSCertificate is the one ``cryptography.x509.CertificateBuilder`` produces for the same inputs,
-byte for byte (``tests/unit/test_certtemplate.py`` compares them): the builder spends about four
+byte for byte (``tests/unit/pki/test_pki_certtemplate.py`` compares them): the builder spends about four
 times the signature's own cost building and encoding its objects, this path little beyond the signature.
 
 A CA key is ECDSA P-256 (signed ecdsa-with-SHA256) or Ed25519 (``keys.KEY_TYPES``); the template
@@ -90,18 +91,23 @@ def der_extension(value: x509.ExtensionType, *, critical: bool) -> bytes:
 def _subject_public_key(spki: bytes) -> bytes:
     """The subjectPublicKey bits of a DER SubjectPublicKeyInfo (what RFC 5280's first key identifier
     method hashes): the contents of its BIT STRING, after the unused-bits byte (always 0 here)."""
-    _, offset = _header(spki, 0)  # into the outer SEQUENCE
-    length, start = _header(spki, offset)  # the AlgorithmIdentifier
-    length, start = _header(spki, start + length)  # the BIT STRING
+    _, offset = der_header(spki, 0)  # into the outer SEQUENCE
+    length, start = der_header(spki, offset)  # the AlgorithmIdentifier
+    length, start = der_header(spki, start + length)  # the BIT STRING
     return spki[start + 1 : start + length]
 
 
-def _header(data: bytes, offset: int) -> tuple[int, int]:
-    """The length of the DER element at ``offset`` and where its contents start."""
+def der_header(data: bytes, offset: int) -> tuple[int, int]:
+    """The length of the DER element at ``offset`` and where its contents start; ValueError when the
+    header is cut short, or its length takes no byte or more than four."""
+    if offset + 2 > len(data):
+        raise ValueError("DER header cut short")
     first = data[offset + 1]
     if first < 0x80:
         return first, offset + 2
     count = first & 0x7F
+    if count == 0 or count > 4 or offset + 2 + count > len(data):
+        raise ValueError("DER length of no byte, more than four, or cut short")
     return int.from_bytes(data[offset + 2 : offset + 2 + count], "big"), offset + 2 + count
 
 
