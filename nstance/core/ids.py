@@ -14,6 +14,7 @@ Pure functions only; the clock and randomness used for new IDs can be injected.
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import threading
@@ -46,6 +47,8 @@ _B32HEX = "0123456789abcdefghijklmnopqrstuv"
 # A base32hex digit that is no Crockford digit ("u") becomes "!", so that it stays refused.
 _TO_B32HEX = str.maketrans({c: "!" for c in _B32HEX} | {c: _B32HEX[i] for c, i in _DECODE.items()})
 _B32HEX_DIGITS = re.compile(f"[0-9a-v]{{{_ENCODED_LEN}}}")
+# And back: the digits of ``base64.b32hexencode`` (upper case) to the Crockford alphabet.
+_FROM_B32HEX = bytes.maketrans(_B32HEX.upper().encode("ascii"), _ALPHABET.encode("ascii"))
 
 
 def identifier_problem(value: str) -> str | None:
@@ -79,9 +82,10 @@ def kind_problem(kind: str) -> str | None:
 
 
 def _encode(value: int) -> str:
-    # 128 bits, left-aligned in 130 bits (two zero pad bits at the end), MSB first.
-    padded = value << 2
-    return "".join(_ALPHABET[(padded >> (5 * i)) & 31] for i in range(_ENCODED_LEN - 1, -1, -1))
+    # 128 bits, left-aligned in 130 bits (two zero pad bits at the end), MSB first: what base32hex
+    # makes of the 16 bytes (its 26 digits before the "=" padding), in C, then mapped to Crockford's.
+    digits = base64.b32hexencode(value.to_bytes(16, "big"))[:_ENCODED_LEN]
+    return digits.translate(_FROM_B32HEX).decode("ascii")
 
 
 def _decode(text: str) -> int:
@@ -204,6 +208,10 @@ class PuidGenerator:
 
     def new_uuid(self) -> uuid.UUID:
         """Return a fresh UUIDv7 greater than every one returned before by this generator."""
+        return uuid.UUID(int=self.new_value())
+
+    def new_value(self) -> int:
+        """``new_uuid``'s 128 bits, without building the ``uuid.UUID``."""
         rand = int.from_bytes(self._randbytes(10), "big")
         with self._lock:
             ms = self._now_ms()
@@ -217,8 +225,7 @@ class PuidGenerator:
                     self._counter = 0
             ms, counter = self._last_ms, self._counter
         rand_b = rand & ((1 << 62) - 1)
-        value = (ms & ((1 << 48) - 1)) << 80 | 0x7 << 76 | counter << 64 | 0b10 << 62 | rand_b
-        return uuid.UUID(int=value)
+        return (ms & ((1 << 48) - 1)) << 80 | 0x7 << 76 | counter << 64 | 0b10 << 62 | rand_b
 
     def new(self, kind: str) -> Puid:
         """Return a new Puid with the given 3-letter kind."""
@@ -236,8 +243,10 @@ def new_puid(kind: str) -> Puid:
 
 
 def new_instance_id(kind: str) -> InstanceId:
-    """Return a new instance ID string for the given template kind."""
-    return InstanceId(str(new_puid(kind)))
+    """Return a new instance ID string for the given template kind (``str(new_puid(kind))``)."""
+    if (problem := kind_problem(kind)) is not None:
+        raise InvalidArgument(f"kind {kind!r}: {problem}")
+    return InstanceId(kind + _encode(_default_generator.new_value()))
 
 
 #: A group's key everywhere it is tracked: (tenant, group).

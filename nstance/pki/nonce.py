@@ -12,11 +12,16 @@ must be exactly ``EdDSA`` (so ``none``, HS256 keyed with the public key, RS256/E
 refused by name); headers that would let a token choose its own key (``jwk``, ``jku``, ``x5u``,
 ``x5c``) or change processing (``crit``, ``b64``) are refused; then the Ed25519 signature over
 ``header.payload`` is checked with the verification key directly (the key type, not the token, decides
-the algorithm; PyJWT only signs). Claims are checked by this module, against
+the algorithm). Claims are checked by this module, against
 the injected clock: required ``sub``/``exp``/``nbf``/``iat``/``iss``/``kind``/``cluster_id``/
 ``tenant``, the issuer, the time window (with a small leeway for clock skew), the expected kind, the
 cluster, the shard (when the caller gives one — operator nonces carry none) and, for operators,
 ``sub == cluster_id``.
+
+Signing writes the compact form itself, byte for byte what PyJWT's ``jwt.encode`` writes (header keys
+sorted, compact JSON, ASCII escapes; ``tests/unit/pki/test_pki_nonce.py`` compares the two): every VM
+created signs one, on the way from a decision to the provider call, and going through PyJWT's general
+encoder cost three times the signature itself there.
 
 Every failure raises ``core.errors.Unauthenticated`` with a message saying what is wrong; nothing else
 escapes for any input string. Single use (nonce consumed once) is NOT checked here: it needs storage,
@@ -34,7 +39,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, get_args
 
-import jwt
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
@@ -153,8 +157,20 @@ def sign_nonce(key: Ed25519PrivateKey, claims: NonceClaims, *, kid: str | None =
             raise InvalidArgument(f"registration nonce claim {name!r} must not be empty")
     if claims.exp <= claims.nbf:
         raise InvalidArgument("registration nonce must expire after it becomes valid")
-    headers = {"kid": kid} if kid else None
-    return jwt.encode(claims.to_payload(), checked, algorithm=ALGORITHM, headers=headers)
+    header = _HEADER if not kid else _b64url(_compact_json({"alg": ALGORITHM, "kid": kid, "typ": "JWT"}))
+    signing_input = header + b"." + _b64url(_compact_json(claims.to_payload()))
+    return (signing_input + b"." + _b64url(checked.sign(signing_input))).decode("ascii")
+
+
+def _compact_json(value: dict[str, Any]) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode("ascii")
+
+
+def _b64url(data: bytes) -> bytes:
+    return base64.urlsafe_b64encode(data).rstrip(b"=")
+
+
+_HEADER = _b64url(_compact_json({"alg": ALGORITHM, "typ": "JWT"}))
 
 
 # --- verification --------------------------------------------------------------------------------

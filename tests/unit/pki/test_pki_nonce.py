@@ -99,6 +99,28 @@ def test_operator_nonce_round_trip(clock: ManualClock) -> None:
     assert got.shard == ""
 
 
+@pytest.mark.parametrize("kid", [None, "", "k1", "clé/2026"])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"on_demand": True, "config_hash": ""},
+        {"tenant": "écurie", "group": "wörkers\u2028", "shard": ""},
+        {"sub": "x" * 300, "config_hash": "sha256:" + "f" * 64},
+    ],
+)
+def test_signed_bytes_are_pyjwt_encode_bytes(
+    clock: ManualClock, kid: str | None, overrides: dict[str, Any]
+) -> None:
+    # The signer writes the compact form itself; PyJWT's encoder is the reference for every byte
+    # (Ed25519 is deterministic, so equal input gives an equal signature).
+    claims = agent_claims(clock, **overrides)
+    expected = jwt.encode(claims.to_payload(), KEY, algorithm="EdDSA", headers={"kid": kid} if kid else None)
+    assert nonce.sign_nonce(KEY, claims, kid=kid) == expected
+    if kid:
+        verify_agent(expected, clock, kid=kid, shard=claims.shard or None)
+
+
 def test_token_shaped_like_golang_jwt_output_verifies(clock: ManualClock) -> None:
     # golang-jwt writes {"alg":"EdDSA","typ":"JWT"}; a token without typ and with float times is fine too.
     payload = agent_payload(clock)
