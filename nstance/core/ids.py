@@ -81,6 +81,13 @@ def kind_problem(kind: str) -> str | None:
     return None
 
 
+def _new_kind(kind: str) -> str:
+    """``kind`` when a new id may carry it; InvalidArgument saying why not otherwise."""
+    if (problem := kind_problem(kind)) is not None:
+        raise InvalidArgument(f"kind {kind!r}: {problem}")
+    return kind
+
+
 def _encode(value: int) -> str:
     # 128 bits, left-aligned in 130 bits (two zero pad bits at the end), MSB first: what base32hex
     # makes of the 16 bytes (its 26 digits before the "=" padding), in C, then mapped to Crockford's.
@@ -229,9 +236,7 @@ class PuidGenerator:
 
     def new(self, kind: str) -> Puid:
         """Return a new Puid with the given 3-letter kind."""
-        if (problem := kind_problem(kind)) is not None:
-            raise InvalidArgument(f"kind {kind!r}: {problem}")
-        return Puid(kind=kind, uuid=self.new_uuid())
+        return Puid(kind=_new_kind(kind), uuid=self.new_uuid())
 
 
 _default_generator = PuidGenerator()
@@ -244,9 +249,7 @@ def new_puid(kind: str) -> Puid:
 
 def new_instance_id(kind: str) -> InstanceId:
     """Return a new instance ID string for the given template kind (``str(new_puid(kind))``)."""
-    if (problem := kind_problem(kind)) is not None:
-        raise InvalidArgument(f"kind {kind!r}: {problem}")
-    return InstanceId(kind + _encode(_default_generator.new_value()))
+    return InstanceId(_new_kind(kind) + _encode(_default_generator.new_value()))
 
 
 #: A group's key everywhere it is tracked: (tenant, group).

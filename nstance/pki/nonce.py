@@ -20,8 +20,8 @@ cluster, the shard (when the caller gives one — operator nonces carry none) an
 
 Signing writes the compact form itself, byte for byte what PyJWT's ``jwt.encode`` writes (header keys
 sorted, compact JSON, ASCII escapes; ``tests/unit/pki/test_pki_nonce.py`` compares the two): every VM
-created signs one, on the way from a decision to the provider call, and going through PyJWT's general
-encoder cost three times the signature itself there.
+created signs one, on the way from a decision to the provider call, and PyJWT's general encoder took
+longer there than the signature itself (``docs/benchmarks.md``).
 
 Every failure raises ``core.errors.Unauthenticated`` with a message saying what is wrong; nothing else
 escapes for any input string. Single use (nonce consumed once) is NOT checked here: it needs storage,
@@ -303,7 +303,7 @@ def verify_nonce(
         signature = base64.urlsafe_b64decode(signature_b64 + "=" * (-len(signature_b64) % 4))
         # Only the canonical spelling: the last character of a segment carries bits the decoder
         # drops, and an altered token must not verify just because it decodes to the same bytes.
-        if base64.urlsafe_b64encode(signature).rstrip(b"=") != signature_b64.encode("ascii"):
+        if _b64url(signature) != signature_b64.encode("ascii"):
             raise ValueError("not the canonical base64url spelling of its bytes")
         checked.verify(signature, f"{header_b64}.{payload_b64}".encode("ascii"))
     except (binascii.Error, ValueError, InvalidSignature) as exc:
