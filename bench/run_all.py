@@ -159,6 +159,15 @@ def _stop_group(proc: subprocess.Popen[str], grace_s: float = 5.0) -> None:
     _signal_group(pgid, signal.SIGKILL)
 
 
+def _close_output(proc: subprocess.Popen[str], pumps: list[threading.Thread]) -> None:
+    """Let the started pumps read the benchmark's output to its end, then close both pipes."""
+    for pump in pumps:
+        pump.join(10)
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
+
+
 def run_benchmark(
     script: Path,
     *,
@@ -174,18 +183,6 @@ def run_benchmark(
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     started_at, load = now_iso(), _load_1m()
     start = time.perf_counter()
-    proc = subprocess.Popen(
-        [sys.executable, str(script)],
-        cwd=cwd,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        encoding="utf-8",
-        errors="replace",
-        start_new_session=True,
-    )
     figures: list[dict[str, Any]] = []
     tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
     lock = threading.Lock()
@@ -206,33 +203,45 @@ def run_benchmark(
                 err.flush()
             tail.append(line.rstrip("\n"))
 
-    assert proc.stdout is not None
-    assert proc.stderr is not None
-    pumps = [
-        threading.Thread(target=pump_stdout, args=(proc.stdout,), daemon=True),
-        threading.Thread(target=pump_stderr, args=(proc.stderr,), daemon=True),
-    ]
-    for pump in pumps:
-        pump.start()
     timed_out = False
+    pumps: list[threading.Thread] = []
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        encoding="utf-8",
+        errors="replace",
+        start_new_session=True,
+    )
+    # From the spawn on, a stop (Ctrl-C, SIGTERM, SIGHUP raise wherever this thread is) takes the
+    # benchmark's group with it: one that came while the pumps were starting left the benchmark running.
     try:
-        returncode = proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        _stop_group(proc)
-        returncode = proc.wait()
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        for target, stream in ((pump_stdout, proc.stdout), (pump_stderr, proc.stderr)):
+            pump = threading.Thread(target=target, args=(stream,), daemon=True)
+            pump.start()
+            pumps.append(pump)  # started: joined before its stream is closed
+        try:
+            returncode = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _stop_group(proc)
+            returncode = proc.wait()
     except BaseException:
         _stop_group(proc)
         proc.wait()
+        _close_output(proc, pumps)
         raise
     wall = time.perf_counter() - start
     if _signal_group(proc.pid, 0):
         err.write(f"[run_all] {script.name} left processes running; terminating them\n")
         _stop_group(proc)
-    for pump in pumps:
-        pump.join(10)
-    proc.stdout.close()
-    proc.stderr.close()
+    _close_output(proc, pumps)
 
     ok = returncode == 0 and not timed_out
     entry: dict[str, Any] = {

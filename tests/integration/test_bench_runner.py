@@ -98,6 +98,41 @@ def test_runner_kills_a_benchmark_past_its_timeout(tmp_path: Path) -> None:
     assert figures == []
 
 
+def test_a_stop_while_the_output_pumps_start_terminates_the_benchmark(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A stop raises wherever the runner's main thread is. Under load one came while the threads that
+    # copy the benchmark's output were starting, and the benchmark was left running on its own.
+    pid_file = tmp_path / "bench.pid"
+    script = tmp_path / "slow.py"
+    script.write_text(
+        f"import os, signal\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\nsignal.pause()\n"
+    )
+    start = run_all.threading.Thread.start
+
+    def stopped_while_starting(thread: run_all.threading.Thread) -> None:
+        eventually_sync(lambda: pid_file.exists() and pid_file.read_text() != "", within=60, what="start")
+        raise KeyboardInterrupt  # as the handler of a Ctrl-C arriving here does
+
+    monkeypatch.setattr(run_all.threading.Thread, "start", stopped_while_starting)
+    with pytest.raises(KeyboardInterrupt):
+        run_all.run_benchmark(script, cwd=tmp_path)
+    monkeypatch.setattr(run_all.threading.Thread, "start", start)
+    pid = int(pid_file.read_text())
+
+    def gone() -> bool:
+        try:
+            return str(script) not in Path(f"/proc/{pid}/cmdline").read_text()
+        except OSError:
+            return True
+
+    try:
+        assert gone()  # the runner waited for it before the stop went on
+    finally:
+        if not gone():
+            os.kill(pid, signal.SIGKILL)
+
+
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm", "hangup"])
 def test_a_stopped_runner_terminates_the_benchmark_and_says_so(tmp_path: Path, how: str) -> None:
     # SIGTERM used to kill the runner alone and leave the running benchmark (in a process group of
