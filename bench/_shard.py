@@ -129,19 +129,19 @@ def sim_of(shard: Shard) -> SimProvider:
 
 
 @contextlib.asynccontextmanager
-async def running_server(
+async def running_app(
     tmp: Path,
     config: Mapping[str, Any],
     *,
     cluster: LocalCluster,
-    addrs: dict[str, str],
     create_bucket: tuple[float, float] | None = None,
     dynamic_groups: bytes | None = None,
     lead_timeout: float = 60.0,
-) -> AsyncIterator[Running]:
+) -> AsyncIterator[ServerApp]:
     """Write ``config`` (and optionally ``groups.jsonc``), run a ServerApp until it leads, stop it after.
 
-    ``cluster`` must already be initialised (``cluster.init()``).
+    Any provider; ``running_server`` is this with the sim provider's handle. ``cluster`` must already be
+    initialised (``cluster.init()``).
     """
     tune_gc()  # as the daemon does (nstance.server.app.serve)
     cluster.write_config(SHARD, config)
@@ -170,7 +170,7 @@ async def running_server(
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the server did not lead its shard within {lead_timeout:.0f}s")
             await asyncio.sleep(0.005)
-        yield Running(app=app, shard=app.shard, sim=sim_of(app.shard), cluster=cluster, addrs=addrs, tmp=tmp)
+        yield app
     finally:
         stop.set()
         done, _ = await asyncio.wait({task}, timeout=STOP_TIMEOUT_S)
@@ -181,6 +181,30 @@ async def running_server(
                 await task
         elif not task.cancelled() and task.exception() is not None:
             log.error("the server stopped with an error: %r", task.exception())
+
+
+@contextlib.asynccontextmanager
+async def running_server(
+    tmp: Path,
+    config: Mapping[str, Any],
+    *,
+    cluster: LocalCluster,
+    addrs: dict[str, str],
+    create_bucket: tuple[float, float] | None = None,
+    dynamic_groups: bytes | None = None,
+    lead_timeout: float = 60.0,
+) -> AsyncIterator[Running]:
+    """``running_app`` on the sim provider, as ``Running`` (the benchmark drives the sim)."""
+    async with running_app(
+        tmp,
+        config,
+        cluster=cluster,
+        create_bucket=create_bucket,
+        dynamic_groups=dynamic_groups,
+        lead_timeout=lead_timeout,
+    ) as app:
+        assert app.shard is not None
+        yield Running(app=app, shard=app.shard, sim=sim_of(app.shard), cluster=cluster, addrs=addrs, tmp=tmp)
 
 
 def new_cluster(tmp: Path) -> tuple[LocalCluster, dict[str, str]]:

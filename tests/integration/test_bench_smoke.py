@@ -64,3 +64,22 @@ def test_the_registration_benchmark_registers_every_agent() -> None:
     figures = _run("registration.py", "--instances", "60", "--workers", "4", timeout=150)
     assert [f["name"] for f in figures] == ["registration_60_agents_4_clients"]
     assert figures[0]["value"] > 0
+
+
+@pytest.mark.timeout(300)
+def test_the_soak_benchmark_churns_real_agents_and_samples_the_quiet_shard() -> None:
+    lines = _run("soak.py", "--warmup", "1", "--cycles", "1", timeout=270)
+    figures = {f["name"]: f for f in lines if "name" in f}
+    assert set(figures) == {
+        "soak_rss_kib",
+        "soak_py_blocks",
+        *(f"soak_{key}_end" for key in ("sockets", "tasks", "fds", "threads", "live_agents", "front_peers")),
+        "soak_rows_end",
+        "soak_records_end",
+    }
+    cycles = [line for line in lines if "cycle" in line]
+    assert len(cycles) == 2
+    assert figures["soak_rss_kib"]["vms"] == 4
+    # Exact whatever the machine's speed: the cycle waits for them, and the quiet sample for the purge.
+    assert [c["agents"] for c in cycles] == [2, 2]
+    assert figures["soak_live_agents_end"]["value"] == 2
