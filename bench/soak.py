@@ -92,20 +92,6 @@ def process_sample() -> dict[str, int]:
     }
 
 
-def live_agents(instances_dir: Path) -> int:
-    """Agent processes alive: a pid recorded in an instance's ``instance.json`` whose command line names
-    that instance's directory (the local provider's own rule, so a reused pid does not count)."""
-    alive = 0
-    for meta_path in instances_dir.glob("*/instance.json"):
-        try:
-            pid = json.loads(meta_path.read_text(encoding="utf-8")).get("pid")
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes() if isinstance(pid, int) else b""
-        except (OSError, ValueError):
-            continue
-        alive += str(meta_path.parent).encode() in cmdline.split(b"\0")
-    return alive
-
-
 class Churn:
     """Drives the cycles and reads what they leave behind in the running server."""
 
@@ -113,7 +99,8 @@ class Churn:
         assert app.shard is not None
         assert app.tls_front is not None
         self.shard, self.front = app.shard, app.tls_front
-        self.instances_dir = tmp / "cache" / "local-instances"
+        #: A second view of the server's instance directory, read only to count live agent processes.
+        self.agents = LocalProvider(tmp / "cache" / "local-instances", clock=SystemClock())
         self.bucket = bucket
 
     def rows(self) -> tuple[int, int, int]:
@@ -133,7 +120,7 @@ class Churn:
             **process_sample(),
             "tasks": len(asyncio.all_tasks()),
             "peers": len(self.front.peers),
-            "agents": live_agents(self.instances_dir),
+            "agents": len(self.agents.running_agents()),
             "active": active,
             "rows": every,
             "records": self.records(),
@@ -145,7 +132,7 @@ class Churn:
         await wait_until(lambda: self.rows()[0] >= HIGH, STEP_TIMEOUT_S, f"{HIGH} reporting instances", 0.1)
         await self.shard.upsert_group("default", "web", GroupUpdate(size=LOW))
         await wait_until(
-            lambda: self.rows()[1] == LOW and live_agents(self.instances_dir) == LOW,
+            lambda: self.rows()[1] == LOW and len(self.agents.running_agents()) == LOW,
             STEP_TIMEOUT_S,
             f"the group back at {LOW} with {LOW} agent processes",
             0.1,

@@ -179,6 +179,12 @@ class LocalProvider:
     async def check_subnet_capacity(self, subnet_id: str) -> bool:
         return True
 
+    def running_agents(self) -> list[str]:
+        """The instances in this directory (any cluster or shard) whose agent process is alive, by the
+        rule the statuses follow (a recorded pid that is this instance's agent, not a reused one); for
+        a caller that counts processes rather than asks about one instance."""
+        return [m.instance_id for m in self._scan() if _alive(m.pid, self._base_dir / m.instance_id)]
+
     async def close(self) -> None:
         """Stop every instance when asked to at construction; always reap exited agent children."""
         if self._stop_on_close:

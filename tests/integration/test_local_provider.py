@@ -169,12 +169,14 @@ async def test_stop_instances_on_close_stops_every_agent(make_provider: Callable
     for request in requests:
         await provider.create_instance(request)
     pids = [pid_of(provider, r.instance_id) for r in requests]
+    assert sorted(make_provider().running_agents()) == sorted(r.instance_id for r in requests)
 
     await provider.close()
 
     assert [pid for pid in pids if running(pid)] == []
     statuses = {i.status for i in await make_provider().list_instances("c1", "s1")}
     assert statuses == {InstanceStatus.STOPPED}
+    assert make_provider().running_agents() == []
 
 
 async def test_an_agent_that_died_reads_as_stopped(make_provider: Callable[..., LocalProvider]) -> None:
@@ -208,6 +210,7 @@ async def test_a_reused_pid_is_neither_reported_running_nor_signalled(
 
         restarted = make_provider(stop_timeout=0.2)
         assert (await restarted.get_instance(request.instance_id, "")).status == InstanceStatus.STOPPED
+        assert restarted.running_agents() == []  # the stranger is not counted
         await restarted.delete_instance(request.instance_id, "")
 
         assert stranger.poll() is None  # still alive: never signalled
